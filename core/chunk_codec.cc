@@ -1,0 +1,623 @@
+#include "core/chunk_codec.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+
+#include "core/hash.h"
+#include "core/range_coder.h"
+
+static_assert(std::endian::native == std::endian::little,
+              "weightfs payloads are little-endian; a big-endian port needs byte swaps here");
+
+namespace weightfs {
+
+std::string_view ChunkEncodingName(ChunkEncoding e) {
+  switch (e) {
+    case ChunkEncoding::kSame: return "same";
+    case ChunkEncoding::kFull: return "full";
+    case ChunkEncoding::kSparse: return "sparse";
+    case ChunkEncoding::kDense: return "dense";
+    case ChunkEncoding::kPatch: return "patch";
+    case ChunkEncoding::kRaw: return "raw";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr uint8_t kMagic[4] = {'W', 'F', 'S', 'C'};
+constexpr uint8_t kFormatVersion = 1;
+
+void Set64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+void Put64(std::vector<uint8_t>* out, uint64_t v) {
+  out->resize(out->size() + 8);
+  Set64(out->data() + out->size() - 8, v);
+}
+uint64_t Get64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+void WriteHeader(std::vector<uint8_t>* out, ChunkEncoding enc, DType dtype, uint64_t raw_len,
+                 uint64_t parent_len, uint64_t raw_hash, uint64_t parent_hash) {
+  out->resize(kPayloadHeaderBytes);
+  uint8_t* p = out->data();
+  std::memcpy(p, kMagic, 4);
+  p[4] = kFormatVersion;
+  p[5] = static_cast<uint8_t>(enc);
+  p[6] = static_cast<uint8_t>(dtype);
+  p[7] = 0;
+  Set64(p + 8, raw_len);
+  Set64(p + 16, parent_len);
+  Set64(p + 24, raw_hash);
+  Set64(p + 32, parent_hash);
+}
+
+// The element width the codecs work with: the dtype's when it tiles the data, else bytes.
+size_t Width(DType dtype, size_t len) {
+  const size_t e = DTypeSize(dtype);
+  return (len % e == 0) ? e : 1;
+}
+
+// Order-preserving map of a sign-magnitude float bit pattern to an unsigned integer (a
+// bijection on all bit patterns, NaNs included); identity for integers. A small change of a
+// float value becomes a small integer difference, also across zero (-0 and +0 are adjacent).
+template <typename T>
+inline T ToOrd(T u, bool is_float) {
+  constexpr T kSign = T(T(1) << (sizeof(T) * 8 - 1));
+  if (!is_float) return u;
+  return (u & kSign) ? T(~u) : T(u | kSign);
+}
+template <typename T>
+inline T FromOrd(T o, bool is_float) {
+  constexpr T kSign = T(T(1) << (sizeof(T) * 8 - 1));
+  if (!is_float) return o;
+  return (o & kSign) ? T(o & T(~kSign)) : T(~o);
+}
+template <typename T>
+inline T ZigZag(T d) {
+  using S = std::make_signed_t<T>;
+  return T(T(d << 1) ^ T(S(d) >> (sizeof(T) * 8 - 1)));
+}
+template <typename T>
+inline T UnZigZag(T z) {
+  return T(T(z >> 1) ^ T(T(0) - T(z & 1)));
+}
+template <typename T>
+inline T Load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+template <typename T>
+inline void Store(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+
+// Splits n transformed elements into sizeof(T) byte planes: planes[k * n + i] = byte k of f(i).
+template <typename T, typename F>
+void SplitPlanes(size_t n, uint8_t* planes, F&& f) {
+  for (size_t i = 0; i < n; ++i) {
+    const T v = f(i);
+    for (size_t k = 0; k < sizeof(T); ++k) planes[k * n + i] = static_cast<uint8_t>(v >> (8 * k));
+  }
+}
+template <typename T, typename F>
+void JoinPlanes(size_t n, const uint8_t* planes, F&& f) {
+  for (size_t i = 0; i < n; ++i) {
+    T v = 0;
+    for (size_t k = 0; k < sizeof(T); ++k) v |= T(T(planes[k * n + i]) << (8 * k));
+    f(i, v);
+  }
+}
+
+// Calls fn.template operator()<T>() with T the unsigned integer of `width` bytes.
+template <typename Fn>
+decltype(auto) DispatchWidth(size_t width, Fn&& fn) {
+  switch (width) {
+    case 2: return fn.template operator()<uint16_t>();
+    case 4: return fn.template operator()<uint32_t>();
+    case 8: return fn.template operator()<uint64_t>();
+    default: return fn.template operator()<uint8_t>();
+  }
+}
+
+// ---- sparse coder -------------------------------------------------------------------------
+
+inline int BitLength(uint64_t v) { return 64 - std::countl_zero(v); }
+
+struct SparseModel {
+  static constexpr int kGapCtx = 16;
+  static constexpr int kMagCtx = 8;
+  rc::Prob gap_len[kGapCtx][64];
+  rc::Prob gap_mant[65][8];
+  rc::Prob sign[4];
+  rc::Prob mag_len[kMagCtx][64];
+  rc::Prob mag_mant[65][4];
+  SparseModel() {
+    std::fill_n(&gap_len[0][0], sizeof gap_len / sizeof(rc::Prob), rc::kProbInit);
+    std::fill_n(&gap_mant[0][0], sizeof gap_mant / sizeof(rc::Prob), rc::kProbInit);
+    std::fill_n(sign, 4, rc::kProbInit);
+    std::fill_n(&mag_len[0][0], sizeof mag_len / sizeof(rc::Prob), rc::kProbInit);
+    std::fill_n(&mag_mant[0][0], sizeof mag_mant / sizeof(rc::Prob), rc::kProbInit);
+  }
+};
+
+// Elias-gamma binarization of v >= 1: bit length L through an adaptive 6-bit tree (context
+// chosen by the caller), the `tree_bits` most significant bits below the leading one through
+// an adaptive tree per L, the rest as direct bits.
+template <int kTreeBits>
+void EncodeGamma(rc::RangeEncoder& enc, rc::Prob* len_probs, rc::Prob (*mant_probs)[1 << kTreeBits],
+                 uint64_t v) {
+  const int len = BitLength(v);
+  enc.EncodeTree(len_probs, 6, static_cast<uint32_t>(len - 1));
+  const int m = len - 1;
+  const uint64_t rest = v - (uint64_t{1} << m);
+  const int top = std::min(m, kTreeBits);
+  enc.EncodeTree(mant_probs[len], top, static_cast<uint32_t>(rest >> (m - top)));
+  int low = m - top;
+  if (low > 32) {
+    enc.EncodeDirect(static_cast<uint32_t>(rest >> 32), low - 32);
+    low = 32;
+  }
+  if (low > 0) enc.EncodeDirect(static_cast<uint32_t>(rest & ((uint64_t{1} << low) - 1)), low);
+}
+
+// Returns 0 when the decoded bit length exceeds max_len (corrupt stream).
+template <int kTreeBits>
+uint64_t DecodeGamma(rc::RangeDecoder& dec, rc::Prob* len_probs,
+                     rc::Prob (*mant_probs)[1 << kTreeBits], int max_len, int* len_out) {
+  const int len = static_cast<int>(dec.DecodeTree(len_probs, 6)) + 1;
+  *len_out = len;
+  if (len > max_len) return 0;
+  const int m = len - 1;
+  const int top = std::min(m, kTreeBits);
+  uint64_t rest = dec.DecodeTree(mant_probs[len], top);
+  int low = m - top;
+  if (low > 32) {
+    rest = (rest << (low - 32)) | dec.DecodeDirect(low - 32);
+    low = 32;
+  }
+  if (low > 0) rest = (rest << low) | dec.DecodeDirect(low);
+  return (uint64_t{1} << m) + rest;
+}
+
+inline int GapContext(int prev_len) { return std::min(prev_len, SparseModel::kGapCtx - 1); }
+inline int MagContext(int prev_len) { return std::min(prev_len, SparseModel::kMagCtx - 1); }
+
+template <typename T>
+void EncodeSparseBody(const uint8_t* parent, const uint8_t* data,
+                      const std::vector<uint32_t>& positions, bool is_float,
+                      std::vector<uint8_t>* out) {
+  Put64(out, positions.size());
+  auto model = std::make_unique<SparseModel>();
+  rc::RangeEncoder enc(out);
+  int prev_gap_len = 0, prev_mag_len = 0;
+  uint32_t prev_sign = 0;
+  int64_t prev = -1;
+  for (uint32_t pos : positions) {
+    const uint64_t gap = static_cast<uint64_t>(static_cast<int64_t>(pos) - prev);  // >= 1
+    EncodeGamma<3>(enc, model->gap_len[GapContext(prev_gap_len)], model->gap_mant, gap);
+    prev_gap_len = BitLength(gap);
+    prev = pos;
+    const T old_v = Load<T>(parent + size_t{pos} * sizeof(T));
+    const T d = T(ToOrd(Load<T>(data + size_t{pos} * sizeof(T)), is_float) - ToOrd(old_v, is_float));
+    const uint32_t sign = static_cast<uint32_t>(d >> (sizeof(T) * 8 - 1));
+    const uint64_t mag = sign ? uint64_t(T(T(0) - d)) : uint64_t(d);
+    const uint32_t old_sign = is_float ? static_cast<uint32_t>(old_v >> (sizeof(T) * 8 - 1)) : 0;
+    enc.EncodeBit(model->sign[prev_sign * 2 + old_sign], sign);
+    EncodeGamma<2>(enc, model->mag_len[MagContext(prev_mag_len)], model->mag_mant, mag);
+    prev_mag_len = BitLength(mag);
+    prev_sign = sign;
+  }
+  enc.Finish();
+}
+
+template <typename T>
+Status DecodeSparseBody(std::span<const uint8_t> body, const uint8_t* parent, uint8_t* out,
+                        size_t n, bool is_float) {
+  if (body.size() < 8) return Status::Corruption("sparse body shorter than its count");
+  const uint64_t count = Get64(body.data());
+  if (count > n) {
+    return Status::Corruption("sparse body claims " + std::to_string(count) + " changes in " +
+                              std::to_string(n) + " elements");
+  }
+  // Each change costs at least a few bits; a count far beyond what the stream can hold is a lie
+  // that would only burn CPU.
+  if (count > (body.size() - 8) * 8 + 64) {
+    return Status::Corruption("sparse body too short for its change count");
+  }
+  std::memcpy(out, parent, n * sizeof(T));
+  auto model = std::make_unique<SparseModel>();
+  rc::RangeDecoder dec(body.subspan(8));
+  int prev_gap_len = 0, prev_mag_len = 0;
+  uint32_t prev_sign = 0;
+  uint64_t next = 0;  // smallest position the next change may have
+  constexpr int kMaxMagLen = static_cast<int>(sizeof(T) * 8);
+  for (uint64_t k = 0; k < count; ++k) {
+    int gap_len = 0;
+    const uint64_t gap =
+        DecodeGamma<3>(dec, model->gap_len[GapContext(prev_gap_len)], model->gap_mant, 33, &gap_len);
+    if (gap == 0) return Status::Corruption("sparse body: gap out of range");
+    const uint64_t pos = next + gap - 1;
+    if (pos >= n || dec.overrun()) {
+      return Status::Corruption("sparse body: change " + std::to_string(k) +
+                                " lies outside the chunk");
+    }
+    prev_gap_len = gap_len;
+    next = pos + 1;
+    uint8_t* slot = out + pos * sizeof(T);
+    const T old_v = Load<T>(slot);
+    const uint32_t old_sign = is_float ? static_cast<uint32_t>(old_v >> (sizeof(T) * 8 - 1)) : 0;
+    const uint32_t sign = dec.DecodeBit(model->sign[prev_sign * 2 + old_sign]);
+    int mag_len = 0;
+    const uint64_t mag = DecodeGamma<2>(dec, model->mag_len[MagContext(prev_mag_len)],
+                                        model->mag_mant, kMaxMagLen, &mag_len);
+    if (mag == 0) return Status::Corruption("sparse body: value out of range");
+    prev_mag_len = mag_len;
+    prev_sign = sign;
+    const T d = sign ? T(T(0) - T(mag)) : T(mag);
+    Store<T>(slot, FromOrd(T(ToOrd(old_v, is_float) + d), is_float));
+  }
+  if (dec.overrun() || dec.remaining() != 0) {
+    return Status::Corruption("sparse body: range-coded stream length does not match its content");
+  }
+  return Status::Ok();
+}
+
+// Positions (element indices) where a and b differ, up to `cap` of them. Returns false when
+// more than `cap` differ (positions then holds cap + 1 entries).
+template <typename T>
+bool FindChanges(const uint8_t* a, const uint8_t* b, size_t n, size_t cap,
+                 std::vector<uint32_t>* positions) {
+  positions->clear();
+  constexpr size_t kBlock = 32 / sizeof(T);  // elements per 32-byte block
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    const uint8_t* pa = a + i * sizeof(T);
+    const uint8_t* pb = b + i * sizeof(T);
+    uint64_t diff = 0;
+    for (size_t w = 0; w < 4; ++w) diff |= Load<uint64_t>(pa + 8 * w) ^ Load<uint64_t>(pb + 8 * w);
+    if (diff == 0) continue;
+    for (size_t j = 0; j < kBlock; ++j) {
+      if (Load<T>(pa + j * sizeof(T)) != Load<T>(pb + j * sizeof(T))) {
+        positions->push_back(static_cast<uint32_t>(i + j));
+      }
+    }
+    if (positions->size() > cap) return false;
+  }
+  for (; i < n; ++i) {
+    if (Load<T>(a + i * sizeof(T)) != Load<T>(b + i * sizeof(T))) {
+      positions->push_back(static_cast<uint32_t>(i));
+    }
+  }
+  return positions->size() <= cap;
+}
+
+}  // namespace
+
+// ---- ChunkCodec ---------------------------------------------------------------------------
+
+struct ChunkCodec::Impl {
+  EncodeOptions options;
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_DCtx* dctx = ZSTD_createDCtx();
+  std::vector<uint8_t> planes;  // scratch: transformed byte planes
+  std::vector<uint32_t> positions;
+  std::vector<uint8_t> candidate;
+
+  ~Impl() {
+    ZSTD_freeCCtx(cctx);
+    ZSTD_freeDCtx(dctx);
+  }
+
+  // Appends one zstd frame per plane (n bytes each, `count` planes in `planes`).
+  void CompressPlanes(size_t count, size_t n, int level, std::vector<uint8_t>* out) {
+    const size_t sizes_at = out->size();
+    out->resize(out->size() + 8 * count);
+    for (size_t k = 0; k < count; ++k) {
+      const size_t at = out->size();
+      const size_t bound = ZSTD_compressBound(n);
+      out->resize(at + bound);
+      size_t r = ZSTD_compressCCtx(cctx, out->data() + at, bound, planes.data() + k * n, n, level);
+      if (ZSTD_isError(r)) r = 0;  // cannot happen with a bound-sized buffer; caught on decode
+      out->resize(at + r);
+      Set64(out->data() + sizes_at + 8 * k, r);
+    }
+  }
+
+  Status DecompressPlanes(std::span<const uint8_t> body, size_t count, size_t n) {
+    if (body.size() < 8 * count) return Status::Corruption("plane table truncated");
+    planes.resize(count * n);
+    size_t at = 8 * count;
+    for (size_t k = 0; k < count; ++k) {
+      const uint64_t size = Get64(body.data() + 8 * k);
+      if (size > body.size() - at) return Status::Corruption("plane " + std::to_string(k) + " truncated");
+      const uint8_t* frame = body.data() + at;
+      const unsigned long long content = ZSTD_getFrameContentSize(frame, size);
+      if (content != n) {
+        return Status::Corruption("plane " + std::to_string(k) + " frame size " +
+                                  (ZSTD_isError(content) || content == ZSTD_CONTENTSIZE_UNKNOWN ||
+                                           content == ZSTD_CONTENTSIZE_ERROR
+                                       ? std::string("unreadable")
+                                       : std::to_string(content)) +
+                                  " != " + std::to_string(n));
+      }
+      ZSTD_DCtx_reset(dctx, ZSTD_reset_session_and_parameters);
+      const size_t r = ZSTD_decompressDCtx(dctx, planes.data() + k * n, n, frame, size);
+      if (ZSTD_isError(r) || r != n) {
+        return Status::Corruption("plane " + std::to_string(k) + ": " +
+                                  (ZSTD_isError(r) ? ZSTD_getErrorName(r) : "short frame"));
+      }
+      at += size;
+    }
+    if (at != body.size()) return Status::Corruption("trailing bytes after the last plane");
+    return Status::Ok();
+  }
+
+  void EncodeFullBody(DType dtype, std::span<const uint8_t> data, std::vector<uint8_t>* out) {
+    const size_t width = Width(dtype, data.size());
+    const size_t n = data.size() / width;
+    const bool rotate = DTypeIsFloat(dtype) && width > 1;
+    planes.resize(data.size());
+    DispatchWidth(width, [&]<typename T>() {
+      SplitPlanes<T>(n, planes.data(), [&](size_t i) {
+        const T v = Load<T>(data.data() + i * sizeof(T));
+        return rotate ? std::rotl(v, 1) : v;
+      });
+    });
+    CompressPlanes(width, n, options.full_level, out);
+  }
+
+  void EncodeDenseBody(DType dtype, std::span<const uint8_t> parent, std::span<const uint8_t> data,
+                       std::vector<uint8_t>* out) {
+    const size_t width = Width(dtype, data.size());
+    const size_t n = data.size() / width;
+    const bool is_float = DTypeIsFloat(dtype) && width == DTypeSize(dtype);
+    planes.resize(data.size());
+    DispatchWidth(width, [&]<typename T>() {
+      SplitPlanes<T>(n, planes.data(), [&](size_t i) {
+        const T a = ToOrd(Load<T>(parent.data() + i * sizeof(T)), is_float);
+        const T b = ToOrd(Load<T>(data.data() + i * sizeof(T)), is_float);
+        return ZigZag<T>(T(b - a));
+      });
+    });
+    CompressPlanes(width, n, options.full_level, out);
+  }
+
+  bool EncodePatchBody(std::span<const uint8_t> parent, std::span<const uint8_t> data,
+                       std::vector<uint8_t>* out) {
+    ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, options.patch_level);
+    const int wlog = std::clamp(BitLength(parent.size() + data.size()) , 10, 27);
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_windowLog, wlog);
+    ZSTD_CCtx_refPrefix(cctx, parent.data(), parent.size());
+    const size_t at = out->size();
+    const size_t bound = ZSTD_compressBound(data.size());
+    out->resize(at + bound);
+    const size_t r = ZSTD_compress2(cctx, out->data() + at, bound, data.data(), data.size());
+    ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
+    if (ZSTD_isError(r)) return false;
+    out->resize(at + r);
+    return true;
+  }
+};
+
+ChunkCodec::ChunkCodec(EncodeOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->options = options;
+}
+ChunkCodec::~ChunkCodec() = default;
+
+void ChunkCodec::EncodeFull(DType dtype, std::span<const uint8_t> data, std::vector<uint8_t>* out) {
+  if (Width(dtype, data.size()) != DTypeSize(dtype)) dtype = DType::kOpaque;
+  const uint64_t hash = Hash64(data);
+  WriteHeader(out, ChunkEncoding::kFull, dtype, data.size(), 0, hash, 0);
+  impl_->EncodeFullBody(dtype, data, out);
+  if (out->size() >= kPayloadHeaderBytes + data.size()) {
+    WriteHeader(out, ChunkEncoding::kRaw, dtype, data.size(), 0, hash, 0);
+    out->insert(out->end(), data.begin(), data.end());
+  }
+}
+
+ChunkEncoding ChunkCodec::EncodeDelta(DType dtype, std::span<const uint8_t> parent,
+                                      std::span<const uint8_t> data, std::vector<uint8_t>* out) {
+  out->clear();
+  if (Width(dtype, data.size()) != DTypeSize(dtype)) dtype = DType::kOpaque;
+  const EncodeOptions& opt = impl_->options;
+  std::vector<uint8_t>& cand = impl_->candidate;
+  ChunkEncoding best = ChunkEncoding::kSame;
+  // Keeps the candidate in `cand` if it is the smallest so far.
+  auto consider = [&](ChunkEncoding enc) {
+    if (out->empty() || cand.size() < out->size()) {
+      out->swap(cand);
+      best = enc;
+    }
+  };
+  uint64_t hash = 0, parent_hash = 0;
+  bool hashed = false;
+  auto hashes = [&] {
+    if (!hashed) {
+      hash = Hash64(data);
+      parent_hash = Hash64(parent);
+      hashed = true;
+    }
+  };
+
+  bool try_patch = dtype == DType::kOpaque;
+  if (parent.size() == data.size()) {
+    const size_t width = Width(dtype, data.size());
+    const size_t n = data.size() / width;
+    const bool is_float = DTypeIsFloat(dtype);
+    const auto cap = static_cast<size_t>(static_cast<double>(n) * opt.sparse_max_fraction);
+    const bool sparse_ok = n <= std::numeric_limits<uint32_t>::max() &&
+        DispatchWidth(width, [&]<typename T>() {
+          return FindChanges<T>(parent.data(), data.data(), n, cap, &impl_->positions);
+        });
+    if (sparse_ok && impl_->positions.empty()) return ChunkEncoding::kSame;
+    hashes();
+    if (sparse_ok) {
+      WriteHeader(&cand, ChunkEncoding::kSparse, dtype, data.size(), parent.size(), hash,
+                  parent_hash);
+      DispatchWidth(width, [&]<typename T>() {
+        EncodeSparseBody<T>(parent.data(), data.data(), impl_->positions, is_float, &cand);
+      });
+      consider(ChunkEncoding::kSparse);
+      // Byte planes + zstd cannot go much below ~1 bit per byte on noise-like weights, and FULL
+      // stays above ~8 bits per element: when the sparse stream is already this small, the
+      // other candidates are not worth their encoding time.
+      if (static_cast<double>(out->size()) <=
+          static_cast<double>(data.size()) * opt.sparse_sufficient_bits_per_byte / 8.0) {
+        return best;
+      }
+    }
+    WriteHeader(&cand, ChunkEncoding::kDense, dtype, data.size(), parent.size(), hash,
+                parent_hash);
+    impl_->EncodeDenseBody(dtype, parent, data, &cand);
+    consider(ChunkEncoding::kDense);
+  } else {
+    try_patch = true;
+  }
+  hashes();
+  if (try_patch && !parent.empty()) {
+    WriteHeader(&cand, ChunkEncoding::kPatch, dtype, data.size(), parent.size(), hash, parent_hash);
+    if (impl_->EncodePatchBody(parent, data, &cand)) consider(ChunkEncoding::kPatch);
+  }
+  EncodeFull(dtype, data, &cand);
+  consider(static_cast<ChunkEncoding>(cand[5]));
+  return best;
+}
+
+Expected<PayloadInfo> ChunkCodec::Inspect(std::span<const uint8_t> payload,
+                                          const DecodeLimits& limits) {
+  if (payload.size() < kPayloadHeaderBytes) {
+    return Status::Corruption("payload of " + std::to_string(payload.size()) +
+                              " bytes is shorter than its 40-byte header");
+  }
+  const uint8_t* p = payload.data();
+  if (std::memcmp(p, kMagic, 4) != 0) return Status::Corruption("payload has no WFSC magic");
+  if (p[4] != kFormatVersion) {
+    return Status::Unsupported("payload format version " + std::to_string(p[4]) +
+                               " (this weightfs reads version 1; upgrade weightfs)");
+  }
+  PayloadInfo info;
+  if (p[5] < 1 || p[5] > 5) return Status::Corruption("unknown payload encoding " + std::to_string(p[5]));
+  info.encoding = static_cast<ChunkEncoding>(p[5]);
+  auto dtype = DTypeFromByte(p[6]);
+  if (!dtype) return Status::Corruption("unknown payload dtype " + std::to_string(p[6]));
+  info.dtype = *dtype;
+  if (p[7] != 0) return Status::Corruption("payload flags set");
+  info.raw_len = Get64(p + 8);
+  info.parent_len = Get64(p + 16);
+  info.raw_hash = Get64(p + 24);
+  info.parent_hash = Get64(p + 32);
+  if (info.raw_len > limits.max_raw_len) {
+    return Status::ResourceExhausted("payload decodes to " + std::to_string(info.raw_len) +
+                                     " bytes, above the limit of " +
+                                     std::to_string(limits.max_raw_len));
+  }
+  if (info.raw_len % DTypeSize(info.dtype) != 0) {
+    return Status::Corruption("payload length is not a whole number of elements");
+  }
+  if (info.is_delta()) {
+    if (info.parent_len > limits.max_raw_len) return Status::Corruption("parent length out of range");
+    if (info.encoding != ChunkEncoding::kPatch && info.parent_len != info.raw_len) {
+      return Status::Corruption("element-wise delta with parent length != length");
+    }
+  } else if (info.parent_len != 0 || info.parent_hash != 0) {
+    return Status::Corruption("self-contained payload names a parent");
+  }
+  if (info.encoding == ChunkEncoding::kRaw && payload.size() != kPayloadHeaderBytes + info.raw_len) {
+    return Status::Corruption("raw payload length mismatch");
+  }
+  return info;
+}
+
+Status ChunkCodec::Decode(std::span<const uint8_t> payload, std::span<const uint8_t> parent,
+                          std::span<uint8_t> out, const DecodeLimits& limits) {
+  WFS_ASSIGN_OR_RETURN(PayloadInfo info, Inspect(payload, limits));
+  if (out.size() != info.raw_len) {
+    return Status::InvalidArgument("output buffer of " + std::to_string(out.size()) +
+                                   " bytes for a chunk of " + std::to_string(info.raw_len));
+  }
+  if (info.is_delta()) {
+    if (parent.size() != info.parent_len) {
+      return Status::InvalidArgument("delta needs a parent of " + std::to_string(info.parent_len) +
+                                     " bytes, got " + std::to_string(parent.size()));
+    }
+    if (Hash64(parent) != info.parent_hash) {
+      return Status::Corruption("delta was encoded against a different parent chunk");
+    }
+  }
+  const std::span<const uint8_t> body = payload.subspan(kPayloadHeaderBytes);
+  const size_t width = DTypeSize(info.dtype);
+  const size_t n = info.raw_len / width;
+  const bool is_float = DTypeIsFloat(info.dtype);
+  switch (info.encoding) {
+    case ChunkEncoding::kRaw:
+      if (!out.empty()) std::memcpy(out.data(), body.data(), out.size());
+      break;
+    case ChunkEncoding::kFull: {
+      WFS_TRY(impl_->DecompressPlanes(body, width, n));
+      const bool rotate = is_float && width > 1;
+      DispatchWidth(width, [&]<typename T>() {
+        JoinPlanes<T>(n, impl_->planes.data(), [&](size_t i, T v) {
+          Store<T>(out.data() + i * sizeof(T), rotate ? std::rotr(v, 1) : v);
+        });
+      });
+      break;
+    }
+    case ChunkEncoding::kDense: {
+      WFS_TRY(impl_->DecompressPlanes(body, width, n));
+      DispatchWidth(width, [&]<typename T>() {
+        JoinPlanes<T>(n, impl_->planes.data(), [&](size_t i, T z) {
+          const T a = ToOrd(Load<T>(parent.data() + i * sizeof(T)), is_float);
+          Store<T>(out.data() + i * sizeof(T), FromOrd(T(a + UnZigZag<T>(z)), is_float));
+        });
+      });
+      break;
+    }
+    case ChunkEncoding::kSparse: {
+      WFS_TRY(DispatchWidth(width, [&]<typename T>() {
+        return DecodeSparseBody<T>(body, parent.data(), out.data(), n, is_float);
+      }));
+      break;
+    }
+    case ChunkEncoding::kPatch: {
+      ZSTD_DCtx* dctx = impl_->dctx;
+      const unsigned long long content = ZSTD_getFrameContentSize(body.data(), body.size());
+      if (content != info.raw_len) return Status::Corruption("patch frame size mismatch");
+      ZSTD_DCtx_reset(dctx, ZSTD_reset_session_and_parameters);
+      ZSTD_DCtx_setParameter(dctx, ZSTD_d_windowLogMax, 27);
+      ZSTD_DCtx_refPrefix(dctx, parent.data(), parent.size());
+      const size_t r = ZSTD_decompressDCtx(dctx, out.data(), out.size(), body.data(), body.size());
+      ZSTD_DCtx_reset(dctx, ZSTD_reset_session_and_parameters);
+      if (ZSTD_isError(r) || r != out.size()) {
+        return Status::Corruption(std::string("patch frame: ") +
+                                  (ZSTD_isError(r) ? ZSTD_getErrorName(r) : "short"));
+      }
+      break;
+    }
+    case ChunkEncoding::kSame:
+      return Status::Corruption("payload encoding 0");
+  }
+  if (Hash64(out) != info.raw_hash) {
+    return Status::Corruption("decoded chunk does not match its checksum");
+  }
+  return Status::Ok();
+}
+
+Expected<std::vector<uint8_t>> ChunkCodec::Decode(std::span<const uint8_t> payload,
+                                                  std::span<const uint8_t> parent,
+                                                  const DecodeLimits& limits) {
+  WFS_ASSIGN_OR_RETURN(PayloadInfo info, Inspect(payload, limits));
+  std::vector<uint8_t> out(info.raw_len);
+  WFS_TRY(Decode(payload, parent, out, limits));
+  return out;
+}
+
+}  // namespace weightfs

@@ -1,0 +1,123 @@
+// ChunkCodec: lossless, self-describing compression of one chunk, on its own (FULL) or against
+// the same chunk of the parent version (DELTA).
+//
+// Payload format 1 (all integers little-endian):
+//   off size field
+//     0    4 magic "WFSC"
+//     4    1 format version (1)
+//     5    1 encoding: 1 FULL, 2 SPARSE, 3 DENSE, 4 PATCH, 5 RAW
+//     6    1 dtype (core/dtype.h numbering)
+//     7    1 flags (must be 0)
+//     8    8 raw_len: bytes of the decoded chunk
+//    16    8 parent_len: bytes of the parent chunk (0 for FULL and RAW)
+//    24    8 raw_hash: XXH3-64 of the decoded chunk (checked after every decode)
+//    32    8 parent_hash: XXH3-64 of the parent chunk (checked before a delta is applied)
+//    40  ... body
+// Bodies:
+//   RAW    the bytes as they are (used when nothing compresses).
+//   FULL   "planes": floats rotated left by one bit (exponent bits land in the top byte), the
+//          elements split into byte planes (byte k of every element), then each plane one zstd
+//          frame: u64 frame size per plane, then the frames. Grouping exponents apart from
+//          mantissas is what lets an entropy coder see their low entropy.
+//   DENSE  for many changes: d = ord(new) - ord(parent) per element (ord = order-preserving
+//          integer of a float, identity for integers), zigzag-coded, then planes + zstd as FULL.
+//   SPARSE for few changes: u64 change count, then a range-coded stream of (gap, d) pairs: the
+//          gap to the next changed element (Elias-gamma binarization with adaptive bits, context =
+//          size of the previous gap) and d as sign + magnitude (adaptive, context = previous
+//          magnitude). A ±1-ulp step in bf16 costs ~2 bits; a position ~H(p)/p bits.
+//   PATCH  one zstd frame compressed with the parent chunk as its prefix (for bytes of unknown
+//          structure, and chunks whose length changed: headers, opaque files).
+// Decoding validates everything before use and never allocates more than raw_len (bounded by
+// DecodeLimits) plus zstd's own bounded window; any inconsistency is a Corruption status.
+//
+// A ChunkCodec holds reusable zstd contexts: it is not thread-safe; use one per thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace weightfs {
+
+enum class ChunkEncoding : uint8_t {
+  kSame = 0,  // not a payload kind: the chunk equals its parent and stores nothing
+  kFull = 1,
+  kSparse = 2,
+  kDense = 3,
+  kPatch = 4,
+  kRaw = 5,
+};
+std::string_view ChunkEncodingName(ChunkEncoding e);
+
+inline constexpr size_t kPayloadHeaderBytes = 40;
+
+struct PayloadInfo {
+  ChunkEncoding encoding = ChunkEncoding::kRaw;
+  DType dtype = DType::kOpaque;
+  uint64_t raw_len = 0;
+  uint64_t parent_len = 0;
+  uint64_t raw_hash = 0;
+  uint64_t parent_hash = 0;
+  bool is_delta() const {
+    return encoding == ChunkEncoding::kSparse || encoding == ChunkEncoding::kDense ||
+           encoding == ChunkEncoding::kPatch;
+  }
+};
+
+struct EncodeOptions {
+  int full_level = 3;   // zstd level of FULL and DENSE planes (bf16 planes gain nothing above ~3)
+  int patch_level = 9;  // zstd level of PATCH (small, structured chunks)
+  // Above this changed fraction the sparse coder is not tried (its decode cost grows with the
+  // number of changes; byte planes decode at memory-like speed).
+  double sparse_max_fraction = 0.30;
+  // A sparse stream at or below this many bits per raw byte is kept without trying the dense
+  // and FULL encodings; otherwise every applicable candidate is encoded and the smallest kept.
+  double sparse_sufficient_bits_per_byte = 0.5;
+};
+
+struct DecodeLimits {
+  uint64_t max_raw_len = 256ull << 20;  // hard cap on a decoded chunk (decompression bombs)
+};
+
+class ChunkCodec {
+ public:
+  explicit ChunkCodec(EncodeOptions options = {});
+  ~ChunkCodec();
+  ChunkCodec(const ChunkCodec&) = delete;
+  ChunkCodec& operator=(const ChunkCodec&) = delete;
+
+  // Encodes `data` on its own: FULL, or RAW when that is smaller. Appends to `*out` (cleared).
+  // A `dtype` whose size does not divide data.size() is treated as kOpaque.
+  void EncodeFull(DType dtype, std::span<const uint8_t> data, std::vector<uint8_t>* out);
+
+  // Encodes `data` against `parent`, choosing the smallest of SPARSE, DENSE, PATCH and FULL that
+  // applies. Returns kSame (and leaves *out empty) when data equals parent.
+  ChunkEncoding EncodeDelta(DType dtype, std::span<const uint8_t> parent,
+                            std::span<const uint8_t> data, std::vector<uint8_t>* out);
+
+  // Decodes `payload` into `out`, which must be exactly raw_len bytes (see Inspect). `parent`
+  // is required for delta encodings and ignored otherwise. The output is checked against
+  // raw_hash; on any error the contents of `out` are unspecified.
+  Status Decode(std::span<const uint8_t> payload, std::span<const uint8_t> parent,
+                std::span<uint8_t> out, const DecodeLimits& limits = {});
+
+  // Convenience: allocates the output (bounded by limits.max_raw_len).
+  Expected<std::vector<uint8_t>> Decode(std::span<const uint8_t> payload,
+                                        std::span<const uint8_t> parent,
+                                        const DecodeLimits& limits = {});
+
+  // Validates and returns the fixed header of a payload.
+  static Expected<PayloadInfo> Inspect(std::span<const uint8_t> payload,
+                                       const DecodeLimits& limits = {});
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weightfs

@@ -1,0 +1,37 @@
+#include "core/status.h"
+
+namespace weightfs {
+
+std::string_view ErrorKindName(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kOk: return "OK";
+    case ErrorKind::kNotFound: return "NotFound";
+    case ErrorKind::kCorruption: return "Corruption";
+    case ErrorKind::kInvalidArgument: return "InvalidArgument";
+    case ErrorKind::kIOError: return "IOError";
+    case ErrorKind::kConflict: return "Conflict";
+    case ErrorKind::kTimeout: return "Timeout";
+    case ErrorKind::kAuth: return "Auth";
+    case ErrorKind::kResourceExhausted: return "ResourceExhausted";
+    case ErrorKind::kUnsupported: return "Unsupported";
+  }
+  return "Unknown";
+}
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  std::string s(ErrorKindName(kind_));
+  s += ": ";
+  s += message_;
+  return s;
+}
+
+Status Status::WithContext(std::string_view context) const {
+  if (ok()) return *this;
+  std::string m(context);
+  m += ": ";
+  m += message_;
+  return Status(kind_, std::move(m));
+}
+
+}  // namespace weightfs

@@ -1,0 +1,46 @@
+// ThreadPool: a fixed set of worker threads for data-parallel loops (encode/decode a file's
+// chunks across cores). ParallelFor is safe to call from several threads at once; each call
+// blocks until its own loop is done. Workers pick indices dynamically, so chunks of uneven cost
+// balance out.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace weightfs {
+
+class ThreadPool {
+ public:
+  // threads == 0 means std::thread::hardware_concurrency().
+  explicit ThreadPool(size_t threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  size_t size() const { return workers_.size() + 1; }  // the caller takes part too
+
+  // Calls fn(index, slot) for every index in [0, n) with slot in [0, size()) identifying the
+  // thread (for per-thread scratch state); returns when all calls have returned.
+  // fn must not throw.
+  void ParallelFor(size_t n, const std::function<void(size_t index, size_t slot)>& fn);
+
+ private:
+  struct Loop;
+  void WorkerMain(size_t slot);
+  static void RunLoop(Loop& loop, size_t slot);
+
+  std::mutex mu_;  // guards queue_ and stop_
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Loop>> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace weightfs

@@ -1,0 +1,143 @@
+#include "tools/cli.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+
+namespace weightfs::cli {
+
+Expected<uint64_t> ParseSize(std::string_view text) {
+  std::string s(text);
+  if (s.empty()) return Status::InvalidArgument("empty size");
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || !std::isfinite(v) || v < 0) {
+    return Status::InvalidArgument("not a size: '" + s + "' (try 500M, 4MiB or 1G)");
+  }
+  std::string suffix(end);
+  if (!suffix.empty() && (suffix.back() == 'B' || suffix.back() == 'b') && suffix != "B" &&
+      suffix != "b") {
+    suffix.pop_back();
+  }
+  double mult = 1;
+  if (suffix.empty() || suffix == "B" || suffix == "b") mult = 1;
+  else if (suffix == "K" || suffix == "k") mult = 1e3;
+  else if (suffix == "M" || suffix == "m") mult = 1e6;
+  else if (suffix == "G" || suffix == "g") mult = 1e9;
+  else if (suffix == "T" || suffix == "t") mult = 1e12;
+  else if (suffix == "Ki" || suffix == "KI") mult = 1024.0;
+  else if (suffix == "Mi" || suffix == "MI") mult = 1024.0 * 1024;
+  else if (suffix == "Gi" || suffix == "GI") mult = 1024.0 * 1024 * 1024;
+  else if (suffix == "Ti" || suffix == "TI") mult = 1024.0 * 1024 * 1024 * 1024;
+  else return Status::InvalidArgument("unknown size suffix in '" + s + "' (use K, M, G, Ki, Mi, Gi)");
+  double r = v * mult;
+  if (r > 9.0e18) return Status::InvalidArgument("size too large: '" + s + "'");
+  return static_cast<uint64_t>(std::llround(r));
+}
+
+Expected<double> ParseDouble(std::string_view text) {
+  std::string s(text);
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !std::isfinite(v)) {
+    return Status::InvalidArgument("not a number: '" + s + "'");
+  }
+  return v;
+}
+
+std::string FormatBytes(double bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, kUnits[u]);
+  return buf;
+}
+
+ArgParser::ArgParser(std::vector<std::string> value_options, std::vector<std::string> flag_options)
+    : value_options_(std::move(value_options)), flag_options_(std::move(flag_options)) {}
+
+Status ArgParser::Parse(int argc, char** argv, int first) {
+  auto contains = [](const std::vector<std::string>& v, const std::string& x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+  };
+  bool only_positionals = false;
+  for (int i = first; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (only_positionals || arg.size() < 2 || arg[0] != '-' || arg == "-") {
+      positionals_.push_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      only_positionals = true;
+      continue;
+    }
+    std::string name = arg;
+    std::optional<std::string> inline_value;
+    if (auto eq = arg.find('='); eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      inline_value = arg.substr(eq + 1);
+    }
+    if (contains(flag_options_, name)) {
+      if (inline_value) return Status::InvalidArgument(name + " takes no value");
+      values_[name] = "1";
+    } else if (contains(value_options_, name)) {
+      if (inline_value) {
+        values_[name] = *inline_value;
+      } else if (i + 1 < argc) {
+        values_[name] = argv[++i];
+      } else {
+        return Status::InvalidArgument(name + " needs a value");
+      }
+    } else {
+      return Status::InvalidArgument("unknown option " + name + " (see --help)");
+    }
+  }
+  return Status::Ok();
+}
+
+bool ArgParser::Has(const std::string& name) const { return values_.count(name) != 0; }
+
+std::optional<std::string> ArgParser::Get(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string ArgParser::GetOr(const std::string& name, const std::string& fallback) const {
+  auto v = Get(name);
+  return v ? *v : fallback;
+}
+
+Progress::Progress(std::string label, uint64_t total)
+    : label_(std::move(label)), total_(total), tty_(isatty(STDERR_FILENO) != 0) {}
+
+void Progress::Update(uint64_t done) {
+  if (!tty_) return;
+  double now = std::chrono::duration<double>(
+                   std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (last_print_ >= 0 && now - last_print_ < 0.1 && done < total_) return;
+  last_print_ = now;
+  double pct = total_ ? 100.0 * static_cast<double>(done) / static_cast<double>(total_) : 100.0;
+  std::fprintf(stderr, "\r%s %5.1f%%", label_.c_str(), pct);
+  std::fflush(stderr);
+}
+
+void Progress::Finish() {
+  if (!tty_) return;
+  std::fprintf(stderr, "\r%s done  \n", label_.c_str());
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "weightfs: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace weightfs::cli

@@ -1,0 +1,65 @@
+// Small helpers shared by the subcommands: argument parsing, size/count parsing, progress.
+// Not thread-safe unless stated.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace weightfs::cli {
+
+// Parses "500M", "1.5G", "64Ki", "4MiB", "123" into a number. Decimal suffixes K/M/G/T are
+// powers of 1000, binary suffixes Ki/Mi/Gi/Ti (optionally followed by B) powers of 1024.
+// A bare "B" suffix is allowed ("512B"). Returns InvalidArgument with the text on failure.
+Expected<uint64_t> ParseSize(std::string_view text);
+// Parses a plain non-negative double ("1e-6", "0.5").
+Expected<double> ParseDouble(std::string_view text);
+// Human form: 1536 -> "1.5 KiB".
+std::string FormatBytes(double bytes);
+
+// A minimal GNU-style parser: "--name value", "--name=value", boolean "--flag", positionals.
+// Unknown options are errors, so a typo is reported instead of silently ignored.
+class ArgParser {
+ public:
+  // `value_options`: options that take a value; `flag_options`: booleans.
+  ArgParser(std::vector<std::string> value_options, std::vector<std::string> flag_options);
+
+  // Parses argv[first..argc). Returns InvalidArgument naming the offending token.
+  Status Parse(int argc, char** argv, int first);
+
+  bool Has(const std::string& name) const;
+  std::optional<std::string> Get(const std::string& name) const;
+  std::string GetOr(const std::string& name, const std::string& fallback) const;
+  const std::vector<std::string>& positionals() const { return positionals_; }
+
+ private:
+  std::vector<std::string> value_options_;
+  std::vector<std::string> flag_options_;
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positionals_;
+};
+
+// Prints a one-line progress indicator on stderr when stderr is a TTY (no-op otherwise).
+class Progress {
+ public:
+  Progress(std::string label, uint64_t total);
+  void Update(uint64_t done);
+  void Finish();
+
+ private:
+  std::string label_;
+  uint64_t total_;
+  bool tty_;
+  double last_print_ = -1;
+};
+
+// Prints "weightfs: <message>" on stderr and returns exit code 1 (for `return Fail(...)`).
+int Fail(const std::string& message);
+inline int Fail(const Status& s) { return Fail(s.ToString()); }
+
+}  // namespace weightfs::cli

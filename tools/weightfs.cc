@@ -1,0 +1,44 @@
+// weightfs: one CLI, one subcommand per job. Each subcommand lives in tools/<name>_command.cc.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tools/commands.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(weightfs - a FUSE filesystem for versioned model weights
+
+usage: weightfs <command> [options]
+
+commands:
+  gen          generate a realistic checkpoint sequence (safetensors shards) for tests and demos
+  bench codec  measure the delta codec against zstd, zstd --patch-from and the entropy floor
+
+Run 'weightfs <command> --help' for the options of one command.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  std::string cmd = argv[1];
+  if (cmd == "--version") {
+    std::puts("weightfs 0.1.0");
+    return 0;
+  }
+  if (cmd == "gen") return weightfs::cli::GenMain(argc - 1, argv + 1);
+  if (cmd == "bench") {
+    if (argc >= 3 && std::string(argv[2]) == "codec") {
+      return weightfs::cli::BenchCodecMain(argc - 2, argv + 2);
+    }
+    std::fprintf(stderr, "weightfs: usage: weightfs bench codec OLD NEW | --generate (see --help)\n");
+    return 2;
+  }
+  std::fprintf(stderr, "weightfs: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+  return 2;
+}
