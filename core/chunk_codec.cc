@@ -127,6 +127,14 @@ decltype(auto) DispatchWidth(size_t width, Fn&& fn) {
   }
 }
 
+// The element types to try for the byte-plane encodings. Bytes of unknown structure (optimizer
+// states, pickles, other containers) are mostly arrays of fp32 at 4-byte aligned offsets, so
+// they are also tried as F32; the payload records the interpretation that won.
+std::vector<DType> DenseInterpretations(DType dtype, size_t len) {
+  if (dtype == DType::kOpaque && len % 4 == 0 && len >= 4) return {DType::kOpaque, DType::kF32};
+  return {dtype};
+}
+
 // ---- sparse coder -------------------------------------------------------------------------
 
 inline int BitLength(uint64_t v) { return 64 - std::countl_zero(v); }
@@ -310,6 +318,7 @@ struct ChunkCodec::Impl {
   std::vector<uint8_t> planes;  // scratch: transformed byte planes
   std::vector<uint32_t> positions;
   std::vector<uint8_t> candidate;
+  std::vector<uint8_t> full_alt;
 
   ~Impl() {
     ZSTD_freeCCtx(cctx);
@@ -393,7 +402,10 @@ struct ChunkCodec::Impl {
   bool EncodePatchBody(std::span<const uint8_t> parent, std::span<const uint8_t> data,
                        std::vector<uint8_t>* out) {
     ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
-    ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, options.patch_level);
+    // Small chunks (headers) are structured text where a high level pays; on large chunks of
+    // noise-like bytes a high level only burns time.
+    const int level = data.size() <= (1u << 20) ? options.patch_level : 1;
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
     const int wlog = std::clamp(BitLength(parent.size() + data.size()) , 10, 27);
     ZSTD_CCtx_setParameter(cctx, ZSTD_c_windowLog, wlog);
     ZSTD_CCtx_refPrefix(cctx, parent.data(), parent.size());
@@ -416,8 +428,14 @@ ChunkCodec::~ChunkCodec() = default;
 void ChunkCodec::EncodeFull(DType dtype, std::span<const uint8_t> data, std::vector<uint8_t>* out) {
   if (Width(dtype, data.size()) != DTypeSize(dtype)) dtype = DType::kOpaque;
   const uint64_t hash = Hash64(data);
-  WriteHeader(out, ChunkEncoding::kFull, dtype, data.size(), 0, hash, 0);
-  impl_->EncodeFullBody(dtype, data, out);
+  bool first = true;
+  for (DType as : DenseInterpretations(dtype, data.size())) {
+    std::vector<uint8_t>& dst = first ? *out : impl_->full_alt;
+    WriteHeader(&dst, ChunkEncoding::kFull, as, data.size(), 0, hash, 0);
+    impl_->EncodeFullBody(as, data, &dst);
+    if (!first && dst.size() < out->size()) out->swap(dst);
+    first = false;
+  }
   if (out->size() >= kPayloadHeaderBytes + data.size()) {
     WriteHeader(out, ChunkEncoding::kRaw, dtype, data.size(), 0, hash, 0);
     out->insert(out->end(), data.begin(), data.end());
@@ -475,10 +493,11 @@ ChunkEncoding ChunkCodec::EncodeDelta(DType dtype, std::span<const uint8_t> pare
         return best;
       }
     }
-    WriteHeader(&cand, ChunkEncoding::kDense, dtype, data.size(), parent.size(), hash,
-                parent_hash);
-    impl_->EncodeDenseBody(dtype, parent, data, &cand);
-    consider(ChunkEncoding::kDense);
+    for (DType as : DenseInterpretations(dtype, data.size())) {
+      WriteHeader(&cand, ChunkEncoding::kDense, as, data.size(), parent.size(), hash, parent_hash);
+      impl_->EncodeDenseBody(as, parent, data, &cand);
+      consider(ChunkEncoding::kDense);
+    }
   } else {
     try_patch = true;
   }

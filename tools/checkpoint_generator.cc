@@ -402,7 +402,7 @@ void SetSimParameters(TensorSim& t, uint64_t seed) {
   t.column_scale = true;
   t.grad_scale = LogUniform(r(0), 1e-5f, 1e-3f);
   t.grad_row_sigma = 0.5f;
-  t.persist = 0.15f + 0.35f * Uniform(r(1));
+  t.persist = 0.05f + 0.25f * Uniform(r(1));
   t.decay = true;
   switch (t.kind) {
     case Kind::kEmbed:
