@@ -85,6 +85,9 @@ struct EncodeOptions {
 
 struct DecodeLimits {
   uint64_t max_raw_len = 256ull << 20;  // hard cap on a decoded chunk (decompression bombs)
+  // Check the output against the payload's raw_hash. A caller that verifies a stronger hash of
+  // the output itself (the manifest's Hash128) may turn this off to save a pass over the bytes.
+  bool verify_output = true;
 };
 
 class ChunkCodec {

@@ -67,7 +67,9 @@ EncodedFile FileEncoder::Encode(std::span<const uint8_t> file, std::span<const u
   return result;
 }
 
-FileDecoder::FileDecoder(ThreadPool* pool, DecodeLimits limits) : pool_(pool), limits_(limits) {}
+FileDecoder::FileDecoder(ThreadPool* pool, DecodeLimits limits) : pool_(pool), limits_(limits) {
+  limits_.verify_output = false;  // every chunk is checked against its Hash128 below
+}
 
 Status FileDecoder::Decode(const EncodedFile& encoded, const PayloadSource& payloads,
                            std::span<const uint8_t> parent, std::span<uint8_t> out) {

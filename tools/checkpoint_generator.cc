@@ -281,17 +281,25 @@ uint64_t RoundTo(double x, uint64_t multiple) {
   return static_cast<uint64_t>(std::llround(x / static_cast<double>(multiple))) * multiple;
 }
 
-// Realistic vocabulary sizes by model size; below ~150M, powers of two around a target.
+// Realistic vocabulary sizes by model size, with a score penalty. From 150M on the sizes real
+// tokenizers have (Llama-2 32000, Llama-3 128256, Qwen2 151936); below, any multiple of 128 near
+// a power-of-two target, so that tiny parameter budgets can still be met closely.
 std::vector<std::pair<uint64_t, double>> VocabCandidates(uint64_t params) {
-  // (vocab, penalty)
   if (params >= 50'000'000'000ull) return {{151936, 0}};
   if (params >= 3'000'000'000ull) return {{128256, 0}};
   if (params >= 150'000'000ull) return {{32000, 0}};
-  uint64_t target = params < 3'000'000      ? 1024
-                    : params < 15'000'000   ? 4096
-                    : params < 60'000'000   ? 8192
-                                            : 16384;
-  return {{target, 0}, {target / 2, 0.35}, {target * 2, 0.35}, {target / 4, 0.7}};
+  const uint64_t target = params < 3'000'000    ? 1024
+                          : params < 15'000'000 ? 4096
+                          : params < 60'000'000 ? 8192
+                                                : 16384;
+  std::vector<std::pair<uint64_t, double>> out;
+  for (uint64_t v = std::max<uint64_t>(256, target / 4); v <= target * 2; v += 128) {
+    const double penalty = 0.5 * std::fabs(std::log(static_cast<double>(v) /
+                                                    static_cast<double>(target))) +
+                           (std::has_single_bit(v) ? 0.0 : 0.1);
+    out.emplace_back(v, penalty);
+  }
+  return out;
 }
 
 ModelShape ShapeFor(uint64_t vocab, uint64_t d, uint64_t intermediate, uint64_t layers) {
@@ -984,7 +992,9 @@ Expected<ModelShape> ChooseModelShape(uint64_t target_params) {
   double best_score = 1e300;
   ModelShape best;
   for (const auto& [vocab, vocab_penalty] : VocabCandidates(target_params)) {
-    for (uint64_t d = 128; d <= 32768; d += 128) {
+    // Widths as real models use them: multiples of 128, of 256 from 1024, of 512 from 2048
+    // (so that head counts stay divisible by the GQA group size).
+    for (uint64_t d = 128; d <= 32768; d += d >= 2048 ? 512 : d >= 1024 ? 256 : 128) {
       const uint64_t granule = d >= 1024 ? 256 : 128;
       const uint64_t i_lo = std::max<uint64_t>(granule, RoundTo(2.7 * static_cast<double>(d), granule));
       for (uint64_t inter = i_lo; inter <= 3.5 * static_cast<double>(d) + 1e-9; inter += granule) {
@@ -1002,7 +1012,7 @@ Expected<ModelShape> ChooseModelShape(uint64_t target_params) {
         if (err > 0.10) continue;
         const double aspect = static_cast<double>(d) / static_cast<double>(layers);
         const double ratio_penalty =
-            0.2 * std::fabs(static_cast<double>(inter) / static_cast<double>(d) - 3.0);
+            0.05 * std::fabs(static_cast<double>(inter) / static_cast<double>(d) - 3.0);
         const double score = 10 * err + std::fabs(std::log(aspect / target_aspect)) +
                              vocab_penalty + ratio_penalty;
         if (score < best_score) {

@@ -169,7 +169,7 @@ int GenMain(int argc, char** argv) {
     bar->Update(done);
   });
   if (bar) bar->Finish();
-  if (!result.ok()) return Fail(result.status());
+  if (!result.ok()) return Fail(result.status().message());
 
   const GenResult& r = *result;
   double min_changed = 1, max_changed = 0, sum_changed = 0;

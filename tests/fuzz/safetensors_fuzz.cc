@@ -1,4 +1,5 @@
-// libFuzzer target for core/safetensors: the input is a whole file (its size is the file size).
+// libFuzzer target for core/safetensors. Each input is tried twice: as a whole file (its size is
+// the file size), and as a data-section size plus header JSON (see LLVMFuzzerTestOneInput).
 // Beyond "never crash", every accepted header must satisfy what the reader promises -- tensors
 // inside the data section, sorted, tiling it exactly, size matching shape x dtype -- and must
 // survive BuildSafetensorsHeader -> ParseSafetensorsHeader unchanged.
@@ -91,12 +92,7 @@ void CheckRoundTrip(const SafetensorsHeader& h) {
   }
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::span<const uint8_t> file(data, size);
-  const uint64_t file_size = size;
-
+void FuzzFile(std::span<const uint8_t> file, uint64_t file_size) {
   auto prefix_length = weightfs::SafetensorsPrefixLength(file);
   auto parsed = weightfs::ParseSafetensorsHeader(file, file_size);
   if (!parsed.ok()) {
@@ -106,10 +102,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // other messages quote input bytes, which may spell anything.)
     Check(parsed.status().message().rfind("safetensors header: unexpected JSON exception", 0) ==
           std::string::npos);
-    return 0;
+    return;
   }
   Check(prefix_length.ok() && *prefix_length == parsed->data_offset);
   CheckInvariants(*parsed, file_size);
   CheckRoundTrip(*parsed);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  // 1. The input is a whole file.
+  FuzzFile(std::span<const uint8_t>(data, size), size);
+
+  // 2. The input is a u16 data-section size followed by the header JSON; the length field is
+  // filled in. Random files almost never get N and the data size both right, so without this
+  // few inputs would reach the tensor checks and the round trip.
+  if (size >= 2) {
+    const uint64_t data_size = data[0] | (uint64_t{data[1]} << 8);
+    const uint64_t n = size - 2;
+    std::vector<uint8_t> prefix(8);
+    for (int i = 0; i < 8; ++i) prefix[i] = static_cast<uint8_t>(n >> (8 * i));
+    prefix.insert(prefix.end(), data + 2, data + size);
+    FuzzFile(prefix, prefix.size() + data_size);
+  }
   return 0;
 }

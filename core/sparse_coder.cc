@@ -1,0 +1,457 @@
+#include "core/sparse_coder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "core/element_ops.h"
+#include "core/range_coder.h"
+
+namespace weightfs::sparse {
+namespace {
+
+using elem::BitLength;
+using elem::Load;
+using elem::Store;
+
+constexpr int kMaxClasses = 16;
+constexpr uint8_t kNoClass = 0xFF;  // padding after the last element
+
+// ---- exponent classes ----------------------------------------------------------------------
+
+struct ExponentField {
+  int shift = 0;
+  uint32_t mask = 0;  // 0: no classes for this dtype
+};
+
+ExponentField ExponentOf(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return {7, 0xFF};
+    case DType::kF16: return {10, 0x1F};
+    case DType::kF32: return {23, 0xFF};
+    case DType::kF64: return {52, 0x7FF};
+    case DType::kF8E4M3: return {3, 0xF};
+    case DType::kF8E5M2: return {2, 0x1F};
+    default: return {0, 0};
+  }
+}
+
+template <typename T>
+void ComputeClasses(const uint8_t* parent, size_t n, ExponentField f, int e_lo, int k,
+                    uint8_t* classes) {
+  const int top = k - 1;
+  for (size_t i = 0; i < n; ++i) {
+    const int e = static_cast<int>((Load<T>(parent + i * sizeof(T)) >> f.shift) & f.mask);
+    const int c = std::clamp(e - e_lo, 0, top);
+    classes[i] = static_cast<uint8_t>(c);
+  }
+}
+
+// Bit j set when classes[j] == c, for the 64 bytes at p.
+inline uint64_t ClassMask(const uint8_t* p, uint8_t c) {
+#if defined(__SSE2__)
+  const __m128i v = _mm_set1_epi8(static_cast<char>(c));
+  uint64_t m = 0;
+  for (int q = 0; q < 4; ++q) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * q));
+    m |= static_cast<uint64_t>(static_cast<uint16_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, v))))
+         << (16 * q);
+  }
+  return m;
+#else
+  uint64_t m = 0;
+  for (int j = 0; j < 64; ++j) m |= static_cast<uint64_t>(p[j] == c) << j;
+  return m;
+#endif
+}
+
+// Index of the k-th (0-based) set bit. REQUIRES: k < popcount(m).
+inline int SelectBit(uint64_t m, uint32_t k) {
+  for (; k > 0; --k) m &= m - 1;
+  return std::countr_zero(m);
+}
+
+double BernoulliBits(double n, double k) {
+  if (n <= 0 || k <= 0 || k >= n) return 0;
+  const double p = k / n;
+  return n * (-p * std::log2(p) - (1 - p) * std::log2(1 - p));
+}
+
+// Picks e_lo and K minimizing the estimated position bits plus a per-class learning cost.
+template <typename T>
+void ChooseClasses(ExponentField f, const uint8_t* parent, size_t n,
+                   const std::vector<uint32_t>& positions, int* e_lo_out, int* k_out) {
+  *e_lo_out = 0;
+  *k_out = 1;
+  if (f.mask == 0 || positions.size() < 64) return;
+  const size_t range = f.mask + 1;
+  std::vector<double> all(range, 0), chg(range, 0);
+  const size_t stride = n >= (1u << 16) ? 8 : 1;
+  for (size_t i = 0; i < n; i += stride) {
+    all[(Load<T>(parent + i * sizeof(T)) >> f.shift) & f.mask] += static_cast<double>(stride);
+  }
+  for (uint32_t p : positions) chg[(Load<T>(parent + size_t{p} * sizeof(T)) >> f.shift) & f.mask] += 1;
+  // Exponents present, to bound the search.
+  size_t lo = range, hi = 0;
+  for (size_t e = 0; e < range; ++e) {
+    if (chg[e] > 0) {
+      lo = std::min(lo, e);
+      hi = std::max(hi, e);
+    }
+  }
+  if (lo > hi) return;
+  std::vector<double> pa(range + 1, 0), pc(range + 1, 0);  // prefix sums
+  for (size_t e = 0; e < range; ++e) {
+    pa[e + 1] = pa[e] + all[e];
+    pc[e + 1] = pc[e] + chg[e];
+  }
+  auto sum = [&](const std::vector<double>& p, long a, long b) {  // [a, b) clamped
+    a = std::clamp<long>(a, 0, static_cast<long>(range));
+    b = std::clamp<long>(b, 0, static_cast<long>(range));
+    return b > a ? p[b] - p[a] : 0.0;
+  };
+  constexpr double kClassCostBits = 256;  // adaptive models start from scratch per class
+  double best = BernoulliBits(static_cast<double>(n), static_cast<double>(positions.size()));
+  for (int k : {2, 3, 4, 6, 8}) {
+    for (long e_lo = static_cast<long>(lo) - k + 1; e_lo <= static_cast<long>(hi); ++e_lo) {
+      double bits = kClassCostBits * (k - 1);
+      for (int c = 0; c < k; ++c) {
+        const long a = c == 0 ? 0 : e_lo + c;
+        const long b = c == k - 1 ? static_cast<long>(range) : e_lo + c + 1;
+        bits += BernoulliBits(sum(pa, a, b), sum(pc, a, b));
+      }
+      if (bits < best * 0.98 && e_lo >= 0) {
+        best = bits;
+        *e_lo_out = static_cast<int>(e_lo);
+        *k_out = k;
+      }
+    }
+  }
+}
+
+// ---- adaptive models ------------------------------------------------------------------------
+
+struct Model {
+  static constexpr int kGapCtx = 16;
+  static constexpr int kMagCtx = 8;
+  rc::Prob count_len[64];
+  rc::Prob count_mant[65][8];
+  rc::Prob gap_len[kMaxClasses][kGapCtx][64];
+  rc::Prob gap_mant[kMaxClasses][65][8];
+  rc::Prob sign[4];
+  rc::Prob mag_len[kMagCtx][64];
+  rc::Prob mag_mant[65][4];
+  Model() {
+    rc::Prob* first = count_len;
+    rc::Prob* last = reinterpret_cast<rc::Prob*>(reinterpret_cast<char*>(this) + sizeof(Model));
+    std::fill(first, last, rc::kProbInit);
+  }
+};
+static_assert(sizeof(Model) % sizeof(rc::Prob) == 0);
+
+// Elias-gamma binarization of v >= 1: bit length L through an adaptive 6-bit tree (context
+// chosen by the caller), the kTreeBits most significant bits below the leading one through an
+// adaptive tree per L, the rest as direct bits.
+template <int kTreeBits>
+void EncodeGamma(rc::RangeEncoder& enc, rc::Prob* len_probs, rc::Prob (*mant_probs)[1 << kTreeBits],
+                 uint64_t v) {
+  const int len = BitLength(v);
+  enc.EncodeTree(len_probs, 6, static_cast<uint32_t>(len - 1));
+  const int m = len - 1;
+  const uint64_t rest = v - (uint64_t{1} << m);
+  const int top = std::min(m, kTreeBits);
+  enc.EncodeTree(mant_probs[len], top, static_cast<uint32_t>(rest >> (m - top)));
+  int low = m - top;
+  if (low > 32) {
+    enc.EncodeDirect(static_cast<uint32_t>(rest >> 32), low - 32);
+    low = 32;
+  }
+  if (low > 0) enc.EncodeDirect(static_cast<uint32_t>(rest & ((uint64_t{1} << low) - 1)), low);
+}
+
+// Returns 0 when the decoded bit length exceeds max_len (a corrupt stream).
+template <int kTreeBits>
+uint64_t DecodeGamma(rc::RangeDecoder& dec, rc::Prob* len_probs,
+                     rc::Prob (*mant_probs)[1 << kTreeBits], int max_len, int* len_out) {
+  const int len = static_cast<int>(dec.DecodeTree(len_probs, 6)) + 1;
+  *len_out = len;
+  if (len > max_len) return 0;
+  const int m = len - 1;
+  const int top = std::min(m, kTreeBits);
+  uint64_t rest = dec.DecodeTree(mant_probs[len], top);
+  int low = m - top;
+  if (low > 32) {
+    rest = (rest << (low - 32)) | dec.DecodeDirect(low - 32);
+    low = 32;
+  }
+  if (low > 0) rest = (rest << low) | dec.DecodeDirect(low);
+  return (uint64_t{1} << m) + rest;
+}
+
+inline int GapContext(int prev_len) { return std::min(prev_len, Model::kGapCtx - 1); }
+inline int MagContext(int prev_len) { return std::min(prev_len, Model::kMagCtx - 1); }
+
+// Per-class coding state (previous gap and value, for contexts).
+struct ClassState {
+  int prev_gap_len = 0;
+  int prev_mag_len = 0;
+  uint32_t prev_sign = 0;
+};
+
+template <typename T>
+void EncodeChange(rc::RangeEncoder& enc, Model& m, ClassState& s, int cls, uint64_t gap, T old_v,
+                  T new_v, bool is_float) {
+  EncodeGamma<3>(enc, m.gap_len[cls][GapContext(s.prev_gap_len)], m.gap_mant[cls], gap);
+  s.prev_gap_len = BitLength(gap);
+  const T d = T(elem::ToOrd(new_v, is_float) - elem::ToOrd(old_v, is_float));
+  const uint32_t sign = static_cast<uint32_t>(d >> (sizeof(T) * 8 - 1));
+  const uint64_t mag = sign ? uint64_t(T(T(0) - d)) : uint64_t(d);
+  const uint32_t old_sign = is_float ? static_cast<uint32_t>(old_v >> (sizeof(T) * 8 - 1)) : 0;
+  enc.EncodeBit(m.sign[s.prev_sign * 2 + old_sign], sign);
+  EncodeGamma<2>(enc, m.mag_len[MagContext(s.prev_mag_len)], m.mag_mant, mag);
+  s.prev_mag_len = BitLength(mag);
+  s.prev_sign = sign;
+}
+
+template <typename T>
+void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
+             const std::vector<uint32_t>& positions, Scratch* scratch, std::vector<uint8_t>* out) {
+  const bool is_float = DTypeIsFloat(dtype) && DTypeSize(dtype) == sizeof(T);
+  const ExponentField f = is_float ? ExponentOf(dtype) : ExponentField{};
+  int e_lo = 0, k = 1;
+  ChooseClasses<T>(f, parent, n, positions, &e_lo, &k);
+
+  const size_t at = out->size();
+  out->resize(at + 11);
+  uint8_t* h = out->data() + at;
+  const uint64_t count = positions.size();
+  std::memcpy(h, &count, 8);
+  const uint16_t e_lo16 = static_cast<uint16_t>(e_lo);
+  std::memcpy(h + 8, &e_lo16, 2);
+  h[10] = static_cast<uint8_t>(k);
+
+  auto model = std::make_unique<Model>();
+  rc::RangeEncoder enc(out);
+  if (k == 1) {
+    EncodeGamma<3>(enc, model->count_len, model->count_mant, count + 1);
+    ClassState s;
+    int64_t prev = -1;
+    for (uint32_t pos : positions) {
+      EncodeChange<T>(enc, *model, s, 0, static_cast<uint64_t>(int64_t{pos} - prev),
+                      Load<T>(parent + size_t{pos} * sizeof(T)),
+                      Load<T>(data + size_t{pos} * sizeof(T)), is_float);
+      prev = pos;
+    }
+    enc.Finish();
+    return;
+  }
+  // Class of every element, then the class-local index of every change.
+  std::vector<uint8_t>& classes = scratch->classes;
+  classes.assign((n + 63) / 64 * 64, kNoClass);
+  ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
+  std::vector<uint32_t>& local = scratch->local;
+  local.resize(positions.size());
+  uint32_t seen[kMaxClasses] = {};
+  size_t next = 0;
+  for (size_t block = 0; block * 64 < n && next < positions.size(); ++block) {
+    const uint8_t* p = classes.data() + block * 64;
+    const size_t end = block * 64 + 64;
+    uint64_t masks[kMaxClasses];
+    for (int c = 0; c < k; ++c) masks[c] = ClassMask(p, static_cast<uint8_t>(c));
+    for (; next < positions.size() && positions[next] < end; ++next) {
+      const uint32_t j = positions[next] - static_cast<uint32_t>(block * 64);
+      const uint8_t c = p[j];
+      local[next] = seen[c] + static_cast<uint32_t>(std::popcount(masks[c] & ((uint64_t{1} << j) - 1)));
+    }
+    for (int c = 0; c < k; ++c) seen[c] += static_cast<uint32_t>(std::popcount(masks[c]));
+  }
+  // Changes grouped by class, positions ascending inside each (stable).
+  std::vector<uint32_t>& order = scratch->order;
+  order.resize(positions.size());
+  uint32_t start[kMaxClasses + 1] = {};
+  for (uint32_t pos : positions) ++start[classes[pos] + 1];
+  for (int c = 0; c < k; ++c) start[c + 1] += start[c];
+  {
+    uint32_t fill[kMaxClasses];
+    std::copy(start, start + k, fill);
+    for (uint32_t i = 0; i < positions.size(); ++i) order[fill[classes[positions[i]]]++] = i;
+  }
+  for (int c = 0; c < k; ++c) {
+    EncodeGamma<3>(enc, model->count_len, model->count_mant, uint64_t{start[c + 1] - start[c]} + 1);
+    ClassState s;
+    int64_t prev = -1;
+    for (uint32_t o = start[c]; o < start[c + 1]; ++o) {
+      const uint32_t i = order[o];
+      const uint32_t pos = positions[i];
+      EncodeChange<T>(enc, *model, s, c, static_cast<uint64_t>(int64_t{local[i]} - prev),
+                      Load<T>(parent + size_t{pos} * sizeof(T)),
+                      Load<T>(data + size_t{pos} * sizeof(T)), is_float);
+      prev = local[i];
+    }
+  }
+  enc.Finish();
+}
+
+// Applies one change at `slot` (the output element, holding the parent's value).
+template <typename T>
+bool DecodeChange(rc::RangeDecoder& dec, Model& m, ClassState& s, uint8_t* slot, bool is_float) {
+  const T old_v = Load<T>(slot);
+  const uint32_t old_sign = is_float ? static_cast<uint32_t>(old_v >> (sizeof(T) * 8 - 1)) : 0;
+  const uint32_t sign = dec.DecodeBit(m.sign[s.prev_sign * 2 + old_sign]);
+  int mag_len = 0;
+  const uint64_t mag = DecodeGamma<2>(dec, m.mag_len[MagContext(s.prev_mag_len)], m.mag_mant,
+                                      static_cast<int>(sizeof(T) * 8), &mag_len);
+  if (mag == 0) return false;
+  s.prev_mag_len = mag_len;
+  s.prev_sign = sign;
+  const T d = sign ? T(T(0) - T(mag)) : T(mag);
+  Store<T>(slot, elem::FromOrd(T(elem::ToOrd(old_v, is_float) + d), is_float));
+  return true;
+}
+
+template <typename T>
+Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent, uint8_t* out,
+               size_t n, Scratch* scratch) {
+  if (body.size() < 11) return Status::Corruption("sparse body shorter than its header");
+  uint64_t count;
+  std::memcpy(&count, body.data(), 8);
+  uint16_t e_lo;
+  std::memcpy(&e_lo, body.data() + 8, 2);
+  const int k = body[10];
+  if (count > n) {
+    return Status::Corruption("sparse body claims " + std::to_string(count) + " changes in " +
+                              std::to_string(n) + " elements");
+  }
+  // Every change costs at least a few bits; a count far beyond what the stream can hold would
+  // only burn CPU before failing.
+  if (count > (body.size() - 11) * 8 + 64) {
+    return Status::Corruption("sparse body too short for its change count");
+  }
+  const bool is_float = DTypeIsFloat(dtype) && DTypeSize(dtype) == sizeof(T);
+  const ExponentField f = is_float ? ExponentOf(dtype) : ExponentField{};
+  if (k < 1 || k > kMaxClasses || (k > 1 && (f.mask == 0 || e_lo > f.mask))) {
+    return Status::Corruption("sparse body has an invalid class table");
+  }
+  std::memcpy(out, parent, n * sizeof(T));
+  auto model = std::make_unique<Model>();
+  rc::RangeDecoder dec(body.subspan(11));
+  auto bad = [](const char* what) { return Status::Corruption(std::string("sparse body: ") + what); };
+  int len = 0;
+  uint64_t total = 0;
+
+  if (k == 1) {
+    const uint64_t c_count = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33, &len);
+    if (c_count == 0 || c_count - 1 != count) return bad("class counts do not add up");
+    ClassState s;
+    uint64_t next = 0;
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint64_t gap = DecodeGamma<3>(dec, model->gap_len[0][GapContext(s.prev_gap_len)],
+                                          model->gap_mant[0], 33, &len);
+      const uint64_t pos = next + gap - 1;
+      if (gap == 0 || pos >= n || dec.overrun()) return bad("a change lies outside the chunk");
+      s.prev_gap_len = len;
+      next = pos + 1;
+      if (!DecodeChange<T>(dec, *model, s, out + pos * sizeof(T), is_float)) return bad("value out of range");
+    }
+  } else {
+    std::vector<uint8_t>& classes = scratch->classes;
+    classes.assign((n + 63) / 64 * 64, kNoClass);
+    ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
+    const size_t blocks = classes.size() / 64;
+    for (int c = 0; c < k; ++c) {
+      const uint64_t c_count1 = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33, &len);
+      if (c_count1 == 0 || c_count1 - 1 > count - total) return bad("class counts do not add up");
+      const uint64_t c_count = c_count1 - 1;
+      total += c_count;
+      ClassState s;
+      uint64_t target = 0;  // class-local index of the next change
+      uint64_t seen = 0;    // class members before `block`
+      size_t block = 0;
+      uint64_t mask = 0;
+      bool have_mask = false;
+      for (uint64_t i = 0; i < c_count; ++i) {
+        const uint64_t gap = DecodeGamma<3>(dec, model->gap_len[c][GapContext(s.prev_gap_len)],
+                                            model->gap_mant[c], 33, &len);
+        if (gap == 0 || dec.overrun()) return bad("gap out of range");
+        s.prev_gap_len = len;
+        target += gap - (i == 0 ? 1 : 0);
+        // Walk blocks until the block holding class member number `target`.
+        for (;;) {
+          if (block >= blocks) return bad("a change lies outside the chunk");
+          if (!have_mask) {
+            mask = ClassMask(classes.data() + block * 64, static_cast<uint8_t>(c));
+            have_mask = true;
+          }
+          const uint64_t pop = static_cast<uint64_t>(std::popcount(mask));
+          if (target < seen + pop) break;
+          seen += pop;
+          ++block;
+          have_mask = false;
+        }
+        const size_t pos = block * 64 + static_cast<size_t>(SelectBit(mask, static_cast<uint32_t>(target - seen)));
+        if (!DecodeChange<T>(dec, *model, s, out + pos * sizeof(T), is_float)) return bad("value out of range");
+      }
+    }
+    if (total != count) return bad("class counts do not add up");
+  }
+  if (dec.overrun() || dec.remaining() != 0) {
+    return bad("range-coded stream length does not match its content");
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+bool FindChangesT(const uint8_t* a, const uint8_t* b, size_t n, size_t cap,
+                  std::vector<uint32_t>* positions) {
+  positions->clear();
+  constexpr size_t kBlock = 32 / sizeof(T);  // elements per 32-byte block
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    const uint8_t* pa = a + i * sizeof(T);
+    const uint8_t* pb = b + i * sizeof(T);
+    uint64_t diff = 0;
+    for (size_t w = 0; w < 4; ++w) diff |= Load<uint64_t>(pa + 8 * w) ^ Load<uint64_t>(pb + 8 * w);
+    if (diff == 0) continue;
+    for (size_t j = 0; j < kBlock; ++j) {
+      if (Load<T>(pa + j * sizeof(T)) != Load<T>(pb + j * sizeof(T))) {
+        positions->push_back(static_cast<uint32_t>(i + j));
+      }
+    }
+    if (positions->size() > cap) return false;
+  }
+  for (; i < n; ++i) {
+    if (Load<T>(a + i * sizeof(T)) != Load<T>(b + i * sizeof(T))) {
+      positions->push_back(static_cast<uint32_t>(i));
+    }
+  }
+  return positions->size() <= cap;
+}
+
+}  // namespace
+
+bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, size_t cap,
+                 std::vector<uint32_t>* positions) {
+  return elem::DispatchWidth(width, [&]<typename T>() { return FindChangesT<T>(a, b, n, cap, positions); });
+}
+
+void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* data, size_t n,
+            const std::vector<uint32_t>& positions, Scratch* scratch, std::vector<uint8_t>* out) {
+  elem::DispatchWidth(width, [&]<typename T>() {
+    EncodeT<T>(dtype, parent, data, n, positions, scratch, out);
+  });
+}
+
+Status Decode(DType dtype, size_t width, std::span<const uint8_t> body, const uint8_t* parent,
+              uint8_t* out, size_t n, Scratch* scratch) {
+  return elem::DispatchWidth(width, [&]<typename T>() {
+    return DecodeT<T>(dtype, body, parent, out, n, scratch);
+  });
+}
+
+}  // namespace weightfs::sparse

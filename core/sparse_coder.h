@@ -1,0 +1,53 @@
+// The SPARSE body of the chunk codec (internal to core/): which elements changed and by how
+// much, coded close to their entropy given what the decoder already has, the parent chunk.
+//
+// Body format:
+//   u64 count       total changed elements
+//   u16 e_lo        exponent classes: class(x) = clamp(exponent(parent x) - e_lo, 0, K - 1)
+//   u8  K           number of classes, 1..16 (1 for integers and bytes)
+//   range-coded stream (core/range_coder.h), class by class: the class's change count, then per
+//   change the gap to it in the class's own index space and its difference d = ord(new) -
+//   ord(parent) (sign + magnitude).
+//
+// Why classes: an optimizer step moves every weight by about the same absolute amount (Adam
+// normalizes the gradient), while a float's last-place unit grows with its magnitude, so a
+// stored bf16 element changes with probability ~ step / ulp: small weights change far more
+// often than large ones. The parent's exponent is known to the decoder for free; coding each
+// exponent class's positions with their own statistics removes a third of the position bits on
+// trained-looking weights. The encoder picks e_lo and K from the chunk's histograms (K = 1 when
+// classes do not pay), so data without this structure costs nothing extra.
+//
+// Not thread-safe per Scratch; the functions are otherwise pure.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace weightfs::sparse {
+
+struct Scratch {
+  std::vector<uint8_t> classes;     // one class byte per element, padded to 64
+  std::vector<uint32_t> local;      // class-local index of each change
+  std::vector<uint32_t> order;      // changes sorted by class
+};
+
+// Positions (element indices) where a and b differ, up to `cap` of them. Returns false when
+// more than `cap` differ. REQUIRES: n < 2^32; width in {1, 2, 4, 8}.
+bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, size_t cap,
+                 std::vector<uint32_t>* positions);
+
+// Appends the body for the changes at `positions` (sorted, from FindChanges).
+// `dtype` decides float handling and exponent classes; width = DTypeSize(dtype) (1 for bytes).
+void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* data, size_t n,
+            const std::vector<uint32_t>& positions, Scratch* scratch, std::vector<uint8_t>* out);
+
+// Writes parent with the body's changes applied into out (n elements of `width` bytes).
+// Corruption on any inconsistency; never reads or writes out of bounds.
+Status Decode(DType dtype, size_t width, std::span<const uint8_t> body, const uint8_t* parent,
+              uint8_t* out, size_t n, Scratch* scratch);
+
+}  // namespace weightfs::sparse
