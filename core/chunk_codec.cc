@@ -107,6 +107,7 @@ struct ChunkCodec::Impl {
   sparse::Scratch sparse_scratch;
   std::vector<uint8_t> candidate;
   std::vector<uint8_t> full_alt;
+  std::vector<uint8_t> estimate_buf;
 
   ~Impl() {
     ZSTD_freeCCtx(cctx);
@@ -185,6 +186,31 @@ struct ChunkCodec::Impl {
       });
     });
     CompressPlanes(width, n, options.full_level, out);
+  }
+
+  // An estimate of zstd's output for `data` from a few spread samples (~1/32 of a large chunk),
+  // cheap enough to run on every chunk.
+  size_t EstimateCompressed(std::span<const uint8_t> data) {
+    constexpr size_t kSample = 4096, kSamples = 32;
+    if (data.size() <= kSample * kSamples) {
+      return ZSTD_compressCCtx(cctx, EnsureScratch(data.size()), ZSTD_compressBound(data.size()),
+                               data.data(), data.size(), 1);
+    }
+    size_t total = 0;
+    const size_t step = (data.size() - kSample) / (kSamples - 1);
+    uint8_t* dst = EnsureScratch(ZSTD_compressBound(kSample));
+    for (size_t i = 0; i < kSamples; ++i) {
+      const size_t r = ZSTD_compressCCtx(cctx, dst, ZSTD_compressBound(kSample),
+                                         data.data() + i * step, kSample, 1);
+      total += ZSTD_isError(r) ? kSample : r;
+    }
+    return static_cast<size_t>(static_cast<double>(total) * static_cast<double>(data.size()) /
+                               static_cast<double>(kSample * kSamples));
+  }
+
+  uint8_t* EnsureScratch(size_t n) {
+    if (estimate_buf.size() < n) estimate_buf.resize(n);
+    return estimate_buf.data();
   }
 
   bool EncodePatchBody(std::span<const uint8_t> parent, std::span<const uint8_t> data,
@@ -270,11 +296,16 @@ ChunkEncoding ChunkCodec::EncodeDelta(DType dtype, std::span<const uint8_t> pare
       sparse::Encode(dtype, width, parent.data(), data.data(), n, impl_->positions,
                      &impl_->sparse_scratch, &cand);
       consider(ChunkEncoding::kSparse);
-      // Byte planes + zstd cannot go much below ~1 bit per byte on noise-like weights, and FULL
-      // stays above ~8 bits per element: when the sparse stream is already this small, the
-      // other candidates are not worth their encoding time.
+      // Byte planes + zstd cannot go much below ~1 bit per byte on noise-like weights: when the
+      // sparse stream is already this small, DENSE is not worth its encoding time, and FULL only
+      // when the new chunk itself is highly compressible (a tensor reset to zeros), which a
+      // sample tells cheaply.
       if (static_cast<double>(out->size()) <=
           static_cast<double>(data.size()) * opt.sparse_sufficient_bits_per_byte / 8.0) {
+        if (impl_->EstimateCompressed(data) < 2 * out->size()) {
+          EncodeFull(dtype, data, &cand);
+          consider(static_cast<ChunkEncoding>(cand[5]));
+        }
         return best;
       }
     }

@@ -1,7 +1,6 @@
 #include "tools/checkpoint_generator.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <thread>
 
 #if defined(__SSE2__)
@@ -752,9 +752,12 @@ Status WriteOpaque(const Sink& sink, const TensorSim& t, uint64_t start, uint64_
   return Status::Ok();
 }
 
-Status SimulateSlice(const Sink& sink, const TensorSim& t, uint64_t start, uint64_t n,
-                     SliceBuffers& b, std::vector<VersionCounts>& counts) {
+// Simulates elements [start, start + n) of tensor `index` from the base to the last version,
+// writing each version's bytes and adding the changes between versions to `counts`.
+Status SimulateSlice(const Sink& sink, size_t index, uint64_t start, uint64_t n, SliceBuffers& b,
+                     std::vector<VersionCounts>& counts) {
   const Plan& plan = *sink.plan;
+  const TensorSim& t = plan.tensors[index];
   const GenOptions& o = plan.options;
   const size_t es = plan.elem_size;
   b.Resize(n, t.cols, es);
@@ -807,7 +810,7 @@ Status SimulateSlice(const Sink& sink, const TensorSim& t, uint64_t start, uint6
       CountChanges(es, b.prev.data(), b.cur.data(), n, &counts[version]);
     }
     if (plan.Present(t, version)) {
-      uint64_t begin = plan.begins[plan.LayoutOf(version)][&t - plan.tensors.data()];
+      const uint64_t begin = plan.begins[plan.LayoutOf(version)][index];
       WFS_TRY(sink.files->Write(sink.shard_ids[version][t.shard], b.cur.data(), n * es,
                                 begin + start * es));
     }
@@ -1197,7 +1200,7 @@ Expected<GenResult> GenerateCheckpoints(const GenOptions& options,
       const size_t k = next.fetch_add(1);
       if (k >= items.size()) break;
       const Item& it = items[k];
-      Status s = SimulateSlice(sink, plan.tensors[it.tensor], it.start, it.n, buffers, counts);
+      Status s = SimulateSlice(sink, it.tensor, it.start, it.n, buffers, counts);
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (first_error.ok()) first_error = s;

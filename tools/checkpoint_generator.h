@@ -73,9 +73,9 @@ struct ModelShape {
   uint64_t ParamCount() const;
 };
 
-// Picks the shape whose parameter count is closest to `target_params` (within 10%) with a
-// realistic width/depth ratio and vocabulary for that size (1024 tokens for ~1M params,
-// 32000 around 0.1-3B, 128256 above). InvalidArgument when no shape fits.
+// Picks the shape whose parameter count is close to `target_params` (within 10%) with a
+// realistic width/depth ratio and vocabulary for that size (about 1024 tokens for ~1M params,
+// 32000 for 150M-3B, 128256 for 3B-50B, 151936 above). InvalidArgument when no shape fits.
 Expected<ModelShape> ChooseModelShape(uint64_t target_params);
 
 // The tensors of the model in module order (embed_tokens, layer 0 .. L-1, norm, lm_head), with

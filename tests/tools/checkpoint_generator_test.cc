@@ -408,6 +408,13 @@ TEST_F(GenTest, CommandLine) {
   EXPECT_EQ(versions["versions"][1]["step"], 2);
 }
 
+TEST_F(GenTest, ParamsSuffixBMeansBillion) {
+  const std::string out = (root_ / "billion").string();
+  ASSERT_EQ(RunGen({out, "--params", "0.0012B", "--versions", "1"}), 0);
+  const nlohmann::json versions = ReadJson(fs::path(out) / "versions.json");
+  EXPECT_EQ(versions["options"]["params"], 1'200'000);
+}
+
 TEST_F(GenTest, BadOptionsAreRejected) {
   const std::string out = (root_ / "bad").string();
   const std::vector<std::vector<std::string>> bad = {
@@ -417,6 +424,7 @@ TEST_F(GenTest, BadOptionsAreRejected) {
       {out, "--params"},                        // missing value
       {out, "--params", "lots"},
       {out, "--params", "10"},                  // too small
+      {out, "--params", "8X"},
       {out, "--versions", "0"},
       {out, "--versions", "1.5"},
       {out, "--lr", "-1"},
