@@ -107,7 +107,7 @@ struct ChunkCodec::Impl {
   sparse::Scratch sparse_scratch;
   std::vector<uint8_t> candidate;
   std::vector<uint8_t> full_alt;
-  std::vector<uint8_t> estimate_buf;
+  std::vector<uint8_t> zstd_out;
 
   ~Impl() {
     ZSTD_freeCCtx(cctx);
@@ -118,13 +118,12 @@ struct ChunkCodec::Impl {
   void CompressPlanes(size_t count, size_t n, int level, std::vector<uint8_t>* out) {
     const size_t sizes_at = out->size();
     out->resize(out->size() + 8 * count);
+    const size_t bound = ZSTD_compressBound(n);
+    uint8_t* dst = EnsureScratch(bound);
     for (size_t k = 0; k < count; ++k) {
-      const size_t at = out->size();
-      const size_t bound = ZSTD_compressBound(n);
-      out->resize(at + bound);
-      size_t r = ZSTD_compressCCtx(cctx, out->data() + at, bound, planes.data() + k * n, n, level);
+      size_t r = ZSTD_compressCCtx(cctx, dst, bound, planes.data() + k * n, n, level);
       if (ZSTD_isError(r)) r = 0;  // cannot happen with a bound-sized buffer; caught on decode
-      out->resize(at + r);
+      out->insert(out->end(), dst, dst + r);
       Set64(out->data() + sizes_at + 8 * k, r);
     }
   }
@@ -189,12 +188,14 @@ struct ChunkCodec::Impl {
   }
 
   // An estimate of zstd's output for `data` from a few spread samples (~1/32 of a large chunk),
-  // cheap enough to run on every chunk.
+  // cheap enough to run on every chunk. (Uses the scratch buffer: callers copy out first.)
   size_t EstimateCompressed(std::span<const uint8_t> data) {
     constexpr size_t kSample = 4096, kSamples = 32;
     if (data.size() <= kSample * kSamples) {
-      return ZSTD_compressCCtx(cctx, EnsureScratch(data.size()), ZSTD_compressBound(data.size()),
-                               data.data(), data.size(), 1);
+      const size_t bound = ZSTD_compressBound(data.size());
+      const size_t r = ZSTD_compressCCtx(cctx, EnsureScratch(bound), bound, data.data(),
+                                         data.size(), 1);
+      return ZSTD_isError(r) ? data.size() : r;
     }
     size_t total = 0;
     const size_t step = (data.size() - kSample) / (kSamples - 1);
@@ -208,9 +209,11 @@ struct ChunkCodec::Impl {
                                static_cast<double>(kSample * kSamples));
   }
 
+  // Scratch for zstd output: grows once, never shrinks, so repeated encodes do not zero-fill
+  // and fault in fresh pages for every candidate.
   uint8_t* EnsureScratch(size_t n) {
-    if (estimate_buf.size() < n) estimate_buf.resize(n);
-    return estimate_buf.data();
+    if (zstd_out.size() < n) zstd_out.resize(n);
+    return zstd_out.data();
   }
 
   bool EncodePatchBody(std::span<const uint8_t> parent, std::span<const uint8_t> data,
@@ -218,18 +221,17 @@ struct ChunkCodec::Impl {
     ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
     // Small chunks (headers) are structured text where a high level pays; on large chunks of
     // noise-like bytes a high level only burns time.
-    const int level = data.size() <= (1u << 20) ? options.patch_level : 1;
+    const int level = data.size() <= (256u << 10) ? options.patch_level : 1;
     ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
     const int wlog = std::clamp(elem::BitLength(parent.size() + data.size()), 10, 27);
     ZSTD_CCtx_setParameter(cctx, ZSTD_c_windowLog, wlog);
     ZSTD_CCtx_refPrefix(cctx, parent.data(), parent.size());
-    const size_t at = out->size();
     const size_t bound = ZSTD_compressBound(data.size());
-    out->resize(at + bound);
-    const size_t r = ZSTD_compress2(cctx, out->data() + at, bound, data.data(), data.size());
+    uint8_t* dst = EnsureScratch(bound);
+    const size_t r = ZSTD_compress2(cctx, dst, bound, data.data(), data.size());
     ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
     if (ZSTD_isError(r)) return false;
-    out->resize(at + r);
+    out->insert(out->end(), dst, dst + r);
     return true;
   }
 };

@@ -74,7 +74,7 @@ struct EncodeOptions {
   // the best ratio and speed (1.47x, ~550 MB/s per core); higher levels spend time on useless
   // matches in noise-like mantissas and come out slightly larger; negative levels drop Huffman.
   int full_level = 1;
-  int patch_level = 9;  // zstd level of PATCH for chunks up to 1 MiB (headers); 1 above
+  int patch_level = 9;  // zstd level of PATCH for chunks up to 256 KiB (headers); 1 above
   // Above this changed fraction the sparse coder is not tried (its decode cost grows with the
   // number of changes; byte planes decode at memory-like speed).
   double sparse_max_fraction = 0.30;

@@ -37,8 +37,10 @@ EncodedFile FileEncoder::Encode(std::span<const uint8_t> file, std::span<const u
     for (const ChunkSpec& c : parent_plan.chunks) parent_chunks.emplace(c.key, &c);
   }
   result.chunks.resize(result.plan.chunks.size());
-  std::vector<std::unique_ptr<ChunkCodec>> codecs(pool_->size());
-  std::vector<std::vector<uint8_t>> buffers(pool_->size());
+  codecs_.resize(pool_->size());
+  buffers_.resize(pool_->size());
+  auto& codecs = codecs_;
+  auto& buffers = buffers_;
   pool_->ParallelFor(result.plan.chunks.size(), [&](size_t i, size_t slot) {
     if (!codecs[slot]) codecs[slot] = std::make_unique<ChunkCodec>(options_);
     const ChunkSpec& spec = result.plan.chunks[i];
@@ -76,7 +78,8 @@ Status FileDecoder::Decode(const EncodedFile& encoded, const PayloadSource& payl
   if (out.size() != encoded.plan.file_size) {
     return Status::InvalidArgument("output size does not match the encoded file");
   }
-  std::vector<std::unique_ptr<ChunkCodec>> codecs(pool_->size());
+  codecs_.resize(pool_->size());
+  auto& codecs = codecs_;
   std::mutex mu;
   Status first_error;  // guarded by mu
   pool_->ParallelFor(encoded.chunks.size(), [&](size_t i, size_t slot) {

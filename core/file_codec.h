@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -56,6 +57,10 @@ class FileEncoder {
   ThreadPool* pool_;
   EncodeOptions options_;
   uint64_t chunk_bytes_;
+  // One codec and payload buffer per pool slot, kept across calls (their scratch memory is
+  // reused instead of faulted in again).
+  std::vector<std::unique_ptr<ChunkCodec>> codecs_;
+  std::vector<std::vector<uint8_t>> buffers_;
 };
 
 // Returns the payload of chunk i (empty for kSame).
@@ -74,6 +79,7 @@ class FileDecoder {
  private:
   ThreadPool* pool_;
   DecodeLimits limits_;
+  std::vector<std::unique_ptr<ChunkCodec>> codecs_;  // one per pool slot, kept across calls
 };
 
 // "tensor 'model.embed_tokens.weight' chunk 3" / "header" / "bytes chunk 7" for messages.

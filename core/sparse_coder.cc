@@ -338,7 +338,7 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
   if (k < 1 || k > kMaxClasses || (k > 1 && (f.mask == 0 || e_lo > f.mask))) {
     return Status::Corruption("sparse body has an invalid class table");
   }
-  std::memcpy(out, parent, n * sizeof(T));
+  if (n > 0) std::memcpy(out, parent, n * sizeof(T));
   auto model = std::make_unique<Model>();
   rc::RangeDecoder dec(body.subspan(11));
   auto bad = [](const char* what) { return Status::Corruption(std::string("sparse body: ") + what); };

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,10 +39,12 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kHelp = R"(usage: weightfs bench codec OLD NEW [options]
+       weightfs bench codec OLD_DIR NEW_DIR [options]
        weightfs bench codec --generate [options]
 
-Measures the weightfs chunk codec on a pair of files (NEW encoded against OLD), or on pairs
-taken from checkpoint sequences generated with `weightfs gen`'s simulated training. For each
+Measures the weightfs chunk codec on a pair of files (NEW encoded against OLD), on every pair
+of same-named files in two version directories (plus a total), or on pairs taken from
+checkpoint sequences generated with `weightfs gen`'s simulated training. For each
 pair it prints one table, all numbers measured in this run:
 
   changed          fraction of elements whose bits differ (tensor elements; bytes elsewhere)
@@ -192,11 +195,10 @@ struct Encoded {
   std::vector<std::vector<uint8_t>> payloads;
 };
 
-Encoded EncodeOnce(ThreadPool& pool, uint64_t chunk_bytes, std::span<const uint8_t> file,
+Encoded EncodeOnce(FileEncoder& encoder, std::span<const uint8_t> file,
                    std::span<const uint8_t> parent) {
   Encoded e;
   std::mutex mu;
-  FileEncoder encoder(&pool, EncodeOptions{}, chunk_bytes);
   std::map<size_t, std::vector<uint8_t>> collected;
   e.file = encoder.Encode(file, parent, [&](size_t i, std::span<const uint8_t> p) {
     std::vector<uint8_t> copy(p.begin(), p.end());
@@ -265,10 +267,14 @@ Expected<PairReport> BenchPair(const std::string& name, const std::string& old_p
   ThreadPool pool_1(1);
   const int reps = new_b.size() < (256u << 20) ? 3 : 1;
 
+  FileEncoder encoder_n(&pool_n, EncodeOptions{}, opt.chunk_bytes);
+  FileEncoder encoder_1(&pool_1, EncodeOptions{}, opt.chunk_bytes);
+  FileDecoder decoder_n(&pool_n), decoder_1(&pool_1);
+
   // DELTA
   Encoded delta;
-  r.delta_speed.enc_n = mb / BestSeconds(reps, [&] { delta = EncodeOnce(pool_n, opt.chunk_bytes, new_b, old_b); });
-  r.delta_speed.enc_1 = mb / BestSeconds(1, [&] { (void)EncodeOnce(pool_1, opt.chunk_bytes, new_b, old_b); });
+  r.delta_speed.enc_n = mb / BestSeconds(reps, [&] { delta = EncodeOnce(encoder_n, new_b, old_b); });
+  r.delta_speed.enc_1 = mb / BestSeconds(reps, [&] { (void)EncodeOnce(encoder_1, new_b, old_b); });
   r.delta_bytes = delta.file.payload_bytes();
   for (const EncodedChunk& c : delta.file.chunks) ++r.encodings[std::string(ChunkEncodingName(c.encoding))];
 
@@ -278,19 +284,19 @@ Expected<PairReport> BenchPair(const std::string& name, const std::string& old_p
     return std::span<const uint8_t>(delta.payloads[i]);
   };
   Status st;
-  r.delta_speed.dec_n = mb / BestSeconds(reps, [&] { st = FileDecoder(&pool_n).Decode(delta.file, source, old_b, out); });
+  r.delta_speed.dec_n = mb / BestSeconds(reps, [&] { st = decoder_n.Decode(delta.file, source, old_b, out); });
   r.exact = st.ok() && std::memcmp(out.data(), new_b.data(), new_b.size()) == 0;
-  r.delta_speed.dec_1 = mb / BestSeconds(1, [&] { st = FileDecoder(&pool_1).Decode(delta.file, source, old_b, out); });
+  r.delta_speed.dec_1 = mb / BestSeconds(reps, [&] { st = decoder_1.Decode(delta.file, source, old_b, out); });
   r.exact = r.exact && st.ok() && std::memcmp(out.data(), new_b.data(), new_b.size()) == 0;
 
   // FULL
   Encoded full;
-  r.full_speed.enc_n = mb / BestSeconds(1, [&] { full = EncodeOnce(pool_n, opt.chunk_bytes, new_b, {}); });
+  r.full_speed.enc_n = mb / BestSeconds(1, [&] { full = EncodeOnce(encoder_n, new_b, {}); });
   r.full_bytes = full.file.payload_bytes();
   auto full_source = [&](size_t i) -> Expected<std::span<const uint8_t>> {
     return std::span<const uint8_t>(full.payloads[i]);
   };
-  r.full_speed.dec_n = mb / BestSeconds(1, [&] { st = FileDecoder(&pool_n).Decode(full.file, full_source, {}, out); });
+  r.full_speed.dec_n = mb / BestSeconds(1, [&] { st = decoder_n.Decode(full.file, full_source, {}, out); });
   r.exact = r.exact && st.ok() && std::memcmp(out.data(), new_b.data(), new_b.size()) == 0;
   full = Encoded{};
 
@@ -524,6 +530,74 @@ int RunGenerated(const ArgParser& args, const Options& opt) {
   return failures ? Fail("decode was not bit-exact") : 0;
 }
 
+// Two version directories (e.g. two checkpoints of a sharded model): every file of NEW with a
+// namesake in OLD is one pair; a total over all pairs follows.
+int RunDirectories(const std::string& old_dir, const std::string& new_dir, const Options& opt) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(new_dir, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file()) files.push_back(fs::relative(it->path(), new_dir).string());
+  }
+  if (ec) return Fail("cannot list " + new_dir + ": " + ec.message());
+  std::sort(files.begin(), files.end());
+  PairReport total;
+  total.name = "total";
+  total.old_path = old_dir;
+  total.new_path = new_dir;
+  total.exact = true;
+  int pairs = 0;
+  double changed = 0, enc_s = 0, dec_s = 0;
+  for (const std::string& rel : files) {
+    const std::string old_file = old_dir + "/" + rel;
+    if (!fs::is_regular_file(old_file, ec)) {
+      std::fprintf(stderr, "weightfs: %s has no counterpart in %s; skipped\n", rel.c_str(), old_dir.c_str());
+      continue;
+    }
+    auto r = BenchPair(rel, old_file, new_dir + "/" + rel, opt);
+    if (!r.ok()) return Fail(r.status());
+    opt.json ? PrintJson(*r) : PrintTable(*r);
+    ++pairs;
+    const double mb = static_cast<double>(r->new_bytes) / 1e6;
+    total.new_bytes += r->new_bytes;
+    total.delta_bytes += r->delta_bytes;
+    total.full_bytes += r->full_bytes;
+    total.floor_bytes += r->floor_bytes;
+    total.sparse_format_bytes += r->sparse_format_bytes;
+    total.exact = total.exact && r->exact;
+    changed += r->changed_fraction * static_cast<double>(r->new_bytes);
+    enc_s += mb / std::max(r->delta_speed.enc_n, 1e-9);
+    dec_s += mb / std::max(r->delta_speed.dec_n, 1e-9);
+    for (const auto& [k, v] : r->encodings) total.encodings[k] += v;
+    auto add = [](std::optional<uint64_t>& t, const std::optional<uint64_t>& x) {
+      if (x) t = t.value_or(0) + *x;
+    };
+    add(total.zstd3_bytes, r->zstd3_bytes);
+    add(total.zstd3_patch_bytes, r->zstd3_patch_bytes);
+    add(total.zstd19_patch_bytes, r->zstd19_patch_bytes);
+  }
+  if (pairs == 0) return Fail("no file of " + new_dir + " has a counterpart in " + old_dir);
+  const double mb = static_cast<double>(total.new_bytes) / 1e6;
+  total.changed_fraction = changed / std::max<double>(1, static_cast<double>(total.new_bytes));
+  total.delta_speed.enc_n = mb / std::max(enc_s, 1e-9);
+  total.delta_speed.dec_n = mb / std::max(dec_s, 1e-9);
+  if (opt.json) {
+    PrintJson(total);
+  } else {
+    std::printf("\n== total over %d files (sizes summed; speeds over all files, all threads)\n", pairs);
+    std::printf("  NEW %s, changed %.3f%%: DELTA %llu bytes (%.1fx), FULL %llu (%.2fx), floor %.0f, "
+                "DELTA/floor %.3f, bit-exact %s\n",
+                FormatBytes(static_cast<double>(total.new_bytes)).c_str(), 100 * total.changed_fraction,
+                static_cast<unsigned long long>(total.delta_bytes),
+                static_cast<double>(total.new_bytes) / std::max<double>(1, static_cast<double>(total.delta_bytes)),
+                static_cast<unsigned long long>(total.full_bytes),
+                static_cast<double>(total.new_bytes) / std::max<double>(1, static_cast<double>(total.full_bytes)),
+                total.floor_bytes, static_cast<double>(total.delta_bytes) / std::max(total.floor_bytes, 1.0),
+                total.exact ? "yes" : "NO");
+  }
+  return total.exact ? 0 : Fail("decode was not bit-exact");
+}
+
 }  // namespace
 
 int BenchCodecMain(int argc, char** argv) {
@@ -556,7 +630,12 @@ int BenchCodecMain(int argc, char** argv) {
     std::fputs(kHelp, stderr);
     return 2;
   }
-  auto r = BenchPair("pair", args.positionals()[0], args.positionals()[1], opt);
+  const std::string old_path = args.positionals()[0], new_path = args.positionals()[1];
+  std::error_code ec;
+  if (fs::is_directory(old_path, ec) && fs::is_directory(new_path, ec)) {
+    return RunDirectories(old_path, new_path, opt);
+  }
+  auto r = BenchPair(fs::path(new_path).filename().string(), old_path, new_path, opt);
   if (!r.ok()) return Fail(r.status());
   opt.json ? PrintJson(*r) : PrintTable(*r);
   return r->exact ? 0 : Fail("decode was not bit-exact");

@@ -215,6 +215,19 @@ Bytes Mutate(DType dt, const Bytes& parent, size_t changes, uint64_t seed,
   return data;
 }
 
+// Gaussian weights (sigma 0.02, as initialised transformers hold) cast to bf16.
+Bytes GaussianBf16(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  Bytes b(2 * n);
+  for (size_t i = 0; i < n; ++i) Set(b, i, 2, Bf16(static_cast<float>(rng.Normal() * 0.02)));
+  return b;
+}
+
+// A training step that moves a fraction of the weights by exactly one bf16 ulp.
+Bytes NudgeOneUlp(const Bytes& parent, size_t changes, uint64_t seed) {
+  return Mutate(DType::kBF16, parent, changes, seed, Change::kNudge);
+}
+
 std::string Describe(DType dt, size_t len, const std::string& what = "") {
   return std::string(DTypeName(dt)) + " " + std::to_string(len) + " bytes" +
          (what.empty() ? "" : " " + what);
@@ -505,6 +518,70 @@ TEST(ChunkCodecRoundTripTest, SparseCodesFullWidthJumps) {
   }
 }
 
+// The exponent field of a float element (an independent restatement of the IEEE layouts).
+int ExponentOf(DType dt, uint64_t u) {
+  switch (dt) {
+    case DType::kBF16: return static_cast<int>((u >> 7) & 0xFF);
+    case DType::kF16: return static_cast<int>((u >> 10) & 0x1F);
+    case DType::kF32: return static_cast<int>((u >> 23) & 0xFF);
+    case DType::kF64: return static_cast<int>((u >> 52) & 0x7FF);
+    case DType::kF8E4M3: return static_cast<int>((u >> 3) & 0xF);
+    case DType::kF8E5M2: return static_cast<int>((u >> 2) & 0x1F);
+    default: return 0;
+  }
+}
+
+// A trained-looking update: a fixed optimizer step is many ulps of a small weight and less than
+// one of a large one, so small-exponent elements change far more often. Elements whose exponent
+// is below the median step by +-1 ulp with probability `p_small`, the others with `p_large`.
+Bytes ExponentSkewedUpdate(DType dt, const Bytes& parent, double p_small, double p_large,
+                           uint64_t seed) {
+  const size_t w = DTypeSize(dt);
+  const size_t n = parent.size() / w;
+  std::vector<int> exps(n);
+  for (size_t i = 0; i < n; ++i) exps[i] = ExponentOf(dt, Get(parent, i, w));
+  std::vector<int> sorted = exps;
+  std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
+  const int median = sorted[n / 2];
+  Rng rng(seed);
+  Bytes data = parent;
+  for (size_t i = 0; i < n; ++i) {
+    if (rng.Unit() >= (exps[i] < median ? p_small : p_large)) continue;
+    const uint64_t o = ToOrd(Get(parent, i, w), w);
+    Set(data, i, w, FromOrd(((rng.Next() & 1) ? o + 1 : o - 1) & Mask(w), w));
+  }
+  return data;
+}
+
+// The sparse body's class count (byte 10 of the body): > 1 when positions are coded per
+// exponent class.
+int SparseClasses(const Bytes& payload) { return payload[kPayloadHeaderBytes + 10]; }
+
+TEST(ChunkCodecRoundTripTest, SparseWithExponentClasses) {
+  ChunkCodec codec;
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32, DType::kF64, DType::kF8E4M3, DType::kF8E5M2}) {
+    const size_t n = 32768;
+    const Bytes parent = RandomChunk(dt, n * DTypeSize(dt), 61 + static_cast<size_t>(dt));
+    for (auto [p_small, p_large] : {std::pair{0.1, 0.0}, std::pair{0.2, 0.002}, std::pair{0.02, 0.0}}) {
+      SCOPED_TRACE(Describe(dt, parent.size(), "p_small " + std::to_string(p_small) + " p_large " +
+                                                  std::to_string(p_large)));
+      const Bytes data = ExponentSkewedUpdate(dt, parent, p_small, p_large, 62);
+      const Sizes s = CheckRoundTrip(codec, dt, parent, data);
+      ExpectDeltaNoLargerThanFull(s);
+      ASSERT_EQ(s.delta_encoding, ChunkEncoding::kSparse);
+      Bytes payload;
+      codec.EncodeDelta(dt, parent, data, &payload);
+      EXPECT_GT(SparseClasses(payload), 1) << "exponent classes should pay on this update";
+    }
+  }
+  // Changes spread evenly over exponents: a single class.
+  const Bytes parent = GaussianBf16(32768, 63);
+  Bytes payload;
+  ASSERT_EQ(codec.EncodeDelta(DType::kBF16, parent, NudgeOneUlp(parent, 2000, 64), &payload),
+            ChunkEncoding::kSparse);
+  EXPECT_EQ(SparseClasses(payload), 1);
+}
+
 TEST(ChunkCodecRoundTripTest, OddByteCountsFallBackToBytes) {
   ChunkCodec codec;
   for (DType dt : {DType::kF64, DType::kF32, DType::kBF16, DType::kI16, DType::kU32}) {
@@ -559,19 +636,6 @@ TEST(ChunkCodecRoundTripTest, ParentAndDataOfDifferentLengths) {
 
 // ---- encoding choice -----------------------------------------------------------------------
 
-// Gaussian weights (sigma 0.02, as initialised transformers hold) cast to bf16.
-Bytes GaussianBf16(size_t n, uint64_t seed) {
-  Rng rng(seed);
-  Bytes b(2 * n);
-  for (size_t i = 0; i < n; ++i) Set(b, i, 2, Bf16(static_cast<float>(rng.Normal() * 0.02)));
-  return b;
-}
-
-// A training step that moves a fraction of the weights by exactly one bf16 ulp.
-Bytes NudgeOneUlp(const Bytes& parent, size_t changes, uint64_t seed) {
-  return Mutate(DType::kBF16, parent, changes, seed, Change::kNudge);
-}
-
 double BinaryEntropy(double p) { return -(p * std::log2(p) + (1 - p) * std::log2(1 - p)); }
 
 TEST(ChunkCodecChoiceTest, SparseBelowOnePercentOfBf16Changed) {
@@ -625,8 +689,9 @@ TEST(ChunkCodecChoiceTest, DenseChangesNeverCostMoreThanFull) {
 // EncodeDelta's contract is "the smallest of SPARSE, DENSE, PATCH and FULL that applies". When
 // the new chunk compresses very well on its own (a tensor zeroed or reset to a constant, a mask)
 // and its parent differed in a few percent of elements, FULL is tiny but the sparse stream must
-// spell out every change -- yet the sparse stream, being under 0.5 bits/byte, is returned before
-// FULL is ever tried (chunk_codec.cc, the sparse_sufficient_bits_per_byte early return).
+// spell out every change. The sparse stream, being under 0.5 bits/byte, used to be returned
+// before FULL was tried: 7673 bytes instead of 125 for 1 MiB of zeroed bf16 (fixed in f2f748b by
+// sampling the new chunk's compressibility first).
 TEST(ChunkCodecChoiceTest, DeltaNeverLargerThanFullWhenTheNewChunkIsNearlyConstant) {
   ChunkCodec codec;
   struct Case {
@@ -748,6 +813,10 @@ std::vector<Sample> MakeSamples() {
   const Bytes wide = RandomChunk(DType::kF64, 8 * 1024, 25);
   add_delta("sparse-f64", DType::kF64, wide, Mutate(DType::kF64, wide, 9, 26, Change::kRandom),
             ChunkEncoding::kSparse);
+  const Bytes big = GaussianBf16(32768, 29);
+  add_delta("sparse-classes-bf16", DType::kBF16, big, ExponentSkewedUpdate(DType::kBF16, big, 0.1, 0.001, 30),
+            ChunkEncoding::kSparse);
+  EXPECT_GT(SparseClasses(samples.back().payload), 1);
   add_delta("dense-bf16", DType::kBF16, weights, NudgeOneUlp(weights, 1024, 27), ChunkEncoding::kDense);
   const Bytes text = RandomChunk(DType::kOpaque, 2500, 28);
   Bytes edited = text;
@@ -1191,7 +1260,8 @@ TEST(ChunkCodecEdgeTest, EmptyChunkInEveryEncoding) {
 // BUG (core/sparse_coder.cc, DecodeT): `std::memcpy(out, parent, n * sizeof(T))` runs with n == 0
 // and null pointers (an empty std::vector's data()): undefined behaviour, reported by UBSan
 // ("null pointer passed as argument 1") and fatal in -DWEIGHTFS_SANITIZE=ON and fuzz builds. The
-// Release build happens to pass. Any bucket can serve this 56-byte payload.
+// Release build happens to pass. Any bucket can serve this 56-byte payload; as a
+// tests/fuzz/chunk_decode_fuzz input it is "\0\0\0" (verbatim, empty parent) followed by it.
 TEST(ChunkCodecEdgeTest, SparseDeltaOfAnEmptyChunk) {
   const uint64_t h = Hash64(Bytes{});
   Bytes p = Header(ChunkEncoding::kSparse, DType::kU8, 0, 0, h, h);
@@ -1252,8 +1322,6 @@ TEST(ChunkCodecEdgeTest, DecompressionBombIsResourceExhausted) {
             ErrorKind::kResourceExhausted);
   EXPECT_TRUE(codec.Decode(p, {}).ok());
 }
-
-// ---- regressions from the fuzzers (tests/fuzz/chunk_*_fuzz.cc) --------------------------------
 
 }  // namespace
 }  // namespace weightfs

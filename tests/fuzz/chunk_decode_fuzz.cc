@@ -18,7 +18,9 @@
 // before its body is read; the fix-up bits and the synthesized mode reach the body decoders.
 //
 //   cmake -DWEIGHTFS_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang ...
-//   ./chunk_decode_fuzz -max_total_time=60 corpus/
+//   UBSAN_OPTIONS=halt_on_error=1 ./chunk_decode_fuzz -max_total_time=60 corpus/
+// (The fuzz build does not make UBSan fatal by itself: without halt_on_error a report scrolls
+// by and the run goes on.)
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

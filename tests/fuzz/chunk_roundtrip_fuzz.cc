@@ -15,7 +15,9 @@
 //   u16 n      parent length, then n parent bytes
 //
 //   cmake -DWEIGHTFS_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang ...
-//   ./chunk_roundtrip_fuzz -max_total_time=60 -max_len=65536 corpus/
+//   UBSAN_OPTIONS=halt_on_error=1 ./chunk_roundtrip_fuzz -max_total_time=60 -max_len=65536 corpus/
+// (The fuzz build does not make UBSan fatal by itself: without halt_on_error a report scrolls
+// by and the run goes on.)
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
