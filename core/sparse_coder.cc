@@ -144,7 +144,7 @@ struct Model {
   rc::Prob count_mant[65][8];
   rc::Prob gap_len[kMaxClasses][kGapCtx][64];
   rc::Prob gap_mant[kMaxClasses][65][8];
-  rc::Prob sign[4];
+  rc::Prob sign[2];
   rc::Prob mag_len[kMagCtx][64];
   rc::Prob mag_mant[65][4];
   Model() {
@@ -212,8 +212,7 @@ void EncodeChange(rc::RangeEncoder& enc, Model& m, ClassState& s, int cls, uint6
   const T d = T(elem::ToOrd(new_v, is_float) - elem::ToOrd(old_v, is_float));
   const uint32_t sign = static_cast<uint32_t>(d >> (sizeof(T) * 8 - 1));
   const uint64_t mag = sign ? uint64_t(T(T(0) - d)) : uint64_t(d);
-  const uint32_t old_sign = is_float ? static_cast<uint32_t>(old_v >> (sizeof(T) * 8 - 1)) : 0;
-  enc.EncodeBit(m.sign[s.prev_sign * 2 + old_sign], sign);
+  enc.EncodeBit(m.sign[s.prev_sign], sign);
   EncodeGamma<2>(enc, m.mag_len[MagContext(s.prev_mag_len)], m.mag_mant, mag);
   s.prev_mag_len = BitLength(mag);
   s.prev_sign = sign;
@@ -298,22 +297,45 @@ void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
   enc.Finish();
 }
 
-// Applies one change at `slot` (the output element, holding the parent's value).
+// Decodes one change's difference (sign and magnitude). False when out of range (corrupt).
+// The sign's context is the previous sign only: the parent's own sign was measured to add
+// nothing, and leaving it out lets values be decoded without touching the parent (see DecodeT).
 template <typename T>
-bool DecodeChange(rc::RangeDecoder& dec, Model& m, ClassState& s, uint8_t* slot, bool is_float) {
-  const T old_v = Load<T>(slot);
-  const uint32_t old_sign = is_float ? static_cast<uint32_t>(old_v >> (sizeof(T) * 8 - 1)) : 0;
-  const uint32_t sign = dec.DecodeBit(m.sign[s.prev_sign * 2 + old_sign]);
+bool DecodeValue(rc::RangeDecoder& dec, Model& m, ClassState& s, T* d) {
+  const uint32_t sign = dec.DecodeBit(m.sign[s.prev_sign]);
   int mag_len = 0;
   const uint64_t mag = DecodeGamma<2>(dec, m.mag_len[MagContext(s.prev_mag_len)], m.mag_mant,
                                       static_cast<int>(sizeof(T) * 8), &mag_len);
   if (mag == 0) return false;
   s.prev_mag_len = mag_len;
   s.prev_sign = sign;
-  const T d = sign ? T(T(0) - T(mag)) : T(mag);
-  Store<T>(slot, elem::FromOrd(T(elem::ToOrd(old_v, is_float) + d), is_float));
+  *d = sign ? T(T(0) - T(mag)) : T(mag);
   return true;
 }
+
+// Builds the output front to back: copies the parent's elements up to `pos`, then writes the
+// changed element. Copying in step with the changes keeps every touched line in cache; a bulk
+// copy first (large memcpy uses non-temporal stores) and scattered updates after it measured
+// a cache miss per change.
+template <typename T>
+struct OutputWriter {
+  const uint8_t* parent;
+  uint8_t* out;
+  size_t n;
+  size_t done = 0;  // elements [0, done) are written
+  bool is_float;
+
+  void Change(size_t pos, T d) {
+    if (pos > done) std::memcpy(out + done * sizeof(T), parent + done * sizeof(T), (pos - done) * sizeof(T));
+    const T old_v = Load<T>(parent + pos * sizeof(T));
+    Store<T>(out + pos * sizeof(T), elem::FromOrd(T(elem::ToOrd(old_v, is_float) + d), is_float));
+    done = pos + 1;
+  }
+  void Finish() {
+    if (n > done) std::memcpy(out + done * sizeof(T), parent + done * sizeof(T), (n - done) * sizeof(T));
+    done = n;
+  }
+};
 
 template <typename T>
 Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent, uint8_t* out,
@@ -338,7 +360,7 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
   if (k < 1 || k > kMaxClasses || (k > 1 && (f.mask == 0 || e_lo > f.mask))) {
     return Status::Corruption("sparse body has an invalid class table");
   }
-  if (n > 0) std::memcpy(out, parent, n * sizeof(T));
+  OutputWriter<T> writer{parent, out, n, 0, is_float};
   auto model = std::make_unique<Model>();
   rc::RangeDecoder dec(body.subspan(11));
   auto bad = [](const char* what) { return Status::Corruption(std::string("sparse body: ") + what); };
@@ -357,13 +379,19 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
       if (gap == 0 || pos >= n || dec.overrun()) return bad("a change lies outside the chunk");
       s.prev_gap_len = len;
       next = pos + 1;
-      if (!DecodeChange<T>(dec, *model, s, out + pos * sizeof(T), is_float)) return bad("value out of range");
+      T d;
+      if (!DecodeValue<T>(dec, *model, s, &d)) return bad("value out of range");
+      writer.Change(pos, d);
     }
   } else {
     std::vector<uint8_t>& classes = scratch->classes;
     classes.assign((n + 63) / 64 * 64, kNoClass);
     ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
     const size_t blocks = classes.size() / 64;
+    std::vector<uint32_t>& positions = scratch->local;
+    positions.resize(count);
+    std::vector<T> diffs(count);
+    uint64_t class_end[kMaxClasses] = {};
     for (int c = 0; c < k; ++c) {
       const uint64_t c_count1 = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33, &len);
       if (c_count1 == 0 || c_count1 - 1 > count - total) return bad("class counts do not add up");
@@ -395,11 +423,33 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
           have_mask = false;
         }
         const size_t pos = block * 64 + static_cast<size_t>(SelectBit(mask, static_cast<uint32_t>(target - seen)));
-        if (!DecodeChange<T>(dec, *model, s, out + pos * sizeof(T), is_float)) return bad("value out of range");
+        T d;
+        if (!DecodeValue<T>(dec, *model, s, &d)) return bad("value out of range");
+        positions[total - c_count + i] = static_cast<uint32_t>(pos);
+        diffs[total - c_count + i] = d;
       }
+      class_end[c] = total;
     }
     if (total != count) return bad("class counts do not add up");
+    // Apply in position order (a merge of the per-class lists, each ascending): one forward
+    // sweep over the output instead of one scattered sweep per class.
+    uint64_t head[kMaxClasses];
+    for (int c = 0; c < k; ++c) head[c] = c == 0 ? 0 : class_end[c - 1];
+    for (uint64_t i = 0; i < count; ++i) {
+      int best = -1;
+      uint32_t best_pos = 0;
+      for (int c = 0; c < k; ++c) {
+        if (head[c] < class_end[c] && (best < 0 || positions[head[c]] < best_pos)) {
+          best = c;
+          best_pos = positions[head[c]];
+        }
+      }
+      if (i > 0 && best_pos < writer.done) return bad("two changes at one position");
+      writer.Change(best_pos, diffs[head[best]]);
+      ++head[best];
+    }
   }
+  writer.Finish();
   if (dec.overrun() || dec.remaining() != 0) {
     return bad("range-coded stream length does not match its content");
   }
