@@ -130,13 +130,13 @@ struct ChunkCodec::Impl {
 
   Status DecompressPlanes(std::span<const uint8_t> body, size_t count, size_t n) {
     if (body.size() < 8 * count) return Status::Corruption("plane table truncated");
-    planes.resize(count * n);
+    // Validate the whole table (sizes, frame headers) before allocating anything, so a forged
+    // header cannot make us reserve raw_len bytes for a payload that is not there.
     size_t at = 8 * count;
     for (size_t k = 0; k < count; ++k) {
       const uint64_t size = Get64(body.data() + 8 * k);
       if (size > body.size() - at) return Status::Corruption("plane " + std::to_string(k) + " truncated");
-      const uint8_t* frame = body.data() + at;
-      const unsigned long long content = ZSTD_getFrameContentSize(frame, size);
+      const unsigned long long content = ZSTD_getFrameContentSize(body.data() + at, size);
       if (content != n) {
         return Status::Corruption("plane " + std::to_string(k) + " frame size " +
                                   (ZSTD_isError(content) || content == ZSTD_CONTENTSIZE_UNKNOWN ||
@@ -145,15 +145,21 @@ struct ChunkCodec::Impl {
                                        : std::to_string(content)) +
                                   " != " + std::to_string(n));
       }
+      at += size;
+    }
+    if (at != body.size()) return Status::Corruption("trailing bytes after the last plane");
+    if (planes.size() < count * n) planes.resize(count * n);
+    at = 8 * count;
+    for (size_t k = 0; k < count; ++k) {
+      const uint64_t size = Get64(body.data() + 8 * k);
       ZSTD_DCtx_reset(dctx, ZSTD_reset_session_and_parameters);
-      const size_t r = ZSTD_decompressDCtx(dctx, planes.data() + k * n, n, frame, size);
+      const size_t r = ZSTD_decompressDCtx(dctx, planes.data() + k * n, n, body.data() + at, size);
       if (ZSTD_isError(r) || r != n) {
         return Status::Corruption("plane " + std::to_string(k) + ": " +
                                   (ZSTD_isError(r) ? ZSTD_getErrorName(r) : "short frame"));
       }
       at += size;
     }
-    if (at != body.size()) return Status::Corruption("trailing bytes after the last plane");
     return Status::Ok();
   }
 
@@ -451,6 +457,16 @@ Expected<std::vector<uint8_t>> ChunkCodec::Decode(std::span<const uint8_t> paylo
                                                   std::span<const uint8_t> parent,
                                                   const DecodeLimits& limits) {
   WFS_ASSIGN_OR_RETURN(PayloadInfo info, Inspect(payload, limits));
+  // A payload whose body could not possibly expand to raw_len is rejected before allocating:
+  // zstd frames expand at most ~2^17x (a 3-byte block per 128 KiB), and a sparse or raw body
+  // needs its parent or its bytes.
+  const uint64_t body = payload.size() - kPayloadHeaderBytes;
+  if (info.encoding == ChunkEncoding::kFull || info.encoding == ChunkEncoding::kDense ||
+      info.encoding == ChunkEncoding::kPatch) {
+    if (info.raw_len / (uint64_t{1} << 16) > body + 1) {
+      return Status::Corruption("payload body too small for its decoded length");
+    }
+  }
   std::vector<uint8_t> out(info.raw_len);
   WFS_TRY(Decode(payload, parent, out, limits));
   return out;

@@ -148,12 +148,20 @@ struct Model {
   rc::Prob mag_len[kMagCtx][64];
   rc::Prob mag_mant[65][4];
   Model() {
-    rc::Prob* first = count_len;
-    rc::Prob* last = reinterpret_cast<rc::Prob*>(reinterpret_cast<char*>(this) + sizeof(Model));
-    std::fill(first, last, rc::kProbInit);
+    Fill(count_len);
+    Fill(count_mant);
+    Fill(gap_len);
+    Fill(gap_mant);
+    Fill(sign);
+    Fill(mag_len);
+    Fill(mag_mant);
+  }
+  template <typename A>
+  static void Fill(A& array) {
+    rc::Prob* p = reinterpret_cast<rc::Prob*>(&array);
+    std::fill(p, p + sizeof(A) / sizeof(rc::Prob), rc::kProbInit);
   }
 };
-static_assert(sizeof(Model) % sizeof(rc::Prob) == 0);
 
 // Elias-gamma binarization of v >= 1: bit length L through an adaptive 6-bit tree (context
 // chosen by the caller), the kTreeBits most significant bits below the leading one through an

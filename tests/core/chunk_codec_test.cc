@@ -1257,11 +1257,12 @@ TEST(ChunkCodecEdgeTest, EmptyChunkInEveryEncoding) {
   }
 }
 
-// BUG (core/sparse_coder.cc, DecodeT): `std::memcpy(out, parent, n * sizeof(T))` runs with n == 0
-// and null pointers (an empty std::vector's data()): undefined behaviour, reported by UBSan
-// ("null pointer passed as argument 1") and fatal in -DWEIGHTFS_SANITIZE=ON and fuzz builds. The
-// Release build happens to pass. Any bucket can serve this 56-byte payload; as a
+// Regression: the sparse decoder copied the parent with `memcpy(out, parent, n * sizeof(T))` even
+// for n == 0, with null pointers (an empty std::vector's data()): undefined behaviour that UBSan
+// reports ("null pointer passed as argument 1") and that is fatal in -DWEIGHTFS_SANITIZE=ON and
+// fuzz builds, while the Release build passes. Any bucket can serve this 56-byte payload; as a
 // tests/fuzz/chunk_decode_fuzz input it is "\0\0\0" (verbatim, empty parent) followed by it.
+// (Fixed in cb541bd.)
 TEST(ChunkCodecEdgeTest, SparseDeltaOfAnEmptyChunk) {
   const uint64_t h = Hash64(Bytes{});
   Bytes p = Header(ChunkEncoding::kSparse, DType::kU8, 0, 0, h, h);
