@@ -249,7 +249,11 @@ ChunkCodec::~ChunkCodec() = default;
 
 void ChunkCodec::EncodeFull(DType dtype, std::span<const uint8_t> data, std::vector<uint8_t>* out) {
   if (Width(dtype, data.size()) != DTypeSize(dtype)) dtype = DType::kOpaque;
-  const uint64_t hash = Hash64(data);
+  EncodeFullHashed(dtype, data, Hash64(data), out);
+}
+
+void ChunkCodec::EncodeFullHashed(DType dtype, std::span<const uint8_t> data, uint64_t hash,
+                                  std::vector<uint8_t>* out) {
   bool first = true;
   for (DType as : DenseInterpretations(dtype, data.size())) {
     std::vector<uint8_t>& dst = first ? *out : impl_->full_alt;
@@ -311,7 +315,7 @@ ChunkEncoding ChunkCodec::EncodeDelta(DType dtype, std::span<const uint8_t> pare
       if (static_cast<double>(out->size()) <=
           static_cast<double>(data.size()) * opt.sparse_sufficient_bits_per_byte / 8.0) {
         if (impl_->EstimateCompressed(data) < 2 * out->size()) {
-          EncodeFull(dtype, data, &cand);
+          EncodeFullHashed(dtype, data, hash, &cand);
           consider(static_cast<ChunkEncoding>(cand[5]));
         }
         return best;
@@ -330,7 +334,7 @@ ChunkEncoding ChunkCodec::EncodeDelta(DType dtype, std::span<const uint8_t> pare
     WriteHeader(&cand, ChunkEncoding::kPatch, dtype, data.size(), parent.size(), hash, parent_hash);
     if (impl_->EncodePatchBody(parent, data, &cand)) consider(ChunkEncoding::kPatch);
   }
-  EncodeFull(dtype, data, &cand);
+  EncodeFullHashed(dtype, data, hash, &cand);
   consider(static_cast<ChunkEncoding>(cand[5]));
   return best;
 }

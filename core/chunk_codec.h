@@ -122,6 +122,10 @@ class ChunkCodec {
                                        const DecodeLimits& limits = {});
 
  private:
+  // EncodeFull with the XXH3-64 of data already computed. REQUIRES: dtype tiles data.
+  void EncodeFullHashed(DType dtype, std::span<const uint8_t> data, uint64_t hash,
+                        std::vector<uint8_t>* out);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

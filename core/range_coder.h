@@ -59,6 +59,17 @@ class RangeEncoder {
     }
   }
 
+  // Equiprobable `nbits` (1..16) in one step: the range is split into 2^nbits equal parts.
+  // Cheaper than bit-by-bit for the uniform low bits of gaps and magnitudes.
+  void EncodeBits(uint32_t value, int nbits) {
+    range_ >>= nbits;
+    low_ += static_cast<uint64_t>(value) * range_;
+    while (range_ < kTop) {
+      range_ <<= 8;
+      ShiftLow();
+    }
+  }
+
   // Codes the low `nbits` of `symbol` through a binary tree of adaptive probabilities.
   // REQUIRES: probs has 1 << nbits entries.
   void EncodeTree(Prob* probs, int nbits, uint32_t symbol) {
@@ -102,7 +113,7 @@ class RangeDecoder {
     for (int i = 0; i < 5; ++i) code_ = (code_ << 8) | NextByte();
   }
 
-  uint32_t DecodeBit(Prob& p) {
+  [[gnu::always_inline]] uint32_t DecodeBit(Prob& p) {
     const uint32_t bound = (range_ >> kProbBits) * p;
     uint32_t bit;
     if (code_ < bound) {
@@ -141,13 +152,31 @@ class RangeDecoder {
     return v;
   }
 
+  // Inverse of EncodeBits. A value outside [0, 2^nbits) can only come from a corrupt stream:
+  // it is clamped and recorded (overrun()).
+  [[gnu::always_inline]] uint32_t DecodeBits(int nbits) {
+    range_ >>= nbits;
+    uint32_t v = code_ / range_;
+    if (v >> nbits) {
+      overrun_ = true;
+      v = (1u << nbits) - 1;
+    }
+    code_ -= v * range_;
+    while (range_ < kTop) {
+      range_ <<= 8;
+      code_ = (code_ << 8) | NextByte();
+    }
+    return v;
+  }
+
   uint32_t DecodeTree(Prob* probs, int nbits) {
     uint32_t node = 1;
     for (int i = 0; i < nbits; ++i) node = (node << 1) | DecodeBit(probs[node]);
     return node - (1u << nbits);
   }
 
-  // True when the decoder had to read past the end of its input: the stream is corrupt.
+  // True when the decoder had to read past the end of its input, or decoded an impossible
+  // value: the stream is corrupt.
   bool overrun() const { return overrun_; }
   // Bytes not consumed; a well-formed stream is consumed exactly.
   size_t remaining() const { return static_cast<size_t>(end_ - p_); }

@@ -72,9 +72,21 @@ inline uint64_t ClassMask(const uint8_t* p, uint8_t c) {
 }
 
 // Index of the k-th (0-based) set bit. REQUIRES: k < popcount(m).
-inline int SelectBit(uint64_t m, uint32_t k) {
+[[gnu::always_inline]] inline int SelectBit(uint64_t m, uint32_t k) {
+  int pos = 0;
+  for (int half : {32, 16, 8}) {
+    const uint64_t low = m & ((uint64_t{1} << half) - 1);
+    const auto c = static_cast<uint32_t>(std::popcount(low));
+    if (k >= c) {
+      k -= c;
+      m >>= half;
+      pos += half;
+    } else {
+      m = low;
+    }
+  }
   for (; k > 0; --k) m &= m - 1;
-  return std::countr_zero(m);
+  return pos + std::countr_zero(m);
 }
 
 double BernoulliBits(double n, double k) {
@@ -136,24 +148,42 @@ void ChooseClasses(ExponentField f, const uint8_t* parent, size_t n,
 }
 
 // ---- adaptive models ------------------------------------------------------------------------
+//
+// Binarization, chosen for few binary decisions per change (each costs a few ns to decode):
+// - a gap (>= 1, in class-local index space) is Rice-coded with a parameter that tracks the
+//   class's running mean gap: the quotient in adaptive unary (usually 0-2 decisions, context =
+//   the previous quotient, which captures clustering), the remainder's top bit adaptive and
+//   its other bits in one equiprobable step. Close to optimal for the geometric-like gaps of a
+//   class with a steady change rate, and it adapts when the rate drifts along a tensor.
+// - a difference is a sign (context: previous sign) and a magnitude whose bit length is coded
+//   in adaptive unary (a ±1 ulp step, the common case, is one decision), two adaptive mantissa
+//   bits, the rest equiprobable.
+
+constexpr int kUnaryLen = 12;  // unary steps for a bit length before escaping to a tree
+constexpr int kUnaryQ = 16;    // unary steps for a Rice quotient before escaping
+constexpr int kMagCtx = 4;
 
 struct Model {
-  static constexpr int kGapCtx = 16;
-  static constexpr int kMagCtx = 8;
   rc::Prob count_len[64];
   rc::Prob count_mant[65][8];
-  rc::Prob gap_len[kMaxClasses][kGapCtx][64];
-  rc::Prob gap_mant[kMaxClasses][65][8];
+  rc::Prob gap_q[kMaxClasses][3][kUnaryQ];
+  rc::Prob gap_top[kMaxClasses][34];
+  rc::Prob esc_len[64];  // escapes: first gaps, long quotients
+  rc::Prob esc_mant[65][8];
   rc::Prob sign[2];
-  rc::Prob mag_len[kMagCtx][64];
+  rc::Prob mag_unary[kMagCtx][kUnaryLen];
+  rc::Prob mag_tree[64];
   rc::Prob mag_mant[65][4];
   Model() {
     Fill(count_len);
     Fill(count_mant);
-    Fill(gap_len);
-    Fill(gap_mant);
+    Fill(gap_q);
+    Fill(gap_top);
+    Fill(esc_len);
+    Fill(esc_mant);
     Fill(sign);
-    Fill(mag_len);
+    Fill(mag_unary);
+    Fill(mag_tree);
     Fill(mag_mant);
   }
   template <typename A>
@@ -163,9 +193,26 @@ struct Model {
   }
 };
 
-// Elias-gamma binarization of v >= 1: bit length L through an adaptive 6-bit tree (context
-// chosen by the caller), the kTreeBits most significant bits below the leading one through an
-// adaptive tree per L, the rest as direct bits.
+// Equiprobable bits of any width, in steps of at most 16.
+void EncodeWide(rc::RangeEncoder& enc, uint64_t v, int nbits) {
+  while (nbits > 16) {
+    nbits -= 16;
+    enc.EncodeBits(static_cast<uint32_t>(v >> nbits) & 0xFFFF, 16);
+  }
+  if (nbits > 0) enc.EncodeBits(static_cast<uint32_t>(v & ((uint64_t{1} << nbits) - 1)), nbits);
+}
+[[gnu::always_inline]] inline uint64_t DecodeWide(rc::RangeDecoder& dec, int nbits) {
+  uint64_t v = 0;
+  while (nbits > 16) {
+    nbits -= 16;
+    v = (v << 16) | dec.DecodeBits(16);
+  }
+  if (nbits > 0) v = (v << nbits) | dec.DecodeBits(nbits);
+  return v;
+}
+
+// Elias-gamma binarization of v >= 1 for rare symbols (counts, escapes): bit length through an
+// adaptive 6-bit tree, kTreeBits adaptive mantissa bits, the rest equiprobable.
 template <int kTreeBits>
 void EncodeGamma(rc::RangeEncoder& enc, rc::Prob* len_probs, rc::Prob (*mant_probs)[1 << kTreeBits],
                  uint64_t v) {
@@ -175,54 +222,137 @@ void EncodeGamma(rc::RangeEncoder& enc, rc::Prob* len_probs, rc::Prob (*mant_pro
   const uint64_t rest = v - (uint64_t{1} << m);
   const int top = std::min(m, kTreeBits);
   enc.EncodeTree(mant_probs[len], top, static_cast<uint32_t>(rest >> (m - top)));
-  int low = m - top;
-  if (low > 32) {
-    enc.EncodeDirect(static_cast<uint32_t>(rest >> 32), low - 32);
-    low = 32;
-  }
-  if (low > 0) enc.EncodeDirect(static_cast<uint32_t>(rest & ((uint64_t{1} << low) - 1)), low);
+  EncodeWide(enc, rest, m - top);
 }
 
 // Returns 0 when the decoded bit length exceeds max_len (a corrupt stream).
 template <int kTreeBits>
 uint64_t DecodeGamma(rc::RangeDecoder& dec, rc::Prob* len_probs,
-                     rc::Prob (*mant_probs)[1 << kTreeBits], int max_len, int* len_out) {
+                     rc::Prob (*mant_probs)[1 << kTreeBits], int max_len) {
   const int len = static_cast<int>(dec.DecodeTree(len_probs, 6)) + 1;
-  *len_out = len;
   if (len > max_len) return 0;
   const int m = len - 1;
   const int top = std::min(m, kTreeBits);
   uint64_t rest = dec.DecodeTree(mant_probs[len], top);
-  int low = m - top;
-  if (low > 32) {
-    rest = (rest << (low - 32)) | dec.DecodeDirect(low - 32);
-    low = 32;
-  }
-  if (low > 0) rest = (rest << low) | dec.DecodeDirect(low);
+  rest = (rest << (m - top)) | DecodeWide(dec, m - top);
   return (uint64_t{1} << m) + rest;
 }
 
-inline int GapContext(int prev_len) { return std::min(prev_len, Model::kGapCtx - 1); }
-inline int MagContext(int prev_len) { return std::min(prev_len, Model::kMagCtx - 1); }
-
-// Per-class coding state (previous gap and value, for contexts).
+// Per-class coding state.
 struct ClassState {
-  int prev_gap_len = 0;
+  uint64_t mean16 = 0;  // running mean gap x 16 (0 before the first gap)
+  int prev_q = 0;       // previous Rice quotient, capped at 2
   int prev_mag_len = 0;
   uint32_t prev_sign = 0;
 };
 
+// Rice parameter for a geometric source of the given mean: ~log2(mean * ln 2).
+inline int RiceK(uint64_t mean16) {
+  const uint64_t m = (mean16 * 11) >> 8;  // mean * 0.69
+  return std::min(m == 0 ? 0 : BitLength(m) - 1, 32);
+}
+
+inline void UpdateMean(ClassState& s, uint64_t gap) {
+  const uint64_t g16 = std::min<uint64_t>(gap, uint64_t{1} << 40) << 4;
+  s.mean16 = s.mean16 == 0 ? g16 : s.mean16 - (s.mean16 >> 4) + (g16 >> 4);
+}
+
+void EncodeGap(rc::RangeEncoder& enc, Model& m, ClassState& s, int cls, uint64_t gap) {
+  if (s.mean16 == 0) {
+    EncodeGamma<3>(enc, m.esc_len, m.esc_mant, gap);
+  } else {
+    const int k = RiceK(s.mean16);
+    const uint64_t v = gap - 1;
+    const uint64_t q = v >> k;
+    rc::Prob* probs = m.gap_q[cls][s.prev_q];
+    const int ones = static_cast<int>(std::min<uint64_t>(q, kUnaryQ));
+    for (int i = 0; i < ones; ++i) enc.EncodeBit(probs[i], 1);
+    if (q < kUnaryQ) {
+      enc.EncodeBit(probs[q], 0);
+    } else {
+      EncodeGamma<3>(enc, m.esc_len, m.esc_mant, q - kUnaryQ + 1);
+    }
+    if (k > 0) {
+      const uint64_t r = v & ((uint64_t{1} << k) - 1);
+      enc.EncodeBit(m.gap_top[cls][k], static_cast<uint32_t>(r >> (k - 1)));
+      EncodeWide(enc, r, k - 1);
+    }
+    s.prev_q = static_cast<int>(std::min<uint64_t>(q, 2));
+  }
+  UpdateMean(s, gap);
+}
+
+// Returns 0 for a corrupt stream.
+[[gnu::always_inline]] inline uint64_t DecodeGap(rc::RangeDecoder& dec, Model& m, ClassState& s, int cls) {
+  uint64_t gap;
+  if (s.mean16 == 0) {
+    gap = DecodeGamma<3>(dec, m.esc_len, m.esc_mant, 33);
+  } else {
+    const int k = RiceK(s.mean16);
+    rc::Prob* probs = m.gap_q[cls][s.prev_q];
+    uint64_t q = 0;
+    while (q < kUnaryQ && dec.DecodeBit(probs[q])) ++q;
+    if (q == kUnaryQ) {
+      const uint64_t extra = DecodeGamma<3>(dec, m.esc_len, m.esc_mant, 33);
+      if (extra == 0) return 0;
+      q += extra - 1;
+    }
+    if (q > (uint64_t{1} << 33)) return 0;
+    uint64_t r = 0;
+    if (k > 0) {
+      r = uint64_t{dec.DecodeBit(m.gap_top[cls][k])} << (k - 1);
+      r |= DecodeWide(dec, k - 1);
+    }
+    gap = (q << k) + r + 1;
+    s.prev_q = static_cast<int>(std::min<uint64_t>(q, 2));
+  }
+  if (gap == 0 || gap > (uint64_t{1} << 33)) return 0;
+  UpdateMean(s, gap);
+  return gap;
+}
+
+void EncodeMagnitude(rc::RangeEncoder& enc, Model& m, ClassState& s, uint64_t mag) {
+  const int len = BitLength(mag);
+  rc::Prob* unary = m.mag_unary[std::min(s.prev_mag_len, kMagCtx) - (s.prev_mag_len > 0)];
+  for (int i = 1; i < std::min(len, kUnaryLen + 1); ++i) enc.EncodeBit(unary[i - 1], 1);
+  if (len <= kUnaryLen) {
+    enc.EncodeBit(unary[len - 1], 0);
+  } else {
+    enc.EncodeTree(m.mag_tree, 6, static_cast<uint32_t>(len - 1));
+  }
+  const int bits = len - 1;
+  const uint64_t rest = mag - (uint64_t{1} << bits);
+  const int top = std::min(bits, 2);
+  enc.EncodeTree(m.mag_mant[len], top, static_cast<uint32_t>(rest >> (bits - top)));
+  EncodeWide(enc, rest, bits - top);
+  s.prev_mag_len = len;
+}
+
+// Returns 0 for a corrupt stream (length above max_len).
+[[gnu::always_inline]] inline uint64_t DecodeMagnitude(rc::RangeDecoder& dec, Model& m, ClassState& s,
+                                                     int max_len) {
+  rc::Prob* unary = m.mag_unary[std::min(s.prev_mag_len, kMagCtx) - (s.prev_mag_len > 0)];
+  int len = 1;
+  while (len <= kUnaryLen && dec.DecodeBit(unary[len - 1])) ++len;
+  if (len > kUnaryLen) len = static_cast<int>(dec.DecodeTree(m.mag_tree, 6)) + 1;
+  if (len > max_len) return 0;
+  const int bits = len - 1;
+  const int top = std::min(bits, 2);
+  uint64_t rest = dec.DecodeTree(m.mag_mant[len], top);
+  rest = (rest << (bits - top)) | DecodeWide(dec, bits - top);
+  s.prev_mag_len = len;
+  return (uint64_t{1} << bits) + rest;
+}
+
 template <typename T>
 void EncodeChange(rc::RangeEncoder& enc, Model& m, ClassState& s, int cls, uint64_t gap, T old_v,
                   T new_v, bool is_float) {
-  EncodeGamma<3>(enc, m.gap_len[cls][GapContext(s.prev_gap_len)], m.gap_mant[cls], gap);
-  s.prev_gap_len = BitLength(gap);
+  EncodeGap(enc, m, s, cls, gap);
   const T d = T(elem::ToOrd(new_v, is_float) - elem::ToOrd(old_v, is_float));
   const uint32_t sign = static_cast<uint32_t>(d >> (sizeof(T) * 8 - 1));
   const uint64_t mag = sign ? uint64_t(T(T(0) - d)) : uint64_t(d);
   enc.EncodeBit(m.sign[s.prev_sign], sign);
-  EncodeGamma<2>(enc, m.mag_len[MagContext(s.prev_mag_len)], m.mag_mant, mag);
-  s.prev_mag_len = BitLength(mag);
+  EncodeMagnitude(enc, m, s, mag);
   s.prev_sign = sign;
 }
 
@@ -309,13 +439,10 @@ void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
 // The sign's context is the previous sign only: the parent's own sign was measured to add
 // nothing, and leaving it out lets values be decoded without touching the parent (see DecodeT).
 template <typename T>
-bool DecodeValue(rc::RangeDecoder& dec, Model& m, ClassState& s, T* d) {
+[[gnu::always_inline]] inline bool DecodeValue(rc::RangeDecoder& dec, Model& m, ClassState& s, T* d) {
   const uint32_t sign = dec.DecodeBit(m.sign[s.prev_sign]);
-  int mag_len = 0;
-  const uint64_t mag = DecodeGamma<2>(dec, m.mag_len[MagContext(s.prev_mag_len)], m.mag_mant,
-                                      static_cast<int>(sizeof(T) * 8), &mag_len);
+  const uint64_t mag = DecodeMagnitude(dec, m, s, static_cast<int>(sizeof(T) * 8));
   if (mag == 0) return false;
-  s.prev_mag_len = mag_len;
   s.prev_sign = sign;
   *d = sign ? T(T(0) - T(mag)) : T(mag);
   return true;
@@ -372,20 +499,17 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
   auto model = std::make_unique<Model>();
   rc::RangeDecoder dec(body.subspan(11));
   auto bad = [](const char* what) { return Status::Corruption(std::string("sparse body: ") + what); };
-  int len = 0;
   uint64_t total = 0;
 
   if (k == 1) {
-    const uint64_t c_count = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33, &len);
+    const uint64_t c_count = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33);
     if (c_count == 0 || c_count - 1 != count) return bad("class counts do not add up");
     ClassState s;
     uint64_t next = 0;
     for (uint64_t i = 0; i < count; ++i) {
-      const uint64_t gap = DecodeGamma<3>(dec, model->gap_len[0][GapContext(s.prev_gap_len)],
-                                          model->gap_mant[0], 33, &len);
+      const uint64_t gap = DecodeGap(dec, *model, s, 0);
       const uint64_t pos = next + gap - 1;
       if (gap == 0 || pos >= n || dec.overrun()) return bad("a change lies outside the chunk");
-      s.prev_gap_len = len;
       next = pos + 1;
       T d;
       if (!DecodeValue<T>(dec, *model, s, &d)) return bad("value out of range");
@@ -396,12 +520,13 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
     classes.assign((n + 63) / 64 * 64, kNoClass);
     ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
     const size_t blocks = classes.size() / 64;
-    std::vector<uint32_t>& positions = scratch->local;
-    positions.resize(count);
-    std::vector<T> diffs(count);
-    uint64_t class_end[kMaxClasses] = {};
+    std::vector<uint64_t>& changed = scratch->bitmap;
+    changed.assign(blocks, 0);
+    std::vector<uint64_t>& diffs = scratch->diffs;
+    diffs.resize(count);
+    uint64_t class_start[kMaxClasses + 1] = {};
     for (int c = 0; c < k; ++c) {
-      const uint64_t c_count1 = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33, &len);
+      const uint64_t c_count1 = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33);
       if (c_count1 == 0 || c_count1 - 1 > count - total) return bad("class counts do not add up");
       const uint64_t c_count = c_count1 - 1;
       total += c_count;
@@ -412,10 +537,8 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
       uint64_t mask = 0;
       bool have_mask = false;
       for (uint64_t i = 0; i < c_count; ++i) {
-        const uint64_t gap = DecodeGamma<3>(dec, model->gap_len[c][GapContext(s.prev_gap_len)],
-                                            model->gap_mant[c], 33, &len);
+        const uint64_t gap = DecodeGap(dec, *model, s, c);
         if (gap == 0 || dec.overrun()) return bad("gap out of range");
-        s.prev_gap_len = len;
         target += gap - (i == 0 ? 1 : 0);
         // Walk blocks until the block holding class member number `target`.
         for (;;) {
@@ -433,28 +556,23 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
         const size_t pos = block * 64 + static_cast<size_t>(SelectBit(mask, static_cast<uint32_t>(target - seen)));
         T d;
         if (!DecodeValue<T>(dec, *model, s, &d)) return bad("value out of range");
-        positions[total - c_count + i] = static_cast<uint32_t>(pos);
+        changed[pos >> 6] |= uint64_t{1} << (pos & 63);
         diffs[total - c_count + i] = d;
       }
-      class_end[c] = total;
+      class_start[c + 1] = total;
     }
     if (total != count) return bad("class counts do not add up");
-    // Apply in position order (a merge of the per-class lists, each ascending): one forward
-    // sweep over the output instead of one scattered sweep per class.
+    // Apply in position order: walk the bitmap of changed positions; each position's class
+    // (from the class array) says which class list holds its difference, and within a class
+    // the differences are in position order. One forward sweep over the output.
     uint64_t head[kMaxClasses];
-    for (int c = 0; c < k; ++c) head[c] = c == 0 ? 0 : class_end[c - 1];
-    for (uint64_t i = 0; i < count; ++i) {
-      int best = -1;
-      uint32_t best_pos = 0;
-      for (int c = 0; c < k; ++c) {
-        if (head[c] < class_end[c] && (best < 0 || positions[head[c]] < best_pos)) {
-          best = c;
-          best_pos = positions[head[c]];
-        }
+    std::copy(class_start, class_start + k, head);
+    for (size_t w = 0; w < changed.size(); ++w) {
+      for (uint64_t bits = changed[w]; bits != 0; bits &= bits - 1) {
+        const size_t pos = w * 64 + static_cast<size_t>(std::countr_zero(bits));
+        const uint8_t c = classes[pos];
+        writer.Change(pos, static_cast<T>(diffs[head[c]++]));
       }
-      if (i > 0 && best_pos < writer.done) return bad("two changes at one position");
-      writer.Change(best_pos, diffs[head[best]]);
-      ++head[best];
     }
   }
   writer.Finish();

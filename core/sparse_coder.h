@@ -33,6 +33,8 @@ struct Scratch {
   std::vector<uint8_t> classes;     // one class byte per element, padded to 64
   std::vector<uint32_t> local;      // class-local index of each change
   std::vector<uint32_t> order;      // changes sorted by class
+  std::vector<uint64_t> bitmap;     // changed positions, one bit per element
+  std::vector<uint64_t> diffs;      // decoded differences, class by class
 };
 
 // Positions (element indices) where a and b differ, up to `cap` of them. Returns false when
