@@ -113,19 +113,19 @@ class RangeDecoder {
     for (int i = 0; i < 5; ++i) code_ = (code_ << 8) | NextByte();
   }
 
+  // Branch-free update: the bits of a well-compressed stream are close to unpredictable, and
+  // a mispredicted branch per bit costs more than computing both outcomes.
   [[gnu::always_inline]] uint32_t DecodeBit(Prob& p) {
-    const uint32_t bound = (range_ >> kProbBits) * p;
-    uint32_t bit;
-    if (code_ < bound) {
-      range_ = bound;
-      p = static_cast<Prob>(p + (((1u << kProbBits) - p) >> kMoveBits));
-      bit = 0;
-    } else {
-      code_ -= bound;
-      range_ -= bound;
-      p = static_cast<Prob>(p - (p >> kMoveBits));
-      bit = 1;
-    }
+    const uint32_t pv = p;
+    const uint32_t bound = (range_ >> kProbBits) * pv;
+    const uint32_t bit = code_ >= bound;
+    const uint32_t mask = 0u - bit;  // all ones when the bit is 1
+    code_ -= bound & mask;
+    range_ = bit ? range_ - bound : bound;
+    // bit 0: p += (4096 - p) >> 5;  bit 1: p -= p >> 5.
+    const uint32_t up = ((1u << kProbBits) - pv) >> kMoveBits;
+    const uint32_t down = pv >> kMoveBits;
+    p = static_cast<Prob>(pv + (up & ~mask) - (down & mask));
     if (range_ < kTop) {
       range_ <<= 8;
       code_ = (code_ << 8) | NextByte();

@@ -1,6 +1,7 @@
 #include "core/sparse_coder.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -71,22 +72,32 @@ inline uint64_t ClassMask(const uint8_t* p, uint8_t c) {
 #endif
 }
 
-// Index of the k-th (0-based) set bit. REQUIRES: k < popcount(m).
-[[gnu::always_inline]] inline int SelectBit(uint64_t m, uint32_t k) {
-  int pos = 0;
-  for (int half : {32, 16, 8}) {
-    const uint64_t low = m & ((uint64_t{1} << half) - 1);
-    const auto c = static_cast<uint32_t>(std::popcount(low));
-    if (k >= c) {
-      k -= c;
-      m >>= half;
-      pos += half;
-    } else {
-      m = low;
+// kSelectInByte[k][b]: index of the k-th set bit of byte b (0 when b has fewer bits).
+constexpr auto kSelectInByte = [] {
+  std::array<std::array<uint8_t, 256>, 8> t{};
+  for (int b = 0; b < 256; ++b) {
+    int k = 0;
+    for (int i = 0; i < 8; ++i) {
+      if (b & (1 << i)) t[k++][b] = static_cast<uint8_t>(i);
     }
   }
-  for (; k > 0; --k) m &= m - 1;
-  return pos + std::countr_zero(m);
+  return t;
+}();
+
+// Index of the k-th (0-based) set bit, branch-free (broadword select: byte popcounts, their
+// prefix sums by one multiply, the target byte by a SIMD-within-a-register compare, then a
+// table). REQUIRES: k < popcount(x).
+[[gnu::always_inline]] inline int SelectBit(uint64_t x, uint32_t k) {
+  constexpr uint64_t kOnes = 0x0101010101010101ull;
+  constexpr uint64_t kMsbs = 0x8080808080808080ull;
+  uint64_t s = x - ((x >> 1) & 0x5555555555555555ull);
+  s = (s & 0x3333333333333333ull) + ((s >> 2) & 0x3333333333333333ull);
+  s = ((s + (s >> 4)) & 0x0F0F0F0F0F0F0F0Full) * kOnes;  // byte i: bits set in bytes 0..i
+  const uint64_t le = ((uint64_t{k} * kOnes) | kMsbs) - s;  // msb set where prefix <= k
+  const int byte = std::popcount(le & kMsbs);
+  const auto before = static_cast<uint32_t>(((s << 8) >> (8 * byte)) & 0xFF);
+  const auto bits = static_cast<uint32_t>((x >> (8 * byte)) & 0xFF);
+  return 8 * byte + kSelectInByte[k - before][bits];
 }
 
 double BernoulliBits(double n, double k) {
@@ -565,13 +576,29 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
     // Apply in position order: walk the bitmap of changed positions; each position's class
     // (from the class array) says which class list holds its difference, and within a class
     // the differences are in position order. One forward sweep over the output.
+    // Blocks are copied whole (a fixed 64-element copy the compiler inlines) and patched.
     uint64_t head[kMaxClasses];
     std::copy(class_start, class_start + k, head);
+    constexpr size_t kBlockBytes = 64 * sizeof(T);
     for (size_t w = 0; w < changed.size(); ++w) {
-      for (uint64_t bits = changed[w]; bits != 0; bits &= bits - 1) {
-        const size_t pos = w * 64 + static_cast<size_t>(std::countr_zero(bits));
-        const uint8_t c = classes[pos];
-        writer.Change(pos, static_cast<T>(diffs[head[c]++]));
+      uint64_t bits = changed[w];
+      if (bits == 0) continue;
+      const size_t first = w * 64;
+      if (first > writer.done) {
+        std::memcpy(out + writer.done * sizeof(T), parent + writer.done * sizeof(T),
+                    (first - writer.done) * sizeof(T));
+      }
+      if (first + 64 <= n) {
+        std::memcpy(out + first * sizeof(T), parent + first * sizeof(T), kBlockBytes);
+      } else {
+        std::memcpy(out + first * sizeof(T), parent + first * sizeof(T), (n - first) * sizeof(T));
+      }
+      writer.done = std::min(first + 64, n);
+      for (; bits != 0; bits &= bits - 1) {
+        const size_t pos = first + static_cast<size_t>(std::countr_zero(bits));
+        const T d = static_cast<T>(diffs[head[classes[pos]]++]);
+        uint8_t* slot = out + pos * sizeof(T);
+        Store<T>(slot, elem::FromOrd(T(elem::ToOrd(Load<T>(slot), is_float) + d), is_float));
       }
     }
   }
