@@ -81,6 +81,9 @@ struct EncodeOptions {
   // A sparse stream at or below this many bits per raw byte is kept without trying the dense
   // and FULL encodings; otherwise every applicable candidate is encoded and the smallest kept.
   double sparse_sufficient_bits_per_byte = 0.5;
+  // Exponent classes (core/sparse_coder.h) shrink sparse deltas by ~25% but cost decode time
+  // per change; above this changed fraction the sparse coder codes positions without them.
+  double exponent_class_max_fraction = 1.0;
 };
 
 struct DecodeLimits {

@@ -369,11 +369,14 @@ void EncodeChange(rc::RangeEncoder& enc, Model& m, ClassState& s, int cls, uint6
 
 template <typename T>
 void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
-             const std::vector<uint32_t>& positions, Scratch* scratch, std::vector<uint8_t>* out) {
+             const std::vector<uint32_t>& positions, double max_class_fraction, Scratch* scratch,
+             std::vector<uint8_t>* out) {
   const bool is_float = DTypeIsFloat(dtype) && DTypeSize(dtype) == sizeof(T);
   const ExponentField f = is_float ? ExponentOf(dtype) : ExponentField{};
   int e_lo = 0, k = 1;
-  ChooseClasses<T>(f, parent, n, positions, &e_lo, &k);
+  if (static_cast<double>(positions.size()) <= max_class_fraction * static_cast<double>(n)) {
+    ChooseClasses<T>(f, parent, n, positions, &e_lo, &k);
+  }
 
   const size_t at = out->size();
   out->resize(at + 11);
@@ -644,9 +647,10 @@ bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, siz
 }
 
 void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* data, size_t n,
-            const std::vector<uint32_t>& positions, Scratch* scratch, std::vector<uint8_t>* out) {
+            const std::vector<uint32_t>& positions, double max_class_fraction, Scratch* scratch,
+            std::vector<uint8_t>* out) {
   elem::DispatchWidth(width, [&]<typename T>() {
-    EncodeT<T>(dtype, parent, data, n, positions, scratch, out);
+    EncodeT<T>(dtype, parent, data, n, positions, max_class_fraction, scratch, out);
   });
 }
 

@@ -44,8 +44,11 @@ bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, siz
 
 // Appends the body for the changes at `positions` (sorted, from FindChanges).
 // `dtype` decides float handling and exponent classes; width = DTypeSize(dtype) (1 for bytes).
+// Exponent classes are considered only when at most `max_class_fraction` of the elements
+// changed (they cost decode time per change; see EncodeOptions).
 void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* data, size_t n,
-            const std::vector<uint32_t>& positions, Scratch* scratch, std::vector<uint8_t>* out);
+            const std::vector<uint32_t>& positions, double max_class_fraction, Scratch* scratch,
+            std::vector<uint8_t>* out);
 
 // Writes parent with the body's changes applied into out (n elements of `width` bytes).
 // Corruption on any inconsistency; never reads or writes out of bounds.

@@ -11,17 +11,12 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "tests/core/test_util.h"
 
 namespace weightfs {
 namespace {
 
-TensorInfo Tensor(std::string name, DType dtype, std::vector<uint64_t> shape) {
-  TensorInfo t;
-  t.name = std::move(name);
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  return t;
-}
+using testing_util::Tensor;
 
 // A safetensors file: the prefix BuildSafetensorsHeader writes, then the data section (filled
 // with a byte pattern; the plan only looks at sizes).

@@ -13,19 +13,14 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "tests/core/test_util.h"
 
 namespace weightfs {
 namespace {
 
 constexpr uint64_t kChunkBytes = 16 << 10;
 
-TensorInfo Tensor(std::string name, DType dtype, std::vector<uint64_t> shape) {
-  TensorInfo t;
-  t.name = std::move(name);
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  return t;
-}
+using testing_util::Tensor;
 
 uint16_t Bf16(float f) {
   uint32_t u;

@@ -1,4 +1,5 @@
 #include "core/safetensors.h"
+#include "tests/core/test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -42,13 +43,7 @@ Expected<SafetensorsHeader> ParseBuilt(const std::vector<uint8_t>& prefix,
   return ParseSafetensorsHeader(prefix, prefix.size() + data_size);
 }
 
-TensorInfo Tensor(std::string name, DType dtype, std::vector<uint64_t> shape) {
-  TensorInfo t;
-  t.name = std::move(name);
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  return t;
-}
+using testing_util::Tensor;
 
 void ExpectSameTensors(const std::vector<TensorInfo>& got, const std::vector<TensorInfo>& want) {
   ASSERT_EQ(got.size(), want.size());
