@@ -70,8 +70,13 @@ generated sequences (--generate):
   --params N             parameters of the generated model (default 25M)
   --work-dir DIR         where to generate (default: a new directory under $TMPDIR or /tmp)
   --keep                 keep the generated files
-  --scenarios LIST       comma-separated subset of: rl-1e-6, rl-1e-5, rl-1e-4, multi-step,
-                         header-change, sft, fp32, optimizer (default: all)
+  --scenarios LIST       comma-separated subset of (default: all):
+                           rl-1e-6, rl-3e-6, rl-1e-5, rl-1e-4  one AdamW step at that lr (bf16)
+                           multi-step     ten steps at lr 1e-6 between the two versions
+                           header-change  a step in which a tensor and metadata are added
+                           sft            fifty steps at lr 2e-5 (dense changes)
+                           fp32           one step of fp32 weights (every element changes)
+                           optimizer      the optimizer-state blob (opaque bytes)
 )";
 
 struct Options {
@@ -456,6 +461,7 @@ std::vector<Scenario> AllScenarios(uint64_t params) {
   };
   std::vector<Scenario> s;
   s.push_back({"rl-1e-6", base(1e-6, 4), "v003", "v004", "model.safetensors"});
+  s.push_back({"rl-3e-6", base(3e-6, 4), "v003", "v004", "model.safetensors"});
   s.push_back({"rl-1e-5", base(1e-5, 4), "v003", "v004", "model.safetensors"});
   s.push_back({"rl-1e-4", base(1e-4, 4), "v003", "v004", "model.safetensors"});
   {
