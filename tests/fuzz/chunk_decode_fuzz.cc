@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/chunk_codec.h"
+#include "tests/fuzz/fuzz_input.h"
 #include "core/hash.h"
 
 namespace {
@@ -37,33 +38,8 @@ using weightfs::ChunkCodec;
 using weightfs::ErrorKind;
 using weightfs::PayloadInfo;
 
-void Check(bool condition) {
-  if (!condition) __builtin_trap();
-}
-
-class Reader {
- public:
-  Reader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
-  uint8_t U8() {
-    if (n_ == 0) return 0;
-    --n_;
-    return *p_++;
-  }
-  uint16_t U16() { return static_cast<uint16_t>(U8() | (U8() << 8)); }
-  std::span<const uint8_t> Take(size_t k) {
-    k = std::min(k, n_);
-    std::span<const uint8_t> s(p_, k);
-    p_ += k;
-    n_ -= k;
-    return s;
-  }
-  std::span<const uint8_t> Rest() { return Take(n_); }
-  bool empty() const { return n_ == 0; }
-
- private:
-  const uint8_t* p_;
-  size_t n_;
-};
+using weightfs::fuzz::Check;
+using weightfs::fuzz::Reader;
 
 void Set64(std::vector<uint8_t>& p, size_t at, uint64_t v) { std::memcpy(p.data() + at, &v, 8); }
 
