@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Configures and builds weightfs into BUILD_DIR (default: build/). Extra arguments go to cmake.
+# Configures and builds weightfs into BUILD_DIR (default: build/): every target, or only
+# TARGET when set. Extra arguments go to cmake.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
-cmake --build "$build" -j "$(nproc)"
+cmake --build "$build" -j "$(nproc)" ${TARGET:+--target "$TARGET"}

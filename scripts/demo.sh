@@ -4,6 +4,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
-"$root/scripts/build.sh"
+TARGET=weightfs "$root/scripts/build.sh"
 "$root/build/tools/weightfs" bench codec --generate --params "${PARAMS:-25M}" \
   --scenarios "${SCENARIOS:-rl-1e-6,rl-3e-6,header-change,sft}"

@@ -63,8 +63,9 @@ options:
   --json                 one JSON object per pair on stdout instead of tables
   --threads N            threads for "all threads" (default: all cores)
   --chunk-size SIZE      chunk size (default 4MiB)
-  --zstd19 MODE          when to run zstd -19 --patch-from (slow, ~1 MB/s): sparse (pairs under
-                         30% changed, default), all, or none
+  --zstd19 MODE          when to run zstd -19 --long=31 --patch-from (slow, ~1 MB/s): sparse
+                         (pairs under 30% changed, default), all, or none
+  --zstd19-max-size SIZE skip it for files larger than this (default 256MiB, ~5 min each)
   --no-zstd              skip every zstd CLI baseline
 generated sequences (--generate):
   --params N             parameters of the generated model (default 25M)
@@ -84,6 +85,7 @@ struct Options {
   size_t threads = 0;
   uint64_t chunk_bytes = kDefaultChunkBytes;
   std::string zstd19 = "sparse";
+  uint64_t zstd19_max_size = 256ull << 20;
   bool no_zstd = false;
 };
 
@@ -352,7 +354,12 @@ Expected<PairReport> BenchPair(const std::string& name, const std::string& old_p
       r.zstd3_patch_enc = mb / p3.seconds;
     }
     std::remove(z.c_str());
-    const bool run19 = opt.zstd19 == "all" || (opt.zstd19 == "sparse" && r.changed_fraction < 0.30);
+    const bool run19 = (opt.zstd19 == "all" || (opt.zstd19 == "sparse" && r.changed_fraction < 0.30)) &&
+                       new_b.size() <= opt.zstd19_max_size;
+    if (!run19 && opt.zstd19 != "none" && new_b.size() > opt.zstd19_max_size) {
+      std::fprintf(stderr, "weightfs: %s is larger than --zstd19-max-size; zstd -19 --patch-from skipped\n",
+                   new_path.c_str());
+    }
     if (run19) {
       auto p19 = RunTimed({"zstd", "-19", "--long=31", "-T1", "-q", "-f", "-c", patch_from, new_path}, z);
       if (p19.ok) {
@@ -514,7 +521,10 @@ int RunGenerated(const ArgParser& args, const Options& opt) {
     s.gen.out_dir = work + "/" + s.name;
     std::error_code ec;
     fs::remove_all(s.gen.out_dir, ec);
-    if (!opt.json) std::fprintf(stderr, "generating %s (%s params)...\n", s.name.c_str(), FormatBytes(static_cast<double>(params)).c_str());
+    if (!opt.json) {
+      std::fprintf(stderr, "generating %s (%.1fM parameters)...\n", s.name.c_str(),
+                   static_cast<double>(params) / 1e6);
+    }
     Progress progress("generating " + s.name, 1);
     auto gen = GenerateCheckpoints(s.gen, [&](uint64_t done, uint64_t total) {
       progress = Progress("generating " + s.name, total);
@@ -607,7 +617,8 @@ int RunDirectories(const std::string& old_dir, const std::string& new_dir, const
 }  // namespace
 
 int BenchCodecMain(int argc, char** argv) {
-  ArgParser args({"--threads", "--chunk-size", "--zstd19", "--params", "--work-dir", "--scenarios"},
+  ArgParser args({"--threads", "--chunk-size", "--zstd19", "--zstd19-max-size", "--params",
+                  "--work-dir", "--scenarios"},
                  {"--json", "--generate", "--keep", "--no-zstd", "--help", "-h"});
   if (Status s = args.Parse(argc, argv, 1); !s.ok()) return Fail(s);
   if (args.Has("--help") || args.Has("-h")) {
@@ -620,6 +631,11 @@ int BenchCodecMain(int argc, char** argv) {
   opt.zstd19 = args.GetOr("--zstd19", "sparse");
   if (opt.zstd19 != "sparse" && opt.zstd19 != "all" && opt.zstd19 != "none") {
     return Fail("--zstd19 takes sparse, all or none");
+  }
+  if (auto m = args.Get("--zstd19-max-size")) {
+    auto v = ParseSize(*m);
+    if (!v.ok()) return Fail(v.status().WithContext("--zstd19-max-size"));
+    opt.zstd19_max_size = *v;
   }
   if (auto t = args.Get("--threads")) {
     auto v = ParseSize(*t);
