@@ -93,4 +93,30 @@ TEST(BenchCodecCommand, PairOfFilesAndBadArguments) {
   fs::remove_all(dir);
 }
 
+TEST(BenchCodecCommand, VersionDirectoriesPairFilesByNameAndReportATotal) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("wfs-bench-dirs-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  CommandResult gen = RunWeightfs("gen " + dir.string() +
+                                  " --params 2M --versions 1 --lr 1e-6 --shard-size 2MB");
+  ASSERT_EQ(gen.exit_code, 0) << gen.out;
+  CommandResult r = RunWeightfs("bench codec " + (dir / "v000").string() + " " +
+                                (dir / "v001").string() + " --json --no-zstd");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto rows = JsonLines(r.out);
+  ASSERT_GE(rows.size(), 3u) << r.out;  // two or more shards (+ config, index) and the total
+  const auto& total = rows.back();
+  EXPECT_EQ(total["name"], "total");
+  EXPECT_TRUE(total["exact"].get<bool>());
+  uint64_t delta = 0, bytes = 0;
+  for (size_t i = 0; i + 1 < rows.size(); ++i) {
+    delta += rows[i]["delta_bytes"].get<uint64_t>();
+    bytes += rows[i]["new_bytes"].get<uint64_t>();
+  }
+  EXPECT_EQ(total["delta_bytes"].get<uint64_t>(), delta);
+  EXPECT_EQ(total["new_bytes"].get<uint64_t>(), bytes);
+  EXPECT_LT(delta * 20, bytes);  // a 1e-6 step is a small fraction of the version
+  fs::remove_all(dir);
+}
+
 }  // namespace
