@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs, builds (warnings are errors) and runs every test:
 #   1. the GoogleTest suites through ctest (Release build);
-#   2. the core suite again under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   2. the core and hub suites again under AddressSanitizer + UndefinedBehaviorSanitizer;
 #   3. every libFuzzer target for FUZZ_SECONDS each (default 20), built with clang.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +16,7 @@ cmake --build "$root/build" -j "$jobs"
 echo "== build (ASan + UBSan)"
 cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEIGHTFS_WERROR=ON \
   -DWEIGHTFS_SANITIZE=ON >/dev/null
-cmake --build "$root/build-asan" -j "$jobs" --target core_tests
+cmake --build "$root/build-asan" -j "$jobs" --target core_tests hub_tests
 
 echo "== build (libFuzzer targets, clang)"
 cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEIGHTFS_WERROR=ON \
@@ -25,9 +25,11 @@ cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEIGH
 fuzz_targets=$(cd "$root/tests/fuzz" && ls *_fuzz.cc 2>/dev/null | sed 's/\.cc$//')
 for t in $fuzz_targets; do cmake --build "$root/build-fuzz" -j "$jobs" --target "$t"; done
 
-echo "== core tests under ASan + UBSan"
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 "$root/build-asan/tests/core_tests" \
-  --gtest_brief=1
+echo "== core and hub tests under ASan + UBSan"
+for suite in core_tests hub_tests; do
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 "$root/build-asan/tests/$suite" \
+    --gtest_brief=1
+done
 
 echo "== fuzzing (${fuzz_seconds}s per target)"
 for t in $fuzz_targets; do
