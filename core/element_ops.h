@@ -1,5 +1,6 @@
-// Element-level helpers shared by the codecs (internal to core/): unaligned loads and stores,
-// the order-preserving integer view of floats, zigzag, and dispatch on element width.
+// Element-level helpers shared by the codecs: unaligned loads and stores, the order-preserving
+// integer view of floats, zigzag, and dispatch on element width. Also used by the codec
+// benchmark, whose entropy floor must measure differences exactly as the codec forms them.
 // Pure inline functions; thread-safe.
 #pragma once
 

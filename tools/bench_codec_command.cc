@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/chunk_plan.h"
+#include "core/element_ops.h"
 #include "core/file_codec.h"
 #include "core/hash.h"
 #include "core/thread_pool.h"
@@ -134,20 +135,6 @@ struct PairStats {
   uint64_t unpaired_bytes = 0;       // chunks with no same-size parent chunk (counted as stored)
 };
 
-template <typename T>
-T LoadT(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-template <typename T>
-T OrdT(T u, bool is_float) {
-  constexpr T kSign = T(T(1) << (sizeof(T) * 8 - 1));
-  if (!is_float) return u;
-  return (u & kSign) ? T(~u) : T(u | kSign);
-}
-
 PairStats ComputePairStats(std::span<const uint8_t> old_file, std::span<const uint8_t> new_file,
                            const EncodedFile& delta) {
   PairStats st;
@@ -167,19 +154,14 @@ PairStats ComputePairStats(std::span<const uint8_t> old_file, std::span<const ui
     if (c.encoding == ChunkEncoding::kSame) continue;
     auto scan = [&]<typename T>() {
       for (uint64_t i = 0; i < n; ++i) {
-        const T x = LoadT<T>(a + i * sizeof(T)), y = LoadT<T>(b + i * sizeof(T));
+        const T x = elem::Load<T>(a + i * sizeof(T)), y = elem::Load<T>(b + i * sizeof(T));
         if (x == y) continue;
         ++changed_total;
-        const T d = T(OrdT(y, is_float) - OrdT(x, is_float));
+        const T d = T(elem::ToOrd(y, is_float) - elem::ToOrd(x, is_float));
         ++hist[(uint64_t{sizeof(T)} << 56) ^ uint64_t(d)];
       }
     };
-    switch (width) {
-      case 2: scan.template operator()<uint16_t>(); break;
-      case 4: scan.template operator()<uint32_t>(); break;
-      case 8: scan.template operator()<uint64_t>(); break;
-      default: scan.template operator()<uint8_t>(); break;
-    }
+    elem::DispatchWidth(width, scan);
   }
   st.changed = changed_total;
   for (const auto& [key, count] : hist) {
