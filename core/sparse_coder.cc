@@ -474,16 +474,21 @@ struct OutputWriter {
   size_t done = 0;  // elements [0, done) are written
   bool is_float;
 
+  // Copies the parent's elements [done, end).
+  void CopyTo(size_t end) {
+    if (end > done) std::memcpy(out + done * sizeof(T), parent + done * sizeof(T), (end - done) * sizeof(T));
+    done = end;
+  }
+  // Adds d to the already copied element at pos (REQUIRES: pos < done).
+  void Patch(size_t pos, T d) {
+    uint8_t* slot = out + pos * sizeof(T);
+    Store<T>(slot, elem::FromOrd(T(elem::ToOrd(Load<T>(slot), is_float) + d), is_float));
+  }
   void Change(size_t pos, T d) {
-    if (pos > done) std::memcpy(out + done * sizeof(T), parent + done * sizeof(T), (pos - done) * sizeof(T));
-    const T old_v = Load<T>(parent + pos * sizeof(T));
-    Store<T>(out + pos * sizeof(T), elem::FromOrd(T(elem::ToOrd(old_v, is_float) + d), is_float));
-    done = pos + 1;
+    CopyTo(pos + 1);
+    Patch(pos, d);
   }
-  void Finish() {
-    if (n > done) std::memcpy(out + done * sizeof(T), parent + done * sizeof(T), (n - done) * sizeof(T));
-    done = n;
-  }
+  void Finish() { CopyTo(n); }
 };
 
 template <typename T>
@@ -579,29 +584,17 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
     // Apply in position order: walk the bitmap of changed positions; each position's class
     // (from the class array) says which class list holds its difference, and within a class
     // the differences are in position order. One forward sweep over the output.
-    // Blocks are copied whole (a fixed 64-element copy the compiler inlines) and patched.
     uint64_t head[kMaxClasses];
     std::copy(class_start, class_start + k, head);
-    constexpr size_t kBlockBytes = 64 * sizeof(T);
+    // A changed block is copied whole, then patched: one copy per changed block.
     for (size_t w = 0; w < changed.size(); ++w) {
       uint64_t bits = changed[w];
       if (bits == 0) continue;
       const size_t first = w * 64;
-      if (first > writer.done) {
-        std::memcpy(out + writer.done * sizeof(T), parent + writer.done * sizeof(T),
-                    (first - writer.done) * sizeof(T));
-      }
-      if (first + 64 <= n) {
-        std::memcpy(out + first * sizeof(T), parent + first * sizeof(T), kBlockBytes);
-      } else {
-        std::memcpy(out + first * sizeof(T), parent + first * sizeof(T), (n - first) * sizeof(T));
-      }
-      writer.done = std::min(first + 64, n);
+      writer.CopyTo(std::min(first + 64, n));
       for (; bits != 0; bits &= bits - 1) {
         const size_t pos = first + static_cast<size_t>(std::countr_zero(bits));
-        const T d = static_cast<T>(diffs[head[classes[pos]]++]);
-        uint8_t* slot = out + pos * sizeof(T);
-        Store<T>(slot, elem::FromOrd(T(elem::ToOrd(Load<T>(slot), is_float) + d), is_float));
+        writer.Patch(pos, static_cast<T>(diffs[head[classes[pos]]++]));
       }
     }
   }
