@@ -509,8 +509,7 @@ int RunGenerated(const ArgParser& args, const Options& opt) {
     }
     Progress progress("generating " + s.name, 1);
     auto gen = GenerateCheckpoints(s.gen, [&](uint64_t done, uint64_t total) {
-      progress = Progress("generating " + s.name, total);
-      progress.Update(done);
+      progress.Update(done, total);
     });
     progress.Finish();
     if (!gen.ok()) return Fail(gen.status().WithContext("generating " + s.name));

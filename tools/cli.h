@@ -49,6 +49,11 @@ class Progress {
  public:
   Progress(std::string label, uint64_t total);
   void Update(uint64_t done);
+  // For work whose total is only known once it runs.
+  void Update(uint64_t done, uint64_t total) {
+    total_ = total;
+    Update(done);
+  }
   void Finish();
 
  private:
