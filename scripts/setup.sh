@@ -10,18 +10,29 @@ PACKAGES=(
   libcurl4-openssl-dev libssl-dev                            # buckets over HTTP/S3; SHA-256
   nlohmann-json3-dev libspdlog-dev libxxhash-dev libgtest-dev
   python3 python3-numpy                                      # test readers
+  nginx-extras                                               # WebDAV server for the http:// store tests
+  nodejs                                                     # runs s3rver (npm comes with the machine's Node.js)
 )
+S3RVER_VERSION=3.7.1
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+install_s3rver() {
+  if ! command -v s3rver >/dev/null 2>&1; then
+    echo "weightfs setup: installing s3rver@$S3RVER_VERSION from npm" >&2
+    $SUDO npm install -g --silent --no-audit --no-fund "s3rver@$S3RVER_VERSION" >/dev/null
+  fi
+}
 if ((${#missing[@]} == 0)); then
+  install_s3rver
   exit 0
 fi
 echo "weightfs setup: installing ${missing[*]}" >&2
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+install_s3rver

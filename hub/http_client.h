@@ -1,0 +1,112 @@
+// HttpClient: the one libcurl layer under every HTTP-speaking store (WebDAV, S3, Hugging Face).
+//
+// What it owns: connection reuse (a pool of curl easy handles sharing DNS/TLS-session caches),
+// connect and transfer timeouts (a stalled transfer is cut by a low-speed limit, so nothing
+// hangs), and retries with exponential backoff and full jitter on 5xx, 429 (honouring
+// Retry-After), connection resets and timeouts — for requests the caller marks idempotent only.
+// TLS verification is always on.
+//
+// Credentials: request headers named in `sensitive_headers` (Authorization, x-amz-security-token,
+// ...) and URL query strings are never logged nor put into error messages; errors name the
+// method, the URL without its query, the HTTP status and the first bytes of the server's body.
+//
+// Thread-safe: any number of threads may call Send concurrently; up to
+// `max_connections` requests are in flight at once (callers beyond that wait for a handle).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+
+namespace weightfs {
+
+struct HttpOptions {
+  std::chrono::milliseconds connect_timeout{10'000};
+  // A transfer slower than `low_speed_bytes_per_s` for `stall_timeout` is aborted (and retried
+  // if idempotent). This bounds a stalled server without capping large transfers.
+  std::chrono::milliseconds stall_timeout{30'000};
+  uint64_t low_speed_bytes_per_s = 1024;
+  // Upper bound on one attempt, whatever its speed (0: none).
+  std::chrono::milliseconds request_timeout{0};
+  int max_attempts = 6;  // total tries of an idempotent request (1 = no retry)
+  std::chrono::milliseconds backoff_base{100};  // delay before retry k: rand(0, base * 2^k)
+  std::chrono::milliseconds backoff_max{10'000};
+  // Overall budget for one Send including retries and backoff; when exceeded the last error
+  // is returned (kind Timeout if it was a timeout).
+  std::chrono::milliseconds total_timeout{120'000};
+  size_t max_connections = 16;
+  std::string user_agent = "weightfs/0.1";
+};
+
+using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
+
+struct HttpRequest {
+  std::string method = "GET";  // GET HEAD PUT POST DELETE PROPFIND MOVE ...
+  std::string url;             // absolute, already percent-encoded
+  HttpHeaders headers;
+  std::span<const uint8_t> body;  // must stay valid during Send
+  bool idempotent = true;         // false: never retried after the request may have reached the server
+  // Headers whose values must never appear in logs or errors (case-insensitive names).
+  // "authorization" is always treated as sensitive.
+  std::vector<std::string> sensitive_headers;
+  // Optional: called before each attempt (including retries) to (re)compute headers that
+  // depend on the time, e.g. request signatures. May add to `headers`.
+  std::function<void(HttpRequest&)> sign;
+};
+
+struct HttpResponse {
+  long status = 0;
+  HttpHeaders headers;  // names lower-cased
+  std::vector<uint8_t> body;
+  // Value of the first header named `name` (lower-case), or "".
+  std::string_view Header(std::string_view name) const;
+};
+
+// Transport counters (for `--stats`): every attempt counts, retries included.
+struct HttpStats {
+  std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> retries{0};
+  std::atomic<uint64_t> bytes_sent{0};      // request bodies
+  std::atomic<uint64_t> bytes_received{0};  // response bodies
+};
+
+class HttpClient {
+ public:
+  explicit HttpClient(HttpOptions options = {});
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  // Performs the request, retrying as described above. Any HTTP status is a successful Send
+  // (the caller interprets 404, 412...), except statuses that are retried and still failing
+  // after the last attempt (5xx, 429), which come back as IOError (or Timeout).
+  // Transport failures: Timeout for timeouts, IOError otherwise, message without credentials.
+  Expected<HttpResponse> Send(HttpRequest request);
+
+  const HttpStats& stats() const { return stats_; }
+  const HttpOptions& options() const { return options_; }
+
+ private:
+  struct Pool;
+  HttpOptions options_;
+  HttpStats stats_;
+  std::unique_ptr<Pool> pool_;
+};
+
+// Maps a final HTTP status to a Status kind: 404 -> NotFound, 401/403 -> Auth, 409/412 ->
+// Conflict, 408/504 -> Timeout, other >= 400 -> IOError. `what` names the operation and key.
+Status HttpStatusError(long status, std::string_view what, std::string_view server_message);
+
+// Percent-encodes everything outside RFC 3986's unreserved set; '/' is kept when keep_slash.
+std::string UrlEncode(std::string_view s, bool keep_slash);
+
+}  // namespace weightfs
