@@ -29,7 +29,7 @@
 #include "tools/checkpoint_generator.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
-#include "tools/mapped_file.h"
+#include "hub/mapped_file.h"
 
 extern char** environ;
 

@@ -2,9 +2,13 @@
 // returns the process exit code (0 ok, 1 failure, 2 usage error).
 #pragma once
 
+#include <string>
+
 namespace weightfs::cli {
 
 int GenMain(int argc, char** argv);         // weightfs gen
 int BenchCodecMain(int argc, char** argv);  // weightfs bench codec
+// init, push, pull, cat, log, verify, gc; returns -1 if `command` is none of them.
+int BucketMain(const std::string& command, int argc, char** argv);
 
 }  // namespace weightfs::cli

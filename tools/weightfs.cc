@@ -12,6 +12,13 @@ constexpr const char* kUsage = R"(weightfs - a FUSE filesystem for versioned mod
 usage: weightfs <command> [options]
 
 commands:
+  init         make a directory, WebDAV server or S3 bucket a weightfs bucket
+  push         encode files as a new version (deltas against its parent) and publish it
+  pull         materialize a version into a directory (verified by SHA-256)
+  cat          write a file of a version, or a byte range of it, to stdout
+  log          list versions: parent, size, stored bytes, ratio, % changed
+  verify       re-derive every chunk of a version from the bucket and check every hash
+  gc           remove unreferenced packs; retire old versions
   gen          generate a realistic checkpoint sequence (safetensors shards) for tests and demos
   bench codec  measure the delta codec against zstd, zstd --patch-from and the entropy floor
 
@@ -31,6 +38,7 @@ int main(int argc, char** argv) {
     std::puts("weightfs 0.1.0");
     return 0;
   }
+  if (int rc = weightfs::cli::BucketMain(cmd, argc - 1, argv + 1); rc >= 0) return rc;
   if (cmd == "gen") return weightfs::cli::GenMain(argc - 1, argv + 1);
   if (cmd == "bench") {
     if (argc >= 3 && std::string(argv[2]) == "codec") {

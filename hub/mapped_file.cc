@@ -1,4 +1,4 @@
-#include "tools/mapped_file.h"
+#include "hub/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

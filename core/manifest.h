@@ -1,0 +1,149 @@
+// Manifest: the description of one published version — its files, their chunks, and for every
+// chunk the recipe that materializes it from the bucket's packs.
+//
+// A recipe is one payload (FULL/RAW, or a delta) in a pack. A delta's base is the chunk with the
+// same file path and ChunkKey in an older version named by `base` (an index into `versions`);
+// that version's manifest holds the base's own recipe, and so on back to a keyframe. A chunk
+// that did not change inherits its parent's recipe unchanged (origin != 0), so a version costs
+// only its changed chunks, and a chain never needs more manifests than its depth.
+//
+// Format 1 (JSON, stored zstd-compressed when large; readers accept both):
+//   {"format": 1, "model": "acme/qwen", "version": "step-2", "parent": "step-1" | null,
+//    "created": "2026-12-02T13:00:00.000Z", "chunk_bytes": 4194304,
+//    "versions": ["step-2", "step-1", ...],   // [0] is this version; recipes index into it
+//    "packs": ["<32 hex>", ...],              // every pack a recipe here points into
+//    "stats": {"logical_bytes": N, "stored_bytes": N, "changed_elements": N, "elements": N},
+//    "files": [{"path": "model.safetensors", "size": N, "sha256": "<64 hex>",
+//               "chunks": [[tensor, index, offset, length, hash, encoding, pack, pack_offset,
+//                           pack_length, origin, base, depth, chain_bytes, keyframe_bytes], ...]}]}
+// Chunk rows are arrays: at 10^5..10^6 chunks per version the manifest must stay small and fast.
+//
+// Validation (ParseManifest) trusts nothing: names (no escapes, see ValidateModelName /
+// ValidateVersionName / ValidateFilePath), chunks tiling each file exactly, indices in range,
+// lengths capped, depth decreasing along a chain (a cycle cannot pass that check).
+//
+// Values, no I/O; functions are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/chunk_codec.h"
+#include "core/chunk_plan.h"
+#include "core/hash.h"
+#include "core/status.h"
+
+namespace weightfs {
+
+inline constexpr int kManifestFormat = 1;
+
+struct PayloadRef {
+  uint32_t pack = 0;     // index into Manifest::packs
+  uint64_t offset = 0;   // byte offset of the payload in the pack
+  uint64_t length = 0;   // payload bytes
+};
+
+struct ManifestChunk {
+  ChunkKey key;
+  uint64_t offset = 0;  // in the file
+  uint64_t length = 0;
+  Hash128 hash;         // of the materialized bytes
+  ChunkEncoding encoding = ChunkEncoding::kFull;  // of the payload; never kSame here
+  PayloadRef ref;
+  uint32_t origin = 0;  // version (index into versions) that wrote the payload; 0 = this one
+  uint32_t base = 0;    // for deltas: version holding the base chunk (same path and key)
+  uint32_t depth = 0;   // deltas since the keyframe (0 for FULL/RAW)
+  uint64_t chain_bytes = 0;     // payload bytes of those deltas, this one included
+  uint64_t keyframe_bytes = 0;  // payload bytes of the keyframe the chain starts at
+  bool is_delta() const {
+    return encoding == ChunkEncoding::kSparse || encoding == ChunkEncoding::kDense ||
+           encoding == ChunkEncoding::kPatch;
+  }
+};
+
+struct ManifestFile {
+  std::string path;  // relative, '/'-separated
+  uint64_t size = 0;
+  std::string sha256;
+  std::vector<ManifestChunk> chunks;  // tile [0, size) in order
+  // Index of the chunk with this key, or nullopt.
+  std::optional<size_t> FindChunk(const ChunkKey& key) const;
+  // Index of the chunk containing byte `offset`. REQUIRES: offset < size.
+  size_t ChunkAt(uint64_t offset) const;
+};
+
+struct ManifestStats {
+  uint64_t logical_bytes = 0;     // sum of file sizes
+  uint64_t stored_bytes = 0;      // payload bytes this version wrote (origin == 0)
+  uint64_t changed_elements = 0;  // elements (bytes for opaque data) that differ from the parent
+  uint64_t elements = 0;
+  double changed_fraction() const {
+    return elements ? static_cast<double>(changed_elements) / static_cast<double>(elements) : 0;
+  }
+};
+
+struct Manifest {
+  std::string model;
+  std::string version;
+  std::optional<std::string> parent;
+  std::string created;     // RFC 3339 UTC with milliseconds
+  int64_t created_ms = 0;  // Unix milliseconds, derived from `created` on parse
+  uint64_t chunk_bytes = kDefaultChunkBytes;
+  std::vector<std::string> versions;  // [0] == version
+  std::vector<Hash128> packs;
+  ManifestStats stats;
+  std::vector<ManifestFile> files;  // sorted by path
+
+  const ManifestFile* FindFile(std::string_view path) const;
+  // Index of `name` in versions, adding it if absent.
+  uint32_t VersionIndex(const std::string& name);
+  uint32_t PackIndex(const Hash128& pack);
+};
+
+// Serialized manifest bytes (compressed with zstd when the JSON exceeds 64 KiB).
+std::vector<uint8_t> SerializeManifest(const Manifest& manifest);
+// Parses and validates. `expected_model`/`expected_version` (when non-empty) must match what
+// the manifest says about itself (a manifest copied under another key is rejected).
+Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes,
+                                 std::string_view expected_model = {},
+                                 std::string_view expected_version = {});
+
+// Names. A model is '/'-separated components of [A-Za-z0-9._-] (not "." or ".."), at most 256
+// bytes; a version is one such component, at most 128 bytes; a file path is like a model name
+// plus '@', '=' and '+' allowed, at most 1024 bytes. Each returns InvalidArgument naming the rule.
+Status ValidateModelName(std::string_view model);
+Status ValidateVersionName(std::string_view version);
+Status ValidateFilePath(std::string_view path);
+
+// "model@version" split at the last '@'; validated.
+struct VersionRef {
+  std::string model;
+  std::string version;  // may be empty when allowed by the caller ("model" alone)
+};
+Expected<VersionRef> ParseVersionRef(std::string_view text, bool version_required);
+
+// When a chunk must become a keyframe instead of one more delta.
+struct KeyframePolicy {
+  // A delta chain may hold at most this multiple of its keyframe's bytes. It bounds what a
+  // cold read fetches for a chunk: keyframe + chain <= (1 + ratio) x keyframe.
+  double max_chain_ratio = 1.0;
+  // ... and at most this many deltas (bounds the decode work of a cold read).
+  uint32_t max_depth = 64;
+
+  bool NeedsKeyframe(const ManifestChunk& parent, uint64_t delta_bytes) const {
+    return parent.depth + 1 > max_depth ||
+           static_cast<double>(parent.chain_bytes + delta_bytes) >
+               max_chain_ratio * static_cast<double>(parent.keyframe_bytes);
+  }
+};
+
+// RFC 3339 UTC ("2026-12-02T13:00:00.123Z") of Unix milliseconds, and back (the fraction is
+// optional on input).
+std::string FormatUtc(int64_t unix_ms);
+Expected<int64_t> ParseUtc(std::string_view text);
+
+}  // namespace weightfs

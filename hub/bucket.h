@@ -1,0 +1,71 @@
+// Bucket: the weightfs layout (format 1, ../shared/DESIGN.md "Bucket layout") on top of a Store.
+//
+//   weightfs.json                            {"format": 1}
+//   models/<model>/versions/<version>.json   one manifest per published version, created once
+//   packs/<32 hex>                           immutable packs of chunk payloads (named by XXH3-128)
+//   leases/<id>.json                         pushes in progress (gc leaves their packs alone)
+//
+// Manifests are immutable once published, so the Bucket keeps the ones it has read in memory
+// (bounded by count) and hands out shared pointers to them.
+//
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/manifest.h"
+#include "hub/store.h"
+
+namespace weightfs {
+
+struct VersionInfo {
+  std::string model;
+  std::string version;
+};
+
+class Bucket {
+ public:
+  // Writes weightfs.json unless the bucket already has one (then checks its format).
+  static Status Init(Store& store);
+  // Checks weightfs.json; a bucket without one gets an error that says to run `weightfs init`.
+  static Expected<std::unique_ptr<Bucket>> Open(std::shared_ptr<Store> store);
+
+  Store& store() { return *store_; }
+  std::string Describe() const { return store_->Describe(); }
+
+  // Every published version, optionally of one model (and its sub-organisation), sorted by
+  // model then version name.
+  Expected<std::vector<VersionInfo>> ListVersions(std::string_view model = {});
+  // Parsed, validated manifest (NotFound naming model@version if absent).
+  Expected<std::shared_ptr<const Manifest>> ReadManifest(std::string_view model,
+                                                         std::string_view version);
+  // Publishes a manifest with create-if-absent: Conflict if the version exists.
+  Status PublishManifest(const Manifest& manifest);
+  // The newest version (by creation time, then name) of `model`, or NotFound.
+  Expected<std::shared_ptr<const Manifest>> Latest(std::string_view model);
+
+  static std::string ManifestKey(std::string_view model, std::string_view version);
+  static std::string PackKey(const Hash128& pack) { return "packs/" + pack.ToHex(); }
+  static constexpr const char* kMarkerKey = "weightfs.json";
+  static constexpr const char* kLeasePrefix = "leases/";
+
+ private:
+  explicit Bucket(std::shared_ptr<Store> store) : store_(std::move(store)) {}
+
+  std::shared_ptr<Store> store_;
+  std::mutex mu_;  // guards the manifest cache; never held across store calls
+  std::map<std::string, std::shared_ptr<const Manifest>> manifests_;
+  std::list<std::string> manifest_order_;  // insertion order, for bounding the cache
+  static constexpr size_t kMaxCachedManifests = 256;
+};
+
+// Lists every key under `prefix`, following continuations.
+Expected<std::vector<ObjectInfo>> ListAll(Store& store, std::string_view prefix);
+
+}  // namespace weightfs

@@ -1,0 +1,222 @@
+#include "hub/chunk_cache.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <random>
+
+#include <spdlog/spdlog.h>
+
+namespace weightfs {
+namespace {
+
+namespace fs = std::filesystem;
+
+Status Errno(int err, const std::string& what) {
+  std::string m = what + ": " + std::strerror(err);
+  if (err == ENOSPC || err == EDQUOT) return Status::ResourceExhausted(m);
+  if (err == ENOENT) return Status::NotFound(m);
+  return Status::IOError(m);
+}
+
+struct Entry {
+  int64_t mtime_ns;
+  uint64_t size;
+  std::string path;
+};
+
+// Every chunk file under `dir` (skipping .tmp and .lock).
+std::vector<Entry> Scan(const std::string& dir) {
+  std::vector<Entry> entries;
+  DIR* top = ::opendir(dir.c_str());
+  if (!top) return entries;
+  while (dirent* d = ::readdir(top)) {
+    if (d->d_name[0] == '.' || std::strlen(d->d_name) != 2) continue;
+    std::string sub = dir + "/" + d->d_name;
+    DIR* inner = ::opendir(sub.c_str());
+    if (!inner) continue;
+    while (dirent* e = ::readdir(inner)) {
+      if (e->d_name[0] == '.') continue;
+      std::string path = sub + "/" + e->d_name;
+      struct stat st;
+      if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      entries.push_back({static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+                         static_cast<uint64_t>(st.st_size), std::move(path)});
+    }
+    ::closedir(inner);
+  }
+  ::closedir(top);
+  return entries;
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<ChunkCache>> ChunkCache::Open(const std::string& dir, uint64_t max_bytes) {
+  std::error_code ec;
+  const std::string chunks = dir + "/chunks";
+  fs::create_directories(chunks + "/.tmp", ec);
+  if (ec) {
+    return Status::IOError("cannot create cache directory " + chunks + ": " + ec.message() +
+                           " (choose another with --cache-dir)");
+  }
+  std::unique_ptr<ChunkCache> cache(new ChunkCache(chunks, max_bytes));
+  uint64_t total = 0;
+  for (const Entry& e : Scan(chunks)) total += e.size;
+  cache->total_ = total;
+  // Leftovers of inserts killed midway.
+  for (const auto& f : fs::directory_iterator(chunks + "/.tmp", ec)) {
+    struct stat st;
+    if (::stat(f.path().c_str(), &st) == 0 && st.st_mtime < ::time(nullptr) - 3600) {
+      ::unlink(f.path().c_str());
+    }
+  }
+  if (total > max_bytes) WFS_TRY(cache->EvictTo(max_bytes / 10 * 9));
+  return cache;
+}
+
+std::string ChunkCache::PathOf(const Hash128& hash) const {
+  std::string hex = hash.ToHex();
+  return dir_ + "/" + hex.substr(0, 2) + "/" + hex;
+}
+
+bool ChunkCache::Contains(const Hash128& hash) const {
+  return ::access(PathOf(hash).c_str(), F_OK) == 0;
+}
+
+bool ChunkCache::Get(const Hash128& hash, std::vector<uint8_t>* out) {
+  const std::string path = PathOf(hash);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    stats_.misses++;
+    return false;
+  }
+  struct stat st;
+  bool ok = ::fstat(fd, &st) == 0;
+  if (ok) {
+    out->resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    while (done < out->size()) {
+      ssize_t n = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
+      if (n <= 0) {
+        if (n < 0 && errno == EINTR) continue;
+        ok = false;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  if (ok && HashChunk(*out) != hash) {
+    spdlog::warn("cache entry {} is corrupt; dropping it", path);
+    stats_.corrupt++;
+    if (::unlink(path.c_str()) == 0) total_ -= std::min<uint64_t>(total_, st.st_size);
+    ok = false;
+  }
+  if (ok) {
+    // LRU: refresh the mtime, at most once a minute per entry (a hot chunk must not turn
+    // every read into a metadata write).
+    if (st.st_mtime < ::time(nullptr) - 60) ::futimens(fd, nullptr);
+    stats_.hits++;
+  } else {
+    stats_.misses++;
+  }
+  ::close(fd);
+  return ok;
+}
+
+Status ChunkCache::WriteEntry(const Hash128& hash, std::span<const uint8_t> bytes) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = dir_ + "/.tmp/" + hash.ToHex() + "." + std::to_string(::getpid()) + "." +
+                          std::to_string(counter.fetch_add(1));
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno(errno, "cache insert " + tmp);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return Errno(err, "cache insert " + tmp);
+    }
+    done += static_cast<size_t>(n);
+  }
+  // No fsync: a torn entry after a crash fails verification and is dropped, which is cheaper
+  // than an fsync per chunk.
+  ::close(fd);
+  const std::string path = PathOf(hash);
+  std::string sub = path.substr(0, path.rfind('/'));
+  ::mkdir(sub.c_str(), 0755);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Errno(err, "cache insert " + path);
+  }
+  return Status::Ok();
+}
+
+Status ChunkCache::Put(const Hash128& hash, std::span<const uint8_t> bytes) {
+  if (bytes.size() > max_bytes_) return Status::Ok();
+  if (Contains(hash)) return Status::Ok();
+  if (total_.load() + bytes.size() > max_bytes_) {
+    Status s = EvictTo(max_bytes_ / 10 * 9 > bytes.size() ? max_bytes_ / 10 * 9 - bytes.size() : 0);
+    if (!s.ok()) spdlog::warn("cache eviction failed: {}", s.ToString());
+  }
+  Status s = WriteEntry(hash, bytes);
+  if (s.kind() == ErrorKind::kResourceExhausted) {
+    // The disk is fuller than our budget assumed: make room and try once more.
+    uint64_t now = total_.load();
+    (void)EvictTo(now / 2);
+    s = WriteEntry(hash, bytes);
+  }
+  if (!s.ok()) {
+    spdlog::warn("chunk cache: {}", s.ToString());
+    return s;
+  }
+  total_ += bytes.size();
+  stats_.inserts++;
+  return Status::Ok();
+}
+
+Status ChunkCache::EvictTo(uint64_t target) {
+  std::lock_guard<std::mutex> lock(evict_mu_);
+  const std::string lock_path = dir_ + "/.lock";
+  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno(errno, "cache lock " + lock_path);
+  while (::flock(fd, LOCK_EX) != 0) {
+    if (errno != EINTR) {
+      int err = errno;
+      ::close(fd);
+      return Errno(err, "flock " + lock_path);
+    }
+  }
+  std::vector<Entry> entries = Scan(dir_);
+  uint64_t total = 0;
+  for (const Entry& e : entries) total += e.size;
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.mtime_ns < b.mtime_ns; });
+  size_t removed = 0;
+  for (const Entry& e : entries) {
+    if (total <= target) break;
+    if (::unlink(e.path.c_str()) == 0 || errno == ENOENT) {
+      total -= e.size;
+      ++removed;
+    }
+  }
+  total_ = total;
+  stats_.evictions += removed;
+  ::flock(fd, LOCK_UN);
+  ::close(fd);
+  if (removed) spdlog::debug("chunk cache: evicted {} entries, {} bytes remain", removed, total);
+  return Status::Ok();
+}
+
+}  // namespace weightfs

@@ -1,0 +1,131 @@
+#include "hub/version_reader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+
+#include "core/hash.h"
+
+namespace weightfs {
+namespace {
+
+Status WriteAll(int fd, std::span<const uint8_t> bytes, uint64_t offset, const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::pwrite(fd, bytes.data() + done, bytes.size() - done,
+                         static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      std::string m = "writing " + path + ": " + std::strerror(errno);
+      return errno == ENOSPC ? Status::ResourceExhausted(m) : Status::IOError(m);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ForEachChunk(Materializer& materializer, ThreadPool& pool, const Manifest& manifest,
+                    const ManifestFile& file,
+                    const std::function<Status(size_t, std::span<const uint8_t>)>& consume) {
+  const size_t window = std::max<size_t>(2, pool.size() * 2);
+  std::vector<std::optional<Expected<std::vector<uint8_t>>>> results(window);
+  for (size_t start = 0; start < file.chunks.size(); start += window) {
+    const size_t n = std::min(window, file.chunks.size() - start);
+    pool.ParallelFor(n, [&](size_t i, size_t) {
+      results[i].emplace(materializer.Chunk(manifest, file, start + i));
+    });
+    for (size_t i = 0; i < n; ++i) {
+      Expected<std::vector<uint8_t>>& r = *results[i];
+      if (!r.ok()) return r.status();
+      WFS_TRY(consume(start + i, *r));
+      results[i].reset();
+    }
+  }
+  return Status::Ok();
+}
+
+Status PullVersion(Materializer& materializer, ThreadPool& pool, const Manifest& manifest,
+                   const std::string& dest_dir, const ReadOptions& options) {
+  uint64_t total = manifest.stats.logical_bytes, done = 0;
+  for (const ManifestFile& file : manifest.files) {
+    const std::string final_path = dest_dir + "/" + file.path;
+    const std::string partial = final_path + ".weightfs-partial";
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(final_path).parent_path(), ec);
+    if (ec) return Status::IOError("creating the directory of " + final_path + ": " + ec.message());
+    int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::IOError("creating " + partial + ": " + std::strerror(errno));
+    Sha256 sha;
+    Status s = ForEachChunk(materializer, pool, manifest, file,
+                            [&](size_t i, std::span<const uint8_t> bytes) -> Status {
+                              WFS_TRY(WriteAll(fd, bytes, file.chunks[i].offset, partial));
+                              sha.Update(bytes);
+                              done += bytes.size();
+                              if (options.progress) options.progress(done, total);
+                              return Status::Ok();
+                            });
+    if (s.ok() && ::fsync(fd) != 0) s = Status::IOError("fsync " + partial + ": " + std::strerror(errno));
+    ::close(fd);
+    if (s.ok()) {
+      std::string got = sha.FinishHex();
+      if (got != file.sha256) {
+        s = Status::Corruption(manifest.model + "@" + manifest.version + " " + file.path +
+                               ": SHA-256 " + got + " does not match the manifest's " + file.sha256);
+      }
+    }
+    if (!s.ok()) {
+      ::unlink(partial.c_str());
+      return s;
+    }
+    if (::rename(partial.c_str(), final_path.c_str()) != 0) {
+      return Status::IOError("renaming " + partial + ": " + std::strerror(errno));
+    }
+  }
+  return Status::Ok();
+}
+
+Status VerifyVersion(Materializer& materializer, ThreadPool& pool, const Manifest& manifest,
+                     const ReadOptions& options) {
+  uint64_t total = manifest.stats.logical_bytes, done = 0;
+  for (const ManifestFile& file : manifest.files) {
+    Sha256 sha;
+    WFS_TRY(ForEachChunk(materializer, pool, manifest, file,
+                         [&](size_t, std::span<const uint8_t> bytes) -> Status {
+                           sha.Update(bytes);
+                           done += bytes.size();
+                           if (options.progress) options.progress(done, total);
+                           return Status::Ok();
+                         }));
+    std::string got = sha.FinishHex();
+    if (got != file.sha256) {
+      return Status::Corruption(manifest.model + "@" + manifest.version + " " + file.path +
+                                ": SHA-256 " + got + " does not match the manifest's " + file.sha256);
+    }
+  }
+  return Status::Ok();
+}
+
+Status ReadRange(Materializer& materializer, const Manifest& manifest, const ManifestFile& file,
+                 uint64_t offset, uint64_t length,
+                 const std::function<Status(std::span<const uint8_t>)>& sink) {
+  if (offset >= file.size) return Status::Ok();
+  const uint64_t end = offset + std::min(length, file.size - offset);
+  for (size_t i = file.ChunkAt(offset); i < file.chunks.size() && file.chunks[i].offset < end; ++i) {
+    const ManifestChunk& c = file.chunks[i];
+    WFS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, materializer.Chunk(manifest, file, i));
+    const uint64_t from = std::max(offset, c.offset) - c.offset;
+    const uint64_t to = std::min(end, c.offset + c.length) - c.offset;
+    WFS_TRY(sink(std::span<const uint8_t>(bytes).subspan(from, to - from)));
+  }
+  return Status::Ok();
+}
+
+}  // namespace weightfs

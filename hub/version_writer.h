@@ -1,0 +1,65 @@
+// PushVersion: encodes local files as a new version of a model and publishes it.
+//
+// Each file is planned into chunks (core/chunk_plan.h) and each chunk paired with the parent
+// version's chunk of the same file path and key. A chunk equal to its parent inherits the
+// parent's recipe and stores nothing; a changed one is delta-encoded against the parent's bytes
+// (taken from the chunk cache, or materialized from the bucket) unless the keyframe policy says
+// its chain is long enough, then it is stored FULL. Payloads go into packs uploaded in the
+// background while encoding continues. Publishing is last: a lease under leases/ first tells
+// `gc` that packs are being written, then the packs, then the manifest with create-if-absent.
+// A push that dies at any point leaves at most orphaned packs (gc removes them) and never a
+// visible partial version; two pushes of the same MODEL@VERSION: exactly one wins, the other
+// gets Conflict.
+//
+// Memory: one chunk and its payload per encode thread, plus at most `max_packs_in_flight`
+// packs. Chunks of the new version go into the cache so the next push or pull finds them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/chunk_codec.h"
+#include "core/manifest.h"
+#include "core/thread_pool.h"
+#include "hub/bucket.h"
+#include "hub/chunk_cache.h"
+
+namespace weightfs {
+
+struct PushFile {
+  std::string path;        // inside the version ("model-00001-of-00002.safetensors")
+  std::string local_path;  // file to read
+};
+
+struct PushOptions {
+  uint64_t chunk_bytes = kDefaultChunkBytes;
+  uint64_t pack_bytes = 32ull << 20;
+  size_t uploaders = 4;
+  size_t max_packs_in_flight = 4;
+  KeyframePolicy keyframes;
+  EncodeOptions encode;
+  bool cache_new_chunks = true;
+  // Called from worker threads (serialized) with logical bytes done and total.
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+struct PushResult {
+  std::shared_ptr<const Manifest> manifest;
+  size_t packs = 0;
+  uint64_t pack_bytes = 0;
+  uint64_t full_chunks = 0, delta_chunks = 0, same_chunks = 0;
+};
+
+// `parent` null: the version is a base (every chunk FULL). `pool` runs the encode loop.
+Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
+                                 const VersionRef& target,
+                                 std::shared_ptr<const Manifest> parent,
+                                 std::vector<PushFile> files, const PushOptions& options);
+
+// Lists `dir` recursively as PushFiles (paths relative to it, sorted); skips dot files.
+Expected<std::vector<PushFile>> FilesUnder(const std::string& dir);
+
+}  // namespace weightfs

@@ -1,0 +1,529 @@
+// weightfs init / push / pull / cat / log / verify / gc: the bucket engine without FUSE.
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "hub/bucket.h"
+#include "hub/chunk_cache.h"
+#include "hub/gc.h"
+#include "hub/materializer.h"
+#include "hub/open_store.h"
+#include "hub/version_reader.h"
+#include "hub/version_writer.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace weightfs::cli {
+namespace {
+
+constexpr const char* kBucketHelp = R"(
+BUCKET is a directory (path or file:///path), a WebDAV server (http://host:port/prefix,
+https://...) or an S3 bucket (s3://bucket/prefix; endpoint from --endpoint or
+AWS_ENDPOINT_URL, credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN
+or ~/.aws/credentials with AWS_PROFILE, region from --region or AWS_REGION).
+
+common options:
+  --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
+  --region NAME        S3 region                                        [us-east-1]
+  --timeout SECONDS    give up on a request (retries included) after this long   [120]
+  --log-level LEVEL    error, warn, info, debug                          [warn]
+  -h, --help           show this help
+)";
+
+constexpr const char* kCacheHelp = R"(  --cache-dir DIR      local chunk cache: version N cached makes N+1 cost only its deltas
+                       [$WEIGHTFS_CACHE_DIR or ~/.cache/weightfs]
+  --cache-size BYTES   bound on the cache (LRU eviction)                   [20GiB]
+  --no-cache           do not read or fill the cache
+  --threads N          parallel chunk workers (decode and fetch)            [8]
+  --stats              print requests made and bytes sent/received
+)";
+
+const std::vector<std::string> kCommonValues = {"--endpoint", "--region", "--timeout", "--log-level"};
+const std::vector<std::string> kCommonFlags = {"--help", "-h"};
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string DefaultCacheDir() {
+  if (const char* d = std::getenv("WEIGHTFS_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/weightfs";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/weightfs";
+  return "/tmp/weightfs-cache";
+}
+
+// Everything a bucket command needs, built from the common options.
+struct Context {
+  OpenedStore opened;
+  std::unique_ptr<Bucket> bucket;
+  std::unique_ptr<ChunkCache> cache;
+  std::unique_ptr<ThreadPool> pool;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  void PrintStats(const Materializer* m) const {
+    const StoreCounters& c = opened.store->counters();
+    std::fprintf(stderr,
+                 "stats: %llu requests (%llu GET, %llu PUT), received %llu bytes (%s), sent %llu "
+                 "bytes (%s)",
+                 (unsigned long long)c.requests.load(), (unsigned long long)c.gets.load(),
+                 (unsigned long long)c.puts.load(), (unsigned long long)c.bytes_received.load(),
+                 FormatBytes(static_cast<double>(c.bytes_received.load())).c_str(),
+                 (unsigned long long)c.bytes_sent.load(),
+                 FormatBytes(static_cast<double>(c.bytes_sent.load())).c_str());
+    if (opened.http) {
+      std::fprintf(stderr, ", %llu HTTP retries", (unsigned long long)opened.http->stats().retries.load());
+    }
+    if (m) {
+      const MaterializerStats& s = m->stats();
+      std::fprintf(stderr, "; chunks %llu (%llu from cache), payloads fetched %llu (%llu bytes), deltas applied %llu",
+                   (unsigned long long)s.chunks.load(), (unsigned long long)s.cache_hits.load(),
+                   (unsigned long long)s.payloads_fetched.load(),
+                   (unsigned long long)s.payload_bytes.load(),
+                   (unsigned long long)s.deltas_applied.load());
+    }
+    std::fprintf(stderr, "; %.2f s\n", Seconds());
+  }
+  double Seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+Status SetLogLevel(const ArgParser& args) {
+  std::string level = args.GetOr("--log-level", "warn");
+  auto l = spdlog::level::from_str(level);
+  if (l == spdlog::level::off && level != "off") {
+    return Status::InvalidArgument("--log-level expects error, warn, info or debug");
+  }
+  spdlog::set_level(l);
+  spdlog::set_pattern("weightfs %L: %v");
+  return Status::Ok();
+}
+
+Expected<Context> OpenContext(const ArgParser& args, const std::string& url, bool open_bucket,
+                              bool with_cache) {
+  WFS_TRY(SetLogLevel(args));
+  StoreOptions so;
+  so.s3_endpoint = args.GetOr("--endpoint", "");
+  so.s3_region = args.GetOr("--region", "");
+  if (auto t = args.Get("--timeout")) {
+    WFS_ASSIGN_OR_RETURN(double seconds, ParseDouble(*t));
+    so.http.total_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    so.http.stall_timeout = std::min(so.http.stall_timeout, so.http.total_timeout);
+    so.http.connect_timeout = std::min(so.http.connect_timeout, so.http.total_timeout);
+  }
+  Context ctx;
+  WFS_ASSIGN_OR_RETURN(ctx.opened, OpenStore(url, so));
+  if (open_bucket) {
+    WFS_ASSIGN_OR_RETURN(ctx.bucket, Bucket::Open(ctx.opened.store));
+  }
+  if (with_cache && !args.Has("--no-cache")) {
+    uint64_t size = 20ull << 30;
+    if (auto s = args.Get("--cache-size")) {
+    WFS_ASSIGN_OR_RETURN(size, ParseSize(*s));
+  }
+    WFS_ASSIGN_OR_RETURN(ctx.cache, ChunkCache::Open(args.GetOr("--cache-dir", DefaultCacheDir()), size));
+  }
+  size_t threads = 8;
+  if (auto t = args.Get("--threads")) {
+    WFS_ASSIGN_OR_RETURN(double n, ParseDouble(*t));
+    threads = std::max<size_t>(1, static_cast<size_t>(n));
+  }
+  ctx.pool = std::make_unique<ThreadPool>(threads);
+  return ctx;
+}
+
+// Parses args; prints help (returns 0) or a usage error (returns 2). nullopt: go on.
+std::optional<int> ParseOrHelp(ArgParser& args, int argc, char** argv, const std::string& help,
+                               size_t min_positionals, size_t max_positionals) {
+  Status s = args.Parse(argc, argv, 1);
+  if (args.Has("--help") || args.Has("-h")) {
+    std::fputs(help.c_str(), stdout);
+    return 0;
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "weightfs %s: %s\n", argv[0], s.message().c_str());
+    return 2;
+  }
+  if (args.positionals().size() < min_positionals || args.positionals().size() > max_positionals) {
+    std::fprintf(stderr, "weightfs %s: wrong number of arguments (see --help)\n", argv[0]);
+    return 2;
+  }
+  return std::nullopt;
+}
+
+std::function<void(uint64_t, uint64_t)> ProgressFn(const std::string& label,
+                                                   std::shared_ptr<Progress>* holder) {
+  *holder = std::make_shared<Progress>(label, 0);
+  Progress* p = holder->get();
+  return [p](uint64_t done, uint64_t total) { p->Update(done, total); };
+}
+
+std::string Ratio(uint64_t logical, uint64_t stored) {
+  if (stored == 0) return "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1fx", static_cast<double>(logical) / static_cast<double>(stored));
+  return buf;
+}
+
+// ---- init -------------------------------------------------------------------------------------
+
+int InitMain(int argc, char** argv) {
+  ArgParser args(kCommonValues, kCommonFlags);
+  std::string help = std::string("usage: weightfs init BUCKET\n\nMakes BUCKET a weightfs bucket "
+                                 "(writes weightfs.json); a no-op on a bucket that is one.\n") +
+                     kBucketHelp;
+  if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 1)) return *rc;
+  const std::string url = args.positionals()[0];
+  if (!url.starts_with("http") && !url.starts_with("s3://")) {
+    std::string path = url.starts_with("file://") ? url.substr(7) : url;
+    std::error_code ec;
+    std::filesystem::create_directories(path, ec);
+  }
+  Expected<Context> ctx = OpenContext(args, url, /*open_bucket=*/false, /*with_cache=*/false);
+  if (!ctx.ok()) return Fail(ctx.status());
+  Status s = Bucket::Init(*ctx->opened.store);
+  if (!s.ok()) return Fail(s);
+  std::printf("initialized weightfs bucket %s\n", ctx->opened.store->Describe().c_str());
+  return 0;
+}
+
+// ---- push -------------------------------------------------------------------------------------
+
+int PushMain(int argc, char** argv) {
+  ArgParser args(Concat(kCommonValues, {"--parent", "--cache-dir", "--cache-size", "--threads",
+                                        "--chunk-size", "--pack-size", "--keyframe-ratio",
+                                        "--keyframe-depth", "--json"}),
+                 Concat(kCommonFlags, {"--no-cache", "--stats", "--base"}));
+  std::string help = std::string(R"(usage: weightfs push BUCKET MODEL@VERSION PATH... [options]
+
+Encodes the files (PATH: files, or directories pushed with their relative paths) as a new
+version and publishes it. Each chunk is stored as a delta against the same chunk of the parent
+version, FULL when its delta chain gets long (keyframe policy), or not at all when unchanged.
+Packs upload while encoding goes on; the manifest is created last with create-if-absent, so
+a version is either fully published or invisible, and of two pushes of one name exactly one
+wins.
+
+options:
+  --parent VERSION     version to delta against     [the model's latest; none for a new model]
+  --base               push as a base (no parent) even if the model has versions
+  --chunk-size BYTES   chunk size                                           [4MiB]
+  --pack-size BYTES    target pack size                                      [32MiB]
+  --keyframe-ratio X   store a chunk FULL once its delta chain would exceed X times its FULL
+                       size                                                  [1.0]
+  --keyframe-depth N   ... or N deltas                                       [64]
+)") + kCacheHelp + kBucketHelp;
+  if (auto rc = ParseOrHelp(args, argc, argv, help, 3, 1u << 20)) return *rc;
+  const auto& pos = args.positionals();
+  Expected<VersionRef> target = ParseVersionRef(pos[1], /*version_required=*/true);
+  if (!target.ok()) return Fail(target.status());
+  std::vector<PushFile> files;
+  for (size_t i = 2; i < pos.size(); ++i) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(pos[i], ec)) {
+      Expected<std::vector<PushFile>> under = FilesUnder(pos[i]);
+      if (!under.ok()) return Fail(under.status());
+      files.insert(files.end(), under->begin(), under->end());
+    } else if (std::filesystem::is_regular_file(pos[i], ec)) {
+      files.push_back({std::filesystem::path(pos[i]).filename().string(), pos[i]});
+    } else {
+      return Fail(pos[i] + " is not a file or directory");
+    }
+  }
+  PushOptions opts;
+  auto size_opt = [&](const char* name, uint64_t* out) -> Status {
+    if (auto v = args.Get(name)) {
+    WFS_ASSIGN_OR_RETURN(*out, ParseSize(*v));
+  }
+    return Status::Ok();
+  };
+  if (Status s = size_opt("--chunk-size", &opts.chunk_bytes); !s.ok()) return Fail(s);
+  if (Status s = size_opt("--pack-size", &opts.pack_bytes); !s.ok()) return Fail(s);
+  if (opts.chunk_bytes == 0 || opts.chunk_bytes > kMaxChunkBytes) return Fail("--chunk-size must be in (0, 64MiB]");
+  if (auto v = args.Get("--keyframe-ratio")) {
+    Expected<double> r = ParseDouble(*v);
+    if (!r.ok()) return Fail(r.status());
+    opts.keyframes.max_chain_ratio = *r;
+  }
+  if (auto v = args.Get("--keyframe-depth")) {
+    Expected<double> d = ParseDouble(*v);
+    if (!d.ok()) return Fail(d.status());
+    opts.keyframes.max_depth = static_cast<uint32_t>(*d);
+  }
+  Expected<Context> ctx = OpenContext(args, pos[0], true, true);
+  if (!ctx.ok()) return Fail(ctx.status());
+  std::shared_ptr<const Manifest> parent;
+  if (auto p = args.Get("--parent")) {
+    Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(target->model, *p);
+    if (!m.ok()) return Fail(m.status());
+    parent = *m;
+  } else if (!args.Has("--base")) {
+    Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->Latest(target->model);
+    if (m.ok()) parent = *m;
+    else if (m.status().kind() != ErrorKind::kNotFound) return Fail(m.status());
+  }
+  std::shared_ptr<Progress> progress;
+  opts.progress = ProgressFn("push " + pos[1], &progress);
+  Expected<PushResult> r = PushVersion(*ctx->bucket, ctx->cache.get(), *ctx->pool, *target, parent,
+                                       files, opts);
+  progress->Finish();
+  if (!r.ok()) return Fail(r.status());
+  const Manifest& m = *r->manifest;
+  std::printf("published %s@%s%s: %zu files, %s, stored %s (%s), %.2f%% of elements changed, "
+              "chunks: %llu full, %llu delta, %llu unchanged; %zu packs; %.1f s\n",
+              m.model.c_str(), m.version.c_str(),
+              m.parent ? (" (parent " + *m.parent + ")").c_str() : " (base)", m.files.size(),
+              FormatBytes(static_cast<double>(m.stats.logical_bytes)).c_str(),
+              FormatBytes(static_cast<double>(m.stats.stored_bytes)).c_str(),
+              Ratio(m.stats.logical_bytes, m.stats.stored_bytes).c_str(),
+              100.0 * m.stats.changed_fraction(), (unsigned long long)r->full_chunks,
+              (unsigned long long)r->delta_chunks, (unsigned long long)r->same_chunks, r->packs,
+              ctx->Seconds());
+  if (args.Has("--stats")) ctx->PrintStats(nullptr);
+  return 0;
+}
+
+// ---- pull / verify / cat ------------------------------------------------------------------------
+
+int PullMain(int argc, char** argv) {
+  ArgParser args(Concat(kCommonValues, {"--cache-dir", "--cache-size", "--threads"}),
+                 Concat(kCommonFlags, {"--no-cache", "--stats"}));
+  std::string help = std::string(R"(usage: weightfs pull BUCKET MODEL@VERSION DEST [options]
+
+Materializes a version into DEST (created if needed). Chunks come from the local cache when
+there, else from the nearest cached ancestor plus the deltas after it, else from the keyframe.
+Every chunk is verified before it is written; each file is written as FILE.weightfs-partial
+and renamed only once its SHA-256 matches the manifest.
+
+options:
+)") + kCacheHelp + kBucketHelp;
+  if (auto rc = ParseOrHelp(args, argc, argv, help, 3, 3)) return *rc;
+  const auto& pos = args.positionals();
+  Expected<VersionRef> ref = ParseVersionRef(pos[1], true);
+  if (!ref.ok()) return Fail(ref.status());
+  Expected<Context> ctx = OpenContext(args, pos[0], true, true);
+  if (!ctx.ok()) return Fail(ctx.status());
+  Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(ref->model, ref->version);
+  if (!m.ok()) return Fail(m.status());
+  std::error_code ec;
+  std::filesystem::create_directories(pos[2], ec);
+  if (ec) return Fail("cannot create " + pos[2] + ": " + ec.message());
+  Materializer materializer(ctx->bucket.get(), ctx->cache.get());
+  std::shared_ptr<Progress> progress;
+  ReadOptions ro;
+  ro.progress = ProgressFn("pull " + pos[1], &progress);
+  Status s = PullVersion(materializer, *ctx->pool, **m, pos[2], ro);
+  progress->Finish();
+  if (!s.ok()) return Fail(s);
+  std::printf("pulled %s (%zu files, %s) into %s, SHA-256 verified; %.1f s\n", pos[1].c_str(),
+              (*m)->files.size(), FormatBytes(static_cast<double>((*m)->stats.logical_bytes)).c_str(),
+              pos[2].c_str(), ctx->Seconds());
+  if (args.Has("--stats")) ctx->PrintStats(&materializer);
+  return 0;
+}
+
+int VerifyMain(int argc, char** argv) {
+  ArgParser args(Concat(kCommonValues, {"--threads"}), Concat(kCommonFlags, {"--stats"}));
+  std::string help = std::string(R"(usage: weightfs verify BUCKET MODEL@VERSION [options]
+
+Re-materializes every chunk of the version from the bucket (no cache), checks every chunk
+hash and every file's SHA-256, and reports the first failure by file and chunk.
+Exit status 0 only if everything verifies.
+
+options:
+  --threads N          parallel chunk workers                                [8]
+  --stats              print requests made and bytes received
+)") + kBucketHelp;
+  if (auto rc = ParseOrHelp(args, argc, argv, help, 2, 2)) return *rc;
+  const auto& pos = args.positionals();
+  Expected<VersionRef> ref = ParseVersionRef(pos[1], true);
+  if (!ref.ok()) return Fail(ref.status());
+  Expected<Context> ctx = OpenContext(args, pos[0], true, false);
+  if (!ctx.ok()) return Fail(ctx.status());
+  Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(ref->model, ref->version);
+  if (!m.ok()) return Fail(m.status());
+  Materializer materializer(ctx->bucket.get(), nullptr);
+  std::shared_ptr<Progress> progress;
+  ReadOptions ro;
+  ro.progress = ProgressFn("verify " + pos[1], &progress);
+  Status s = VerifyVersion(materializer, *ctx->pool, **m, ro);
+  progress->Finish();
+  if (args.Has("--stats")) ctx->PrintStats(&materializer);
+  if (!s.ok()) return Fail("verify failed: " + s.ToString());
+  std::printf("%s: %zu files, %zu chunks verified; %.1f s\n", pos[1].c_str(), (*m)->files.size(),
+              static_cast<size_t>(materializer.stats().chunks.load()), ctx->Seconds());
+  return 0;
+}
+
+int CatMain(int argc, char** argv) {
+  ArgParser args(Concat(kCommonValues, {"--cache-dir", "--cache-size", "--offset", "--length", "--threads"}),
+                 Concat(kCommonFlags, {"--no-cache", "--stats"}));
+  std::string help = std::string(R"(usage: weightfs cat BUCKET MODEL@VERSION/FILE [options]
+
+Writes a file of a version (or a byte range of it) to stdout, materializing only the chunks
+the range covers.
+
+options:
+  --offset N           first byte                                             [0]
+  --length N           bytes to write                                         [to the end]
+)") + kCacheHelp + kBucketHelp;
+  if (auto rc = ParseOrHelp(args, argc, argv, help, 2, 2)) return *rc;
+  const auto& pos = args.positionals();
+  const std::string& spec = pos[1];
+  size_t at = spec.rfind('@');
+  size_t slash = at == std::string::npos ? std::string::npos : spec.find('/', at);
+  if (slash == std::string::npos) return Fail("expected MODEL@VERSION/FILE, got '" + spec + "'");
+  Expected<VersionRef> ref = ParseVersionRef(spec.substr(0, slash), true);
+  if (!ref.ok()) return Fail(ref.status());
+  const std::string path = spec.substr(slash + 1);
+  uint64_t offset = 0, length = UINT64_MAX;
+  if (auto v = args.Get("--offset")) {
+    Expected<uint64_t> o = ParseSize(*v);
+    if (!o.ok()) return Fail(o.status());
+    offset = *o;
+  }
+  if (auto v = args.Get("--length")) {
+    Expected<uint64_t> l = ParseSize(*v);
+    if (!l.ok()) return Fail(l.status());
+    length = *l;
+  }
+  Expected<Context> ctx = OpenContext(args, pos[0], true, true);
+  if (!ctx.ok()) return Fail(ctx.status());
+  Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(ref->model, ref->version);
+  if (!m.ok()) return Fail(m.status());
+  const ManifestFile* file = (*m)->FindFile(path);
+  if (!file) return Fail(spec + ": no such file in the version");
+  Materializer materializer(ctx->bucket.get(), ctx->cache.get());
+  Status s = ReadRange(materializer, **m, *file, offset, length, [](std::span<const uint8_t> b) {
+    if (std::fwrite(b.data(), 1, b.size(), stdout) != b.size()) {
+      return Status::IOError("writing to stdout failed");
+    }
+    return Status::Ok();
+  });
+  std::fflush(stdout);
+  if (args.Has("--stats")) ctx->PrintStats(&materializer);
+  if (!s.ok()) return Fail(s);
+  return 0;
+}
+
+// ---- log ----------------------------------------------------------------------------------------
+
+int LogMain(int argc, char** argv) {
+  ArgParser args(kCommonValues, Concat(kCommonFlags, {"--json"}));
+  std::string help = std::string(R"(usage: weightfs log BUCKET [MODEL] [--json]
+
+Lists published versions, oldest first per model: parent, creation time, logical bytes,
+bytes the version stored, ratio, and the fraction of elements that changed vs the parent.
+)") + kBucketHelp;
+  if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 2)) return *rc;
+  const auto& pos = args.positionals();
+  Expected<Context> ctx = OpenContext(args, pos[0], true, false);
+  if (!ctx.ok()) return Fail(ctx.status());
+  Expected<std::vector<VersionInfo>> versions =
+      ctx->bucket->ListVersions(pos.size() > 1 ? pos[1] : "");
+  if (!versions.ok()) return Fail(versions.status());
+  std::vector<std::shared_ptr<const Manifest>> manifests;
+  for (const VersionInfo& v : *versions) {
+    Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(v.model, v.version);
+    if (!m.ok()) return Fail(m.status());
+    manifests.push_back(*m);
+  }
+  std::stable_sort(manifests.begin(), manifests.end(), [](const auto& a, const auto& b) {
+    return std::tie(a->model, a->created_ms, a->version) < std::tie(b->model, b->created_ms, b->version);
+  });
+  if (args.Has("--json")) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& m : manifests) {
+      out.push_back({{"model", m->model}, {"version", m->version},
+                     {"parent", m->parent ? nlohmann::json(*m->parent) : nlohmann::json(nullptr)},
+                     {"created", m->created}, {"files", m->files.size()},
+                     {"logical_bytes", m->stats.logical_bytes}, {"stored_bytes", m->stats.stored_bytes},
+                     {"changed_fraction", m->stats.changed_fraction()}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  if (manifests.empty()) {
+    std::printf("no versions%s\n", pos.size() > 1 ? (" of " + pos[1]).c_str() : "");
+    return 0;
+  }
+  std::printf("%-40s %-14s %-24s %10s %10s %8s %8s\n", "VERSION", "PARENT", "CREATED", "SIZE",
+              "STORED", "RATIO", "CHANGED");
+  for (const auto& m : manifests) {
+    std::printf("%-40s %-14s %-24s %10s %10s %8s %7.2f%%\n", (m->model + "@" + m->version).c_str(),
+                m->parent ? m->parent->c_str() : "-", m->created.c_str(),
+                FormatBytes(static_cast<double>(m->stats.logical_bytes)).c_str(),
+                FormatBytes(static_cast<double>(m->stats.stored_bytes)).c_str(),
+                Ratio(m->stats.logical_bytes, m->stats.stored_bytes).c_str(),
+                100.0 * m->stats.changed_fraction());
+  }
+  return 0;
+}
+
+// ---- gc -----------------------------------------------------------------------------------------
+
+int GcMain(int argc, char** argv) {
+  ArgParser args(Concat(kCommonValues, {"--keep-last"}), Concat(kCommonFlags, {"--dry-run"}));
+  std::string help = std::string(R"(usage: weightfs gc BUCKET [--keep-last N] [--dry-run]
+
+Removes packs that no published version references: leftovers of pushes that died. Packs
+are left alone while any push holds a live lease (a push in progress). Dead leases (expired,
+or of a process that no longer runs on this host) are removed.
+
+options:
+  --keep-last N        also retire all but the newest N versions of each model, except
+                       versions that newer ones still need as delta bases
+  --dry-run            report what would be removed, remove nothing
+)") + kBucketHelp;
+  if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 1)) return *rc;
+  Expected<Context> ctx = OpenContext(args, args.positionals()[0], true, false);
+  if (!ctx.ok()) return Fail(ctx.status());
+  GcOptions opts;
+  opts.dry_run = args.Has("--dry-run");
+  if (auto k = args.Get("--keep-last")) {
+    Expected<double> n = ParseDouble(*k);
+    if (!n.ok() || *n < 1) return Fail("--keep-last expects a count >= 1");
+    opts.keep_last = static_cast<size_t>(*n);
+  }
+  Expected<GcReport> r = CollectGarbage(*ctx->bucket, opts);
+  if (!r.ok()) return Fail(r.status());
+  const char* verb = opts.dry_run ? "would remove" : "removed";
+  std::printf("%zu versions, %zu packs (%zu referenced); %s %zu unreferenced packs (%s)\n",
+              r->versions, r->packs, r->live_packs, verb, r->deleted_packs,
+              FormatBytes(static_cast<double>(r->deleted_bytes)).c_str());
+  for (const std::string& v : r->retired) std::printf("%s version %s\n", opts.dry_run ? "would retire" : "retired", v.c_str());
+  for (const std::string& v : r->kept_as_base) std::printf("kept %s: newer versions' deltas build on it\n", v.c_str());
+  if (r->live_leases) {
+    std::printf("left unreferenced packs alone: %zu push(es) in progress:", r->live_leases);
+    for (const std::string& l : r->live_lease_names) std::printf(" %s", l.c_str());
+    std::printf("\n");
+  }
+  if (r->dead_leases_removed) std::printf("removed %zu dead lease(s)\n", r->dead_leases_removed);
+  return 0;
+}
+
+}  // namespace
+
+int BucketMain(const std::string& command, int argc, char** argv) {
+  if (command == "init") return InitMain(argc, argv);
+  if (command == "push") return PushMain(argc, argv);
+  if (command == "pull") return PullMain(argc, argv);
+  if (command == "cat") return CatMain(argc, argv);
+  if (command == "log") return LogMain(argc, argv);
+  if (command == "verify") return VerifyMain(argc, argv);
+  if (command == "gc") return GcMain(argc, argv);
+  return -1;
+}
+
+}  // namespace weightfs::cli
