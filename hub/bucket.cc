@@ -113,6 +113,12 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
   return it->second;
 }
 
+void Bucket::Forget(std::string_view model, std::string_view version) {
+  const std::string key = ManifestKey(model, version);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (manifests_.erase(key)) manifest_order_.remove(key);
+}
+
 Status Bucket::PublishManifest(const Manifest& manifest) {
   std::vector<uint8_t> bytes = SerializeManifest(manifest);
   Status s = store_->Put(ManifestKey(manifest.model, manifest.version), bytes,

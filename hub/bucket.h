@@ -45,6 +45,8 @@ class Bucket {
   // Parsed, validated manifest (NotFound naming model@version if absent).
   Expected<std::shared_ptr<const Manifest>> ReadManifest(std::string_view model,
                                                          std::string_view version);
+  // Drops a manifest from the in-memory cache (after gc removed it).
+  void Forget(std::string_view model, std::string_view version);
   // Publishes a manifest with create-if-absent: Conflict if the version exists.
   Status PublishManifest(const Manifest& manifest);
   // The newest version (by creation time, then name) of `model`, or NotFound.

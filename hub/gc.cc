@@ -65,6 +65,7 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
       const Manifest& m = *manifests[name];
       Status s = store.Delete(Bucket::ManifestKey(m.model, m.version));
       if (!s.ok() && s.kind() != ErrorKind::kNotFound) return s.WithContext("retiring " + name);
+      bucket.Forget(m.model, m.version);
       spdlog::info("gc: retired {}", name);
     }
   }

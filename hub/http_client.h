@@ -45,6 +45,9 @@ struct HttpOptions {
   std::chrono::milliseconds total_timeout{120'000};
   size_t max_connections = 16;
   std::string user_agent = "weightfs/0.1";
+  // PEM bundle of CAs to trust instead of the system's (e.g. an on-premise S3 with a private
+  // CA). Empty: the system store. Verification itself cannot be turned off.
+  std::string ca_file;
 };
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
@@ -61,6 +64,12 @@ struct HttpRequest {
   // Optional: called before each attempt (including retries) to (re)compute headers that
   // depend on the time, e.g. request signatures. May add to `headers`.
   std::function<void(HttpRequest&)> sign;
+  // Follow 3xx redirects (http/https only, at most 5; curl drops Authorization when the host
+  // changes). Off by default: a store that gets a redirect it did not expect reports it.
+  bool follow_redirects = false;
+  // A response body larger than this fails the request with ResourceExhausted (not retried);
+  // 0: no limit. Guards memory against a hostile or broken server.
+  uint64_t max_response_bytes = 0;
 };
 
 struct HttpResponse {
@@ -90,6 +99,14 @@ class HttpClient {
   // (the caller interprets 404, 412...), except statuses that are retried and still failing
   // after the last attempt (5xx, 429), which come back as IOError (or Timeout).
   // Transport failures: Timeout for timeouts, IOError otherwise, message without credentials.
+  //
+  // Precisely: an idempotent request is retried on 5xx, 429 and transport errors (timeouts,
+  // resets, connect failures) until `max_attempts` or `total_timeout` runs out, and then fails
+  // with the kind HttpStatusError gives the last status (IOError; Timeout for 504). A
+  // non-idempotent request is retried only when the connection could not be made (nothing was
+  // sent); a 5xx or 429 answer to it comes back as a response like any other status. Each
+  // attempt's own timeout is cut to what is left of `total_timeout`, so Send returns within
+  // about total_timeout whatever the server does (waiting for a free connection counts too).
   Expected<HttpResponse> Send(HttpRequest request);
 
   const HttpStats& stats() const { return stats_; }

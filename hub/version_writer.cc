@@ -116,6 +116,9 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
   std::mutex mu;  // guards manifest tables, first_error, progress state
   Status first_error;
   uint64_t done_bytes = 0;
+  // Changed fraction counts tensor elements; bytes of other data (headers, opaque files) count
+  // only when a version has no tensors at all.
+  uint64_t other_changed = 0, other_elements = 0;
   PushResult result;
   std::vector<std::unique_ptr<ChunkCodec>> codecs(pool.size());
   std::vector<std::vector<uint8_t>> buffers(pool.size());
@@ -216,8 +219,13 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
         (keyframe ? result.full_chunks : result.delta_chunks)++;
         manifest.stats.stored_bytes += e.ref.length;
       }
-      manifest.stats.changed_elements += changed;
-      manifest.stats.elements += elements;
+      if (spec.role == ChunkRole::kTensor) {
+        manifest.stats.changed_elements += changed;
+        manifest.stats.elements += elements;
+      } else {
+        other_changed += changed;
+        other_elements += elements;
+      }
       done_bytes += spec.length;
       if (options.progress) options.progress(done_bytes, total_bytes);
     });
@@ -238,6 +246,10 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
       }
     }
     manifest.stats.logical_bytes += data.size();
+  }
+  if (manifest.stats.elements == 0) {
+    manifest.stats.changed_elements = other_changed;
+    manifest.stats.elements = other_elements;
   }
   Status upload = packs.Finish();
   if (!first_error.ok()) return first_error.WithContext("pushing " + name);

@@ -1,0 +1,422 @@
+// End-to-end tests of the bucket engine on a local directory bucket: push, pull, verify, the
+// cache's role in following a chain, keyframes, conflicts, corruption, gc.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "core/safetensors.h"
+#include "hub/bucket.h"
+#include "hub/chunk_cache.h"
+#include "hub/gc.h"
+#include "hub/lease.h"
+#include "hub/local_store.h"
+#include "hub/materializer.h"
+#include "hub/store_wrapper.h"
+#include "hub/version_reader.h"
+#include "hub/version_writer.h"
+
+namespace weightfs {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<uint8_t> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteFile(const std::string& path, std::span<const uint8_t> bytes) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A bf16 "model": a few tensors of small normal-ish values, and a training step that moves
+// ~`fraction` of the elements by one unit in the last place.
+struct Model {
+  std::vector<TensorInfo> tensors;
+  std::vector<std::vector<uint16_t>> values;
+
+  static Model Make(uint64_t seed, std::vector<std::pair<std::string, uint64_t>> shapes) {
+    Model m;
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    for (auto& [name, n] : shapes) {
+      TensorInfo t;
+      t.name = name;
+      t.dtype = DType::kBF16;
+      t.shape = {n};
+      m.tensors.push_back(t);
+      std::vector<uint16_t> v(n);
+      for (auto& x : v) {
+        float f = normal(rng);
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        x = static_cast<uint16_t>(bits >> 16);
+      }
+      m.values.push_back(std::move(v));
+    }
+    return m;
+  }
+  void Step(uint64_t seed, double fraction) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> u(0, 1);
+    for (auto& v : values) {
+      for (auto& x : v) {
+        if (u(rng) < fraction) x = static_cast<uint16_t>(x + ((rng() & 1) ? 1 : -1));
+      }
+    }
+  }
+  std::vector<uint8_t> Bytes() {
+    std::vector<TensorInfo> ts = tensors;
+    std::vector<uint8_t> out = BuildSafetensorsHeader(ts, {});
+    for (auto& v : values) {
+      const uint8_t* p = reinterpret_cast<const uint8_t*>(v.data());
+      out.insert(out.end(), p, p + v.size() * 2);
+    }
+    return out;
+  }
+};
+
+// Lets a test corrupt what Get returns for keys with a prefix, or fail Puts.
+class FaultyStore : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  std::atomic<int> fail_puts_after{-1};  // -1: never
+  Status Put(std::string_view key, std::span<const uint8_t> data, PutMode mode) override {
+    int n = fail_puts_after.load();
+    if (n == 0) return Status::IOError("injected: bucket refuses writes");
+    if (n > 0) fail_puts_after--;
+    return inner_->Put(key, data, mode);
+  }
+};
+
+class BucketEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("wfs-engine-" + std::to_string(::getpid()) + "-" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "bucket");
+    auto local = LocalStore::Open((root_ / "bucket").string());
+    ASSERT_TRUE(local.ok());
+    faulty_ = std::make_shared<FaultyStore>(std::shared_ptr<Store>(std::move(local).value()));
+    store_ = std::make_shared<CountingStore>(faulty_);
+    ASSERT_TRUE(Bucket::Init(*store_).ok());
+    auto b = Bucket::Open(store_);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    bucket_ = std::move(b).value();
+    options_.chunk_bytes = 64 << 10;
+    options_.pack_bytes = 256 << 10;
+    model_ = Model::Make(1, {{"embed", 300000}, {"layer.0.q", 70000}, {"layer.0.k", 70000}, {"norm", 512}});
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::unique_ptr<ChunkCache> Cache(const std::string& name, uint64_t size = 1ull << 30) {
+    auto c = ChunkCache::Open((root_ / name).string(), size);
+    EXPECT_TRUE(c.ok());
+    return std::move(c).value();
+  }
+
+  // Writes version k's files to src/vk and returns the dir.
+  std::string WriteVersion(int k) {
+    std::string dir = (root_ / ("src/v" + std::to_string(k))).string();
+    WriteFile(dir + "/model.safetensors", model_.Bytes());
+    std::vector<uint8_t> opaque(100000 + static_cast<size_t>(k));
+    for (size_t i = 0; i < opaque.size(); ++i) opaque[i] = static_cast<uint8_t>(i * 7 + (i % 1000 == 0 ? k : 0));
+    WriteFile(dir + "/sub/optimizer.bin", opaque);
+    return dir;
+  }
+
+  Expected<PushResult> Push(int k, ChunkCache* cache, std::shared_ptr<const Manifest> parent) {
+    auto files = FilesUnder(WriteVersion(k));
+    EXPECT_TRUE(files.ok());
+    return PushVersion(*bucket_, cache, pool_, {"acme/m", "v" + std::to_string(k)}, parent, *files,
+                       options_);
+  }
+
+  // Pushes versions 0..n-1, each a training step after the previous.
+  std::vector<std::shared_ptr<const Manifest>> PushChain(int n, ChunkCache* cache) {
+    std::vector<std::shared_ptr<const Manifest>> out;
+    for (int k = 0; k < n; ++k) {
+      if (k > 0) model_.Step(100 + k, 0.01);
+      auto r = Push(k, cache, out.empty() ? nullptr : out.back());
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) break;
+      out.push_back(r->manifest);
+    }
+    return out;
+  }
+
+  void ExpectSameTree(const std::string& a, const std::string& b) {
+    for (const auto& e : fs::recursive_directory_iterator(a)) {
+      if (!e.is_regular_file()) continue;
+      std::string rel = fs::relative(e.path(), a).string();
+      EXPECT_EQ(ReadFile(e.path().string()), ReadFile(b + "/" + rel)) << rel;
+    }
+  }
+
+  fs::path root_;
+  std::shared_ptr<FaultyStore> faulty_;
+  std::shared_ptr<CountingStore> store_;
+  std::unique_ptr<Bucket> bucket_;
+  ThreadPool pool_{4};
+  PushOptions options_;
+  Model model_;
+};
+
+TEST_F(BucketEngineTest, PushedChainPullsBackBitExact) {
+  auto push_cache = Cache("push-cache");
+  auto chain = PushChain(5, push_cache.get());
+  ASSERT_EQ(chain.size(), 5u);
+  EXPECT_FALSE(chain[0]->parent.has_value());
+  EXPECT_EQ(chain[4]->parent.value(), "v3");
+  EXPECT_LT(chain[1]->stats.stored_bytes * 10, chain[0]->stats.stored_bytes);
+  EXPECT_NEAR(chain[2]->stats.changed_fraction(), 0.01, 0.005);
+  for (int k = 0; k < 5; ++k) {
+    // A cold cache per version: every chain is walked down to its keyframes.
+    auto cache = Cache("pull-cache-" + std::to_string(k));
+    Materializer mat(bucket_.get(), cache.get());
+    std::string dest = (root_ / ("out/v" + std::to_string(k))).string();
+    ASSERT_TRUE(PullVersion(mat, pool_, *chain[k], dest).ok());
+    ExpectSameTree((root_ / ("src/v" + std::to_string(k))).string(), dest);
+    Materializer verifier(bucket_.get(), nullptr);
+    EXPECT_TRUE(VerifyVersion(verifier, pool_, *chain[k]).ok());
+  }
+}
+
+TEST_F(BucketEngineTest, NodeHoldingVersionNFetchesOnlyTheDeltaOfNPlus1) {
+  auto chain = PushChain(4, nullptr);
+  auto cache = Cache("node");
+  {
+    Materializer mat(bucket_.get(), cache.get());
+    ASSERT_TRUE(PullVersion(mat, pool_, *chain[2], (root_ / "out2").string()).ok());
+  }
+  Materializer mat(bucket_.get(), cache.get());
+  ASSERT_TRUE(PullVersion(mat, pool_, *chain[3], (root_ / "out3").string()).ok());
+  // Exactly the payloads v3 wrote: unchanged chunks hit the cache, changed ones apply one delta.
+  EXPECT_EQ(mat.stats().payload_bytes.load(), chain[3]->stats.stored_bytes);
+  ExpectSameTree((root_ / "src/v3").string(), (root_ / "out3").string());
+}
+
+TEST_F(BucketEngineTest, ColdPullFetchesEachNeededPayloadOnce) {
+  auto chain = PushChain(4, nullptr);
+  auto cache = Cache("cold");
+  Materializer mat(bucket_.get(), cache.get());
+  ASSERT_TRUE(PullVersion(mat, pool_, *chain[3], (root_ / "out").string()).ok());
+  // What the chain needs: for every chunk, its keyframe and every delta up to v3.
+  uint64_t needed = 0;
+  for (const auto& m : chain) needed += m->stats.stored_bytes;
+  EXPECT_LE(mat.stats().payload_bytes.load(), needed);
+  EXPECT_GE(mat.stats().payload_bytes.load(), chain[0]->stats.stored_bytes);
+}
+
+TEST_F(BucketEngineTest, KeyframePolicyBoundsChainDepth) {
+  options_.keyframes.max_depth = 2;
+  auto chain = PushChain(6, nullptr);
+  ASSERT_EQ(chain.size(), 6u);
+  bool saw_refresh = false;
+  for (const auto& f : chain[5]->files) {
+    for (const auto& c : f.chunks) {
+      EXPECT_LE(c.depth, 2u);
+      if (c.origin == 0 && !c.is_delta()) saw_refresh = true;
+    }
+  }
+  EXPECT_TRUE(saw_refresh);
+  auto cache = Cache("c");
+  Materializer mat(bucket_.get(), cache.get());
+  ASSERT_TRUE(PullVersion(mat, pool_, *chain[5], (root_ / "out").string()).ok());
+  ExpectSameTree((root_ / "src/v5").string(), (root_ / "out").string());
+}
+
+TEST_F(BucketEngineTest, UnchangedVersionStoresNothing) {
+  auto chain = PushChain(1, nullptr);
+  auto r = Push(1, nullptr, chain[0]);  // same model bytes; the opaque file differs slightly
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->delta_chunks + r->full_chunks, 2u);  // only the opaque file's two changed chunks
+  EXPECT_LT(r->manifest->stats.stored_bytes, 1000u);
+}
+
+TEST_F(BucketEngineTest, ConcurrentPushesOfOneVersionHaveOneWinner) {
+  auto chain = PushChain(1, nullptr);
+  WriteVersion(1);
+  std::vector<Status> results(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      ThreadPool pool(2);
+      auto files = FilesUnder((root_ / "src/v1").string());
+      auto r = PushVersion(*bucket_, nullptr, pool, {"acme/m", "race"}, chain[0], *files, options_);
+      results[t] = r.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  int ok = 0;
+  for (const Status& s : results) {
+    if (s.ok()) ++ok;
+    else EXPECT_EQ(s.kind(), ErrorKind::kConflict) << s.ToString();
+  }
+  EXPECT_EQ(ok, 1);
+  auto m = bucket_->ReadManifest("acme/m", "race");
+  ASSERT_TRUE(m.ok());
+  Materializer verifier(bucket_.get(), nullptr);
+  EXPECT_TRUE(VerifyVersion(verifier, pool_, **m).ok());
+}
+
+TEST_F(BucketEngineTest, FailedUploadPublishesNothing) {
+  auto chain = PushChain(1, nullptr);
+  model_.Step(5, 0.01);
+  faulty_->fail_puts_after = 1;  // the lease goes through, the first pack fails
+  auto r = Push(1, nullptr, chain[0]);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(bucket_->ReadManifest("acme/m", "v1").status().kind(), ErrorKind::kNotFound);
+  faulty_->fail_puts_after = -1;
+  auto again = Push(1, nullptr, chain[0]);
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+}
+
+void FlipByteIn(const fs::path& file, uint64_t offset) {
+  int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t b;
+  ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(offset)), 1);
+  b ^= 0x40;
+  ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(offset)), 1);
+  ::close(fd);
+}
+
+TEST_F(BucketEngineTest, CorruptOrTruncatedPackFailsNamingTheChunkAndWritesNoFile) {
+  auto chain = PushChain(2, nullptr);
+  for (const auto& f : chain[1]->files) {
+    for (const auto& c : f.chunks) {
+      if (c.origin != 0) continue;
+      for (bool truncate : {false, true}) {
+        fs::path pack = root_ / "bucket" / Bucket::PackKey(chain[1]->packs[c.ref.pack]);
+        std::vector<uint8_t> saved = ReadFile(pack.string());
+        if (truncate) fs::resize_file(pack, c.ref.offset + c.ref.length / 2);
+        else FlipByteIn(pack, c.ref.offset + c.ref.length / 2);
+        auto cache = Cache(std::string("c") + (truncate ? "t" : "f"));
+        Materializer mat(bucket_.get(), cache.get());
+        fs::path dest = root_ / "out";
+        fs::remove_all(dest);
+        Status s = PullVersion(mat, pool_, *chain[1], dest.string());
+        EXPECT_FALSE(s.ok());
+        EXPECT_NE(s.message().find(f.path), std::string::npos) << s.ToString();
+        EXPECT_NE(s.message().find("chunk"), std::string::npos) << s.ToString();
+        EXPECT_FALSE(fs::exists(dest / f.path));
+        EXPECT_FALSE(fs::exists(dest / (f.path + ".weightfs-partial")));
+        Materializer verifier(bucket_.get(), nullptr);
+        EXPECT_FALSE(VerifyVersion(verifier, pool_, *chain[1]).ok());
+        WriteFile(pack.string(), saved);
+      }
+      return;  // one changed chunk is enough
+    }
+  }
+  FAIL() << "no fresh chunk in v1";
+}
+
+TEST_F(BucketEngineTest, GcRemovesOrphansOnlyWhenNoPushIsLive) {
+  auto chain = PushChain(2, nullptr);
+  // An orphan pack and the dead lease of a push that was killed (a pid that cannot exist).
+  std::vector<uint8_t> junk(1000, 7);
+  const std::string orphan = Bucket::PackKey(HashChunk(junk));
+  ASSERT_TRUE(store_->Put(orphan, junk).ok());
+  std::string dead = R"({"host":")" + HostName() + R"(","pid":999999999,"what":"acme/m@x","expires_ms":)" +
+                     std::to_string(NowMs() + 600000) + "}";
+  ASSERT_TRUE(store_->Put("leases/dead.json", {reinterpret_cast<const uint8_t*>(dead.data()), dead.size()}).ok());
+  {
+    // A live push (this process) protects every unreferenced pack.
+    auto lease = Lease::Acquire(store_.get(), "acme/m@live");
+    ASSERT_TRUE(lease.ok());
+    auto r = CollectGarbage(*bucket_, {});
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->live_leases, 1u);
+    EXPECT_EQ(r->deleted_packs, 0u);
+    EXPECT_TRUE(store_->Head(orphan).ok());
+  }
+  auto dry = CollectGarbage(*bucket_, {.dry_run = true});
+  ASSERT_TRUE(dry.ok());
+  EXPECT_EQ(dry->deleted_packs, 1u);
+  EXPECT_TRUE(store_->Head(orphan).ok());
+  auto r = CollectGarbage(*bucket_, {});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->deleted_packs, 1u);
+  EXPECT_EQ(store_->Head(orphan).status().kind(), ErrorKind::kNotFound);
+  EXPECT_EQ(store_->Head("leases/dead.json").status().kind(), ErrorKind::kNotFound);
+  Materializer verifier(bucket_.get(), nullptr);
+  for (const auto& m : chain) EXPECT_TRUE(VerifyVersion(verifier, pool_, *m).ok());
+}
+
+TEST_F(BucketEngineTest, GcKeepLastRetiresOnlyWhatNothingNeeds) {
+  options_.keyframes.max_depth = 1;  // v0 FULL, v1 delta, v2 FULL again, v3 delta
+  auto chain = PushChain(4, nullptr);
+  auto r = CollectGarbage(*bucket_, {.keep_last = 1});
+  ASSERT_TRUE(r.ok());
+  // v3's deltas build on v2; v0 and v1 are needed by nothing kept... except chunks that never
+  // changed, whose recipes still point at v0's keyframes.
+  for (const std::string& v : r->retired) {
+    EXPECT_EQ(bucket_->ReadManifest("acme/m", v.substr(v.find('@') + 1)).status().kind(), ErrorKind::kNotFound) << v;
+  }
+  auto fresh = Bucket::Open(store_);
+  ASSERT_TRUE(fresh.ok());
+  auto m = (*fresh)->ReadManifest("acme/m", "v3");
+  ASSERT_TRUE(m.ok());
+  Materializer verifier(fresh->get(), nullptr);
+  EXPECT_TRUE(VerifyVersion(verifier, pool_, **m).ok());
+}
+
+TEST_F(BucketEngineTest, HeaderChangeKeepsDeltasAndPullsExactly) {
+  auto chain = PushChain(2, nullptr);
+  // v2 adds a tensor: every data offset shifts, chunk identity by (tensor, index) survives.
+  model_.Step(77, 0.01);
+  Model extra = Model::Make(9, {{"extra_head", 1000}});
+  model_.tensors.insert(model_.tensors.begin(), extra.tensors[0]);
+  model_.values.insert(model_.values.begin(), extra.values[0]);
+  auto r = Push(2, nullptr, chain[1]);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(r->delta_chunks, 5u);
+  auto cache = Cache("c");
+  Materializer mat(bucket_.get(), cache.get());
+  ASSERT_TRUE(PullVersion(mat, pool_, *r->manifest, (root_ / "out").string()).ok());
+  ExpectSameTree((root_ / "src/v2").string(), (root_ / "out").string());
+}
+
+TEST(ChunkCacheTest, EvictsLeastRecentlyUsedAndDropsCorruptEntries) {
+  fs::path dir = fs::temp_directory_path() / ("wfs-cache-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto cache = ChunkCache::Open(dir.string(), 10 * 1000);
+  ASSERT_TRUE(cache.ok());
+  std::vector<Hash128> hashes;
+  for (int i = 0; i < 20; ++i) {
+    std::vector<uint8_t> bytes(1000, static_cast<uint8_t>(i));
+    hashes.push_back(HashChunk(bytes));
+    ASSERT_TRUE((*cache)->Put(hashes.back(), bytes).ok());
+    EXPECT_LE((*cache)->size_bytes(), 10u * 1000);
+  }
+  std::vector<uint8_t> out;
+  EXPECT_TRUE((*cache)->Get(hashes.back(), &out));
+  EXPECT_EQ(out, std::vector<uint8_t>(1000, 19));
+  EXPECT_FALSE((*cache)->Get(hashes.front(), &out));  // evicted
+  // A corrupted entry is a miss and disappears.
+  std::string hex = hashes.back().ToHex();
+  fs::path entry = dir / "chunks" / hex.substr(0, 2) / hex;
+  FlipByteIn(entry, 10);
+  EXPECT_FALSE((*cache)->Get(hashes.back(), &out));
+  EXPECT_FALSE(fs::exists(entry));
+  // Reopening sees what is on disk.
+  auto again = ChunkCache::Open(dir.string(), 10 * 1000);
+  ASSERT_TRUE(again.ok());
+  EXPECT_LE((*again)->size_bytes(), 10u * 1000);
+  EXPECT_GT((*again)->size_bytes(), 0u);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace weightfs
