@@ -1,0 +1,225 @@
+// The bucket commands as users run them: the real binary, real processes, a local bucket.
+// Killing pushes at random moments, racing processes, corrupted packs, gc afterwards.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr
+};
+
+Result RunCli(const std::string& args) {
+  Result r;
+  std::string cmd = std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// Starts the binary with `args` (split on spaces), output to `log`; returns its pid.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(log.c_str(), "w");
+    if (f) {
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+    }
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(WEIGHTFS_BINARY));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(WEIGHTFS_BINARY, argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int Wait(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+size_t CountFiles(const fs::path& dir) {
+  size_t n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) n += e.is_regular_file();
+  return n;
+}
+
+class BucketCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = fs::temp_directory_path() / ("wfs-cli-data-" + std::to_string(getpid()));
+    fs::remove_all(data_);
+    // ~25 MB per version in 3 shards: big enough that a push takes a few hundred ms.
+    Result g = RunCli("gen " + data_.string() + " --params 12M --versions 2 --lr 1e-6 --shard-size 10M --seed 3");
+    ASSERT_EQ(g.exit_code, 0) << g.out;
+  }
+  static void TearDownTestSuite() { fs::remove_all(data_); }
+
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("wfs-cli-" + std::to_string(getpid()) + "-" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    bucket_ = (root_ / "bucket").string();
+    ASSERT_EQ(RunCli("init " + bucket_).exit_code, 0);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::string Version(int k) const {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "v%03d", k);
+    return (data_ / buf).string();
+  }
+  std::string Cache(const std::string& name) const { return " --cache-dir " + (root_ / name).string(); }
+
+  static fs::path data_;
+  fs::path root_;
+  std::string bucket_;
+};
+fs::path BucketCli::data_;
+
+TEST_F(BucketCli, PushPullVerifyLogCatRoundTrip) {
+  Result p0 = RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + Cache("c"));
+  ASSERT_EQ(p0.exit_code, 0) << p0.out;
+  EXPECT_NE(p0.out.find("(base)"), std::string::npos) << p0.out;
+  Result p1 = RunCli("push " + bucket_ + " acme/m@v1 " + Version(1) + Cache("c") + " --stats");
+  ASSERT_EQ(p1.exit_code, 0) << p1.out;
+  EXPECT_NE(p1.out.find("parent v0"), std::string::npos) << p1.out;
+  EXPECT_NE(p1.out.find("stats:"), std::string::npos) << p1.out;
+  Result pull = RunCli("pull " + bucket_ + " acme/m@v1 " + (root_ / "out").string() + Cache("c2"));
+  ASSERT_EQ(pull.exit_code, 0) << pull.out;
+  for (const auto& e : fs::directory_iterator(Version(1))) {
+    EXPECT_EQ(Slurp(e.path().string()), Slurp((root_ / "out" / e.path().filename()).string()))
+        << e.path();
+  }
+  EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+  Result log = RunCli("log " + bucket_ + " --json");
+  ASSERT_EQ(log.exit_code, 0) << log.out;
+  EXPECT_NE(log.out.find("\"version\": \"v1\""), std::string::npos) << log.out;
+  Result cat = RunCli("cat " + bucket_ + " acme/m@v1/config.json" + Cache("c3"));
+  EXPECT_EQ(cat.exit_code, 0);
+  EXPECT_EQ(cat.out, Slurp(Version(1) + "/config.json"));
+  // Errors: one clear line, non-zero exit.
+  Result missing = RunCli("pull " + bucket_ + " acme/m@nope " + (root_ / "x").string());
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.out.find("does not exist"), std::string::npos) << missing.out;
+  Result not_bucket = RunCli("log " + (root_ / "out").string());
+  EXPECT_EQ(not_bucket.exit_code, 1);
+  EXPECT_NE(not_bucket.out.find("weightfs init"), std::string::npos) << not_bucket.out;
+  EXPECT_EQ(RunCli("push --help").exit_code, 0);
+}
+
+TEST_F(BucketCli, TwoProcessesPushingOneVersionHaveExactlyOneWinner) {
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 2; ++i) {
+    pids.push_back(Spawn({"push", bucket_, "acme/m@v1", Version(1), "--no-cache"},
+                         (root_ / ("log" + std::to_string(i))).string()));
+  }
+  int winners = 0;
+  for (int i = 0; i < 2; ++i) {
+    int rc = Wait(pids[i]);
+    std::string log = Slurp((root_ / ("log" + std::to_string(i))).string());
+    if (rc == 0) {
+      ++winners;
+    } else {
+      EXPECT_EQ(rc, 1) << log;
+      EXPECT_TRUE(log.find("already") != std::string::npos) << log;
+    }
+  }
+  EXPECT_EQ(winners, 1);
+  EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+}
+
+TEST_F(BucketCli, KilledPushesNeverPublishHalfAVersionAndGcCleansUp) {
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  std::mt19937 rng(42);
+  const fs::path manifest = root_ / "bucket/models/acme/m/versions/v1.json";
+  int published_early = 0;
+  for (int i = 0; i < 8; ++i) {
+    pid_t pid = Spawn({"push", bucket_, "acme/m@v1", Version(1), "--no-cache", "--pack-size", "1M"},
+                      (root_ / "log").string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 400)(rng)));
+    kill(pid, SIGKILL);
+    Wait(pid);
+    if (fs::exists(manifest)) {
+      // The push got all the way: the version must be complete.
+      ++published_early;
+      ASSERT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+      break;
+    }
+    // Never a partial version: the name is free and the log does not list it.
+    EXPECT_EQ(RunCli("log " + bucket_ + " acme/m --json").out.find("\"v1\""), std::string::npos);
+  }
+  if (!published_early) {
+    Result again = RunCli("push " + bucket_ + " acme/m@v1 " + Version(1) + " --no-cache");
+    ASSERT_EQ(again.exit_code, 0) << again.out;
+  }
+  EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+  Result gc = RunCli("gc " + bucket_);
+  ASSERT_EQ(gc.exit_code, 0) << gc.out;
+  // After gc every pack is referenced: a second gc removes nothing.
+  Result gc2 = RunCli("gc " + bucket_ + " --dry-run");
+  EXPECT_NE(gc2.out.find("would remove 0 unreferenced packs"), std::string::npos) << gc2.out;
+  EXPECT_EQ(CountFiles(root_ / "bucket/leases"), 0u);
+  EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v0").exit_code, 0);
+  EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+}
+
+TEST_F(BucketCli, FlippedByteInAPackFailsPullAndVerifyNamingTheChunk) {
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  for (const auto& e : fs::directory_iterator(root_ / "bucket/packs")) {
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(1000);
+    char c;
+    f.get(c);
+    f.seekp(1000);
+    f.put(static_cast<char>(c ^ 1));
+    break;
+  }
+  Result v = RunCli("verify " + bucket_ + " acme/m@v0");
+  EXPECT_EQ(v.exit_code, 1);
+  EXPECT_NE(v.out.find("chunk"), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find(".safetensors"), std::string::npos) << v.out;
+  const fs::path dest = root_ / "out";
+  Result p = RunCli("pull " + bucket_ + " acme/m@v0 " + dest.string() + " --no-cache");
+  EXPECT_EQ(p.exit_code, 1) << p.out;
+  // Whatever was written before the failure is correct; the failing file is absent.
+  for (const auto& e : fs::directory_iterator(dest)) {
+    EXPECT_EQ(e.path().string().find(".weightfs-partial"), std::string::npos);
+    EXPECT_EQ(Slurp(e.path().string()), Slurp(Version(0) + "/" + e.path().filename().string()));
+  }
+}
+
+}  // namespace
