@@ -88,13 +88,95 @@ std::string ChunkCache::PathOf(const Hash128& hash) const {
 }
 
 bool ChunkCache::Contains(const Hash128& hash) const {
-  return ::access(PathOf(hash).c_str(), F_OK) == 0;
+  const std::string path = PathOf(hash);
+  return ::access(path.c_str(), F_OK) == 0 || ::access((path + ".ref").c_str(), F_OK) == 0;
 }
 
-bool ChunkCache::Get(const Hash128& hash, std::vector<uint8_t>* out) {
+namespace {
+
+constexpr const char* kRefMagic = "weightfs-chunk-ref 1";
+
+// Reads exactly out->size() bytes at `offset`.
+bool PreadAll(int fd, uint8_t* out, size_t size, uint64_t offset) {
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool ChunkCache::GetReference(const Hash128& hash, ByteBuffer* out) {
+  const std::string ref_path = PathOf(hash) + ".ref";
+  char buf[4096];
+  int rfd = ::open(ref_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (rfd < 0) return false;
+  ssize_t n = ::read(rfd, buf, sizeof(buf) - 1);
+  ::close(rfd);
+  // "<magic>\n<offset> <length> <file size> <mtime ns>\n<path>"
+  bool ok = false;
+  if (n > 0) {
+    buf[n] = '\0';
+    const size_t magic = std::strlen(kRefMagic);
+    unsigned long long offset = 0, length = 0, size = 0;
+    long long mtime = 0;
+    int consumed = 0;
+    if (std::strncmp(buf, kRefMagic, magic) == 0 && buf[magic] == '\n' &&
+        std::sscanf(buf + magic + 1, "%llu %llu %llu %lld\n%n", &offset, &length, &size, &mtime,
+                    &consumed) == 4 &&
+        consumed > 0 && length <= (1ull << 30)) {
+      const char* path = buf + magic + 1 + consumed;
+      int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+      struct stat st;
+      if (fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<unsigned long long>(st.st_size) == size &&
+          static_cast<long long>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec == mtime &&
+          offset + length <= size) {
+        out->resize(length);
+        ok = PreadAll(fd, out->data(), length, offset) && HashChunk(*out) == hash;
+      }
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  if (!ok) {
+    ::unlink(ref_path.c_str());  // the file moved on: the reference is stale
+  } else if (struct stat rst; ::stat(ref_path.c_str(), &rst) == 0 && rst.st_mtime < ::time(nullptr) - 60) {
+    ::utimensat(AT_FDCWD, ref_path.c_str(), nullptr, 0);
+  }
+  return ok;
+}
+
+Status ChunkCache::PutReference(const Hash128& hash, const std::string& path, uint64_t offset,
+                                uint64_t length) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Errno(errno, "cache reference to " + path);
+  if (path.size() > 3000 || path.find('\n') != std::string::npos) {
+    return Status::InvalidArgument("path not suitable for a cache reference: " + path);
+  }
+  char head[160];
+  std::snprintf(head, sizeof head, "%s\n%llu %llu %llu %lld\n", kRefMagic,
+                static_cast<unsigned long long>(offset), static_cast<unsigned long long>(length),
+                static_cast<unsigned long long>(st.st_size),
+                static_cast<long long>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
+  std::string body = std::string(head) + path;
+  Status s = WriteEntry(PathOf(hash) + ".ref", {reinterpret_cast<const uint8_t*>(body.data()), body.size()});
+  if (s.ok()) stats_.inserts++;
+  return s;
+}
+
+bool ChunkCache::Get(const Hash128& hash, ByteBuffer* out) {
   const std::string path = PathOf(hash);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
+    if (GetReference(hash, out)) {
+      stats_.hits++;
+      return true;
+    }
     stats_.misses++;
     return false;
   }
@@ -131,10 +213,10 @@ bool ChunkCache::Get(const Hash128& hash, std::vector<uint8_t>* out) {
   return ok;
 }
 
-Status ChunkCache::WriteEntry(const Hash128& hash, std::span<const uint8_t> bytes) {
+Status ChunkCache::WriteEntry(const std::string& path, std::span<const uint8_t> bytes) {
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = dir_ + "/.tmp/" + hash.ToHex() + "." + std::to_string(::getpid()) + "." +
-                          std::to_string(counter.fetch_add(1));
+  const std::string tmp = dir_ + "/.tmp/" + path.substr(path.rfind('/') + 1) + "." +
+                          std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Errno(errno, "cache insert " + tmp);
   size_t done = 0;
@@ -152,7 +234,6 @@ Status ChunkCache::WriteEntry(const Hash128& hash, std::span<const uint8_t> byte
   // No fsync: a torn entry after a crash fails verification and is dropped, which is cheaper
   // than an fsync per chunk.
   ::close(fd);
-  const std::string path = PathOf(hash);
   std::string sub = path.substr(0, path.rfind('/'));
   ::mkdir(sub.c_str(), 0755);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -170,12 +251,12 @@ Status ChunkCache::Put(const Hash128& hash, std::span<const uint8_t> bytes) {
     Status s = EvictTo(max_bytes_ / 10 * 9 > bytes.size() ? max_bytes_ / 10 * 9 - bytes.size() : 0);
     if (!s.ok()) spdlog::warn("cache eviction failed: {}", s.ToString());
   }
-  Status s = WriteEntry(hash, bytes);
+  Status s = WriteEntry(PathOf(hash), bytes);
   if (s.kind() == ErrorKind::kResourceExhausted) {
     // The disk is fuller than our budget assumed: make room and try once more.
     uint64_t now = total_.load();
     (void)EvictTo(now / 2);
-    s = WriteEntry(hash, bytes);
+    s = WriteEntry(PathOf(hash), bytes);
   }
   if (!s.ok()) {
     spdlog::warn("chunk cache: {}", s.ToString());

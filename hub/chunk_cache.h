@@ -1,8 +1,12 @@
 // ChunkCache: a local directory of materialized chunks, content-addressed by their Hash128 —
 // the disk tier between a bucket and its readers.
 //
-// Layout: <dir>/chunks/<first 2 hex>/<32 hex> holds a chunk's raw bytes; <dir>/chunks/.tmp/ holds
-// inserts in progress; <dir>/chunks/.lock serializes eviction between processes.
+// Layout: <dir>/chunks/<first 2 hex>/<32 hex> holds a chunk's raw bytes; <32 hex>.ref instead
+// holds a reference to the chunk's bytes in a local file (path, offset, file size and mtime):
+// what `push` and `pull` record for the files they read or wrote, so that the next push or pull
+// finds its parent's chunks without a second copy on disk. A reference whose file changed or
+// vanished is a miss (and is dropped). <dir>/chunks/.tmp/ holds inserts in progress;
+// <dir>/chunks/.lock serializes eviction between processes.
 //
 // - Verified on read: every Get hashes the bytes and drops an entry that does not match (a torn
 //   or corrupted file is a miss, never wrong data).
@@ -26,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bytes.h"
 #include "core/hash.h"
 #include "core/status.h"
 
@@ -45,12 +50,16 @@ class ChunkCache {
   static Expected<std::unique_ptr<ChunkCache>> Open(const std::string& dir, uint64_t max_bytes);
 
   // True and the bytes in *out if the chunk is cached and verifies.
-  bool Get(const Hash128& hash, std::vector<uint8_t>* out);
+  bool Get(const Hash128& hash, ByteBuffer* out);
   // True if an entry exists (not verified; Get may still miss).
   bool Contains(const Hash128& hash) const;
   // Inserts a chunk whose bytes the caller has verified against `hash`. Errors are logged and
   // returned but callers may ignore them.
   Status Put(const Hash128& hash, std::span<const uint8_t> bytes);
+  // Records that bytes [offset, offset + length) of the local file `path` are the chunk `hash`
+  // (the caller verified them). Costs a small entry, not a copy.
+  Status PutReference(const Hash128& hash, const std::string& path, uint64_t offset,
+                      uint64_t length);
 
   uint64_t size_bytes() const { return total_.load(); }
   uint64_t max_bytes() const { return max_bytes_; }
@@ -63,7 +72,8 @@ class ChunkCache {
  private:
   ChunkCache(std::string dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {}
   std::string PathOf(const Hash128& hash) const;
-  Status WriteEntry(const Hash128& hash, std::span<const uint8_t> bytes);
+  Status WriteEntry(const std::string& path, std::span<const uint8_t> bytes);
+  bool GetReference(const Hash128& hash, ByteBuffer* out);
 
   const std::string dir_;  // <dir>/chunks
   const uint64_t max_bytes_;

@@ -44,12 +44,12 @@ Materializer::Materializer(Bucket* bucket, ChunkCache* cache, DecodeLimits limit
   limits_.verify_output = false;  // every result is checked against its Hash128 below
 }
 
-Expected<std::vector<uint8_t>> Materializer::Chunk(const Manifest& manifest,
+Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest,
                                                    const ManifestFile& file, size_t index) {
   stats_.chunks++;
   auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
   if (index >= file.chunks.size()) return where(Status::InvalidArgument("no such chunk"));
-  std::vector<uint8_t> current;
+  ByteBuffer current;
   if (cache_ && cache_->Get(file.chunks[index].hash, &current)) {
     stats_.cache_hits++;
     return current;
@@ -125,7 +125,7 @@ Expected<std::vector<uint8_t>> Materializer::Chunk(const Manifest& manifest,
 
   // Apply oldest first.
   ChunkCodec& codec = ThreadCodec();
-  std::vector<uint8_t> next_bytes;
+  ByteBuffer next_bytes;
   for (size_t i = steps.size(); i-- > 0;) {
     const Step& s = steps[i];
     const size_t at = static_cast<size_t>(s.chunk - s.file->chunks.data());
@@ -142,7 +142,7 @@ Expected<std::vector<uint8_t>> Materializer::Chunk(const Manifest& manifest,
     if (s.chunk->is_delta()) stats_.deltas_applied++;
     current.swap(next_bytes);
   }
-  if (cache_) (void)cache_->Put(file.chunks[index].hash, current);
+  if (cache_ && cache_results_) (void)cache_->Put(file.chunks[index].hash, current);
   return current;
 }
 

@@ -19,6 +19,7 @@
 #include <span>
 #include <vector>
 
+#include "core/bytes.h"
 #include "core/chunk_codec.h"
 #include "core/manifest.h"
 #include "hub/bucket.h"
@@ -40,12 +41,16 @@ class Materializer {
   Materializer(Bucket* bucket, ChunkCache* cache, DecodeLimits limits = {});
 
   // The bytes of chunk `index` of `file` in `manifest`, verified against the chunk's hash.
-  Expected<std::vector<uint8_t>> Chunk(const Manifest& manifest, const ManifestFile& file,
+  Expected<ByteBuffer> Chunk(const Manifest& manifest, const ManifestFile& file,
                                        size_t index);
 
   const MaterializerStats& stats() const { return stats_; }
+  // Whether materialized chunks are copied into the cache (default). `pull` turns it off: it
+  // records references to the files it writes instead.
+  void set_cache_results(bool on) { cache_results_ = on; }
 
  private:
+  bool cache_results_ = true;
   Bucket* bucket_;
   ChunkCache* cache_;
   DecodeLimits limits_;

@@ -36,14 +36,14 @@ Status ForEachChunk(Materializer& materializer, ThreadPool& pool, const Manifest
                     const ManifestFile& file,
                     const std::function<Status(size_t, std::span<const uint8_t>)>& consume) {
   const size_t window = std::max<size_t>(2, pool.size() * 2);
-  std::vector<std::optional<Expected<std::vector<uint8_t>>>> results(window);
+  std::vector<std::optional<Expected<ByteBuffer>>> results(window);
   for (size_t start = 0; start < file.chunks.size(); start += window) {
     const size_t n = std::min(window, file.chunks.size() - start);
     pool.ParallelFor(n, [&](size_t i, size_t) {
       results[i].emplace(materializer.Chunk(manifest, file, start + i));
     });
     for (size_t i = 0; i < n; ++i) {
-      Expected<std::vector<uint8_t>>& r = *results[i];
+      Expected<ByteBuffer>& r = *results[i];
       if (!r.ok()) return r.status();
       WFS_TRY(consume(start + i, *r));
       results[i].reset();
@@ -88,6 +88,15 @@ Status PullVersion(Materializer& materializer, ThreadPool& pool, const Manifest&
     if (::rename(partial.c_str(), final_path.c_str()) != 0) {
       return Status::IOError("renaming " + partial + ": " + std::strerror(errno));
     }
+    if (options.cache) {
+      // The pulled file now holds every chunk: remember where, so that pulling the next version
+      // finds its bases here without a second copy in the cache.
+      std::error_code abs_ec;
+      const std::string abs = std::filesystem::absolute(final_path, abs_ec).string();
+      for (const ManifestChunk& c : file.chunks) {
+        (void)options.cache->PutReference(c.hash, abs, c.offset, c.length);
+      }
+    }
   }
   return Status::Ok();
 }
@@ -120,7 +129,7 @@ Status ReadRange(Materializer& materializer, const Manifest& manifest, const Man
   const uint64_t end = offset + std::min(length, file.size - offset);
   for (size_t i = file.ChunkAt(offset); i < file.chunks.size() && file.chunks[i].offset < end; ++i) {
     const ManifestChunk& c = file.chunks[i];
-    WFS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, materializer.Chunk(manifest, file, i));
+    WFS_ASSIGN_OR_RETURN(ByteBuffer bytes, materializer.Chunk(manifest, file, i));
     const uint64_t from = std::max(offset, c.offset) - c.offset;
     const uint64_t to = std::min(end, c.offset + c.length) - c.offset;
     WFS_TRY(sink(std::span<const uint8_t>(bytes).subspan(from, to - from)));

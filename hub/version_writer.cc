@@ -126,6 +126,8 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
   for (size_t fi = 0; fi < files.size(); ++fi) {
     const std::span<const uint8_t> data = mapped[fi].bytes();
     const std::string& path = files[fi].path;
+    std::error_code abs_ec;
+    const std::string local_abs = std::filesystem::absolute(files[fi].local_path, abs_ec).string();
     ChunkPlan plan = PlanFile(data, data.size(), options.chunk_bytes);
     const ManifestFile* pfile = parent ? parent->FindFile(path) : nullptr;
     std::map<ChunkKey, size_t> parent_index;
@@ -180,7 +182,7 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
         result.same_chunks++;
       } else {
         if (pc) {
-          Expected<std::vector<uint8_t>> pbytes = parents.Chunk(*parent, *pfile, it->second);
+          Expected<ByteBuffer> pbytes = parents.Chunk(*parent, *pfile, it->second);
           if (!pbytes.ok()) return fail(pbytes.status().WithContext("materializing the parent's chunk"));
           ChunkEncoding enc = codec.EncodeDelta(spec.dtype, *pbytes, bytes, &payload);
           if (pbytes->size() == bytes.size()) changed = CountChanged(*pbytes, bytes, width);
@@ -212,7 +214,9 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
         if (!slot_or.ok()) return fail(slot_or.status());
         p.slot = *slot_or;
         p.fresh = true;
-        if (cache && options.cache_new_chunks) (void)cache->Put(e.hash, bytes);
+      }
+      if (cache && options.cache_new_chunks) {
+        (void)cache->PutReference(e.hash, local_abs, spec.offset, spec.length);
       }
       std::lock_guard<std::mutex> lock(mu);
       if (p.fresh) {

@@ -12,7 +12,7 @@
 // gets Conflict.
 //
 // Memory: one chunk and its payload per encode thread, plus at most `max_packs_in_flight`
-// packs. Chunks of the new version go into the cache so the next push or pull finds them.
+// packs. The new version's chunks are recorded in the cache as references to the pushed files.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +41,8 @@ struct PushOptions {
   size_t max_packs_in_flight = 4;
   KeyframePolicy keyframes;
   EncodeOptions encode;
+  // Record every chunk of the pushed files in the cache as a reference to the local file, so
+  // the next push (whose parent this version is) finds its bases without the bucket.
   bool cache_new_chunks = true;
   // Called from worker threads (serialized) with logical bytes done and total.
   std::function<void(uint64_t done, uint64_t total)> progress;

@@ -323,6 +323,8 @@ options:
   std::shared_ptr<Progress> progress;
   ReadOptions ro;
   ro.progress = ProgressFn("pull " + pos[1], &progress);
+  ro.cache = ctx->cache.get();
+  materializer.set_cache_results(false);
   Status s = PullVersion(materializer, *ctx->pool, **m, pos[2], ro);
   progress->Finish();
   if (!s.ok()) return Fail(s);

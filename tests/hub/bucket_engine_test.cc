@@ -400,9 +400,9 @@ TEST(ChunkCacheTest, EvictsLeastRecentlyUsedAndDropsCorruptEntries) {
     ASSERT_TRUE((*cache)->Put(hashes.back(), bytes).ok());
     EXPECT_LE((*cache)->size_bytes(), 10u * 1000);
   }
-  std::vector<uint8_t> out;
+  ByteBuffer out;
   EXPECT_TRUE((*cache)->Get(hashes.back(), &out));
-  EXPECT_EQ(out, std::vector<uint8_t>(1000, 19));
+  EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), std::vector<uint8_t>(1000, 19));
   EXPECT_FALSE((*cache)->Get(hashes.front(), &out));  // evicted
   // A corrupted entry is a miss and disappears.
   std::string hex = hashes.back().ToHex();
@@ -415,6 +415,32 @@ TEST(ChunkCacheTest, EvictsLeastRecentlyUsedAndDropsCorruptEntries) {
   ASSERT_TRUE(again.ok());
   EXPECT_LE((*again)->size_bytes(), 10u * 1000);
   EXPECT_GT((*again)->size_bytes(), 0u);
+  fs::remove_all(dir);
+}
+
+TEST(ChunkCacheTest, ReferencesServeLocalFilesUntilTheyChange) {
+  fs::path dir = fs::temp_directory_path() / ("wfs-cache-ref-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto cache = ChunkCache::Open((dir / "cache").string(), 1 << 20);
+  ASSERT_TRUE(cache.ok());
+  std::vector<uint8_t> file(10000);
+  for (size_t i = 0; i < file.size(); ++i) file[i] = static_cast<uint8_t>(i * 13);
+  const std::string path = (dir / "model.bin").string();
+  WriteFile(path, file);
+  const Hash128 h = HashChunk(std::span<const uint8_t>(file).subspan(1000, 4000));
+  ASSERT_TRUE((*cache)->PutReference(h, path, 1000, 4000).ok());
+  EXPECT_TRUE((*cache)->Contains(h));
+  EXPECT_LT((*cache)->size_bytes(), 1000u);  // a reference, not a copy
+  ByteBuffer out;
+  ASSERT_TRUE((*cache)->Get(h, &out));
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), file.begin() + 1000));
+  // The file is rewritten: the reference is stale, a miss, and gone.
+  file[2000] ^= 1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  WriteFile(path, file);
+  EXPECT_FALSE((*cache)->Get(h, &out));
+  EXPECT_FALSE((*cache)->Contains(h));
   fs::remove_all(dir);
 }
 
