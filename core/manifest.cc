@@ -56,6 +56,10 @@ Status ValidateComponents(std::string_view what, std::string_view s, size_t max_
   return Status::Ok();
 }
 
+// A name inside a manifest that fails validation is damaged data from the bucket (Corruption,
+// EIO to a reader), not a caller's mistake (InvalidArgument, EINVAL).
+Status AsCorruption(const Status& s) { return s.ok() ? s : Status::Corruption(s.message()); }
+
 bool IsHex(std::string_view s, size_t n) {
   if (s.size() != n) return false;
   return std::all_of(s.begin(), s.end(),
@@ -87,6 +91,13 @@ Expected<std::vector<uint8_t>> Decompress(std::span<const uint8_t> bytes) {
     return Status::Corruption("manifest: not a valid zstd frame");
   }
   if (size > kMaxManifestBytes) return Status::ResourceExhausted("manifest larger than 1 GiB");
+  // The declared size is a claim, and it sizes the allocation below. Every block that yields
+  // output costs at least 4 bytes (3 of header) and yields at most 128 KiB, so no frame expands
+  // more than 32768x: a 20-byte frame claiming 1 GiB is refused here instead of costing 1 GiB.
+  if (size > static_cast<uint64_t>(bytes.size()) * 32768) {
+    return Status::Corruption("manifest: zstd frame of " + std::to_string(bytes.size()) +
+                              " bytes claims " + std::to_string(size) + " bytes");
+  }
   std::vector<uint8_t> out(size);
   size_t n = ZSTD_decompress(out.data(), out.size(), bytes.data(), bytes.size());
   if (ZSTD_isError(n) || n != size) return Status::Corruption("manifest: zstd frame does not decode");
@@ -124,6 +135,14 @@ Status ParseChunkRow(const json& row, const Manifest& m, ManifestChunk* c) {
   }
   if (origin >= m.versions.size()) return Status::Corruption("chunk origin out of range");
   if (depth > kMaxDepth) return Status::Corruption("chunk chain depth out of range");
+  // No chain holds more than kMaxDepth payloads of kMaxPayloadBytes; larger counts would wrap
+  // KeyframePolicy's sum (and the writer's) around u64.
+  if (c->chain_bytes > kMaxDepth * kMaxPayloadBytes) {
+    return Status::Corruption("chunk chain bytes out of range");
+  }
+  if (c->keyframe_bytes > kMaxPayloadBytes) {
+    return Status::Corruption("chunk keyframe bytes out of range");
+  }
   c->origin = static_cast<uint32_t>(origin);
   c->depth = static_cast<uint32_t>(depth);
   if (c->is_delta()) {
@@ -142,7 +161,7 @@ Status ParseFile(const json& jf, const Manifest& m, ManifestFile* f) {
   const json* path = Field(jf, "path");
   if (!path) return Status::Corruption("file entry without a path");
   WFS_ASSIGN_OR_RETURN(f->path, Str(*path, "file path"));
-  WFS_TRY(ValidateFilePath(f->path).WithContext("manifest"));
+  WFS_TRY(AsCorruption(ValidateFilePath(f->path)));  // the caller adds "manifest M@V"
   auto ctx = [&](const Status& s) { return s.WithContext("file '" + f->path + "'"); };
   const json* size = Field(jf, "size");
   const json* sha = Field(jf, "sha256");
@@ -271,8 +290,8 @@ Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes, std::string_vie
   }
   WFS_ASSIGN_OR_RETURN(m.model, Str(j["model"], "model"));
   WFS_ASSIGN_OR_RETURN(m.version, Str(j["version"], "version"));
-  WFS_TRY(ValidateModelName(m.model).WithContext("manifest"));
-  WFS_TRY(ValidateVersionName(m.version).WithContext("manifest"));
+  WFS_TRY(AsCorruption(ValidateModelName(m.model)).WithContext("manifest"));
+  WFS_TRY(AsCorruption(ValidateVersionName(m.version)).WithContext("manifest"));
   if (!expected_model.empty() && m.model != expected_model) {
     return Status::Corruption("manifest names model '" + m.model + "' but is stored under '" + std::string(expected_model) + "'");
   }
@@ -283,7 +302,7 @@ Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes, std::string_vie
   if (const json* p = Field(j, "parent"); p && !p->is_null()) {
     Expected<std::string> parent = Str(*p, "parent");
     if (!parent.ok()) return ctx(parent.status());
-    WFS_TRY(ctx(ValidateVersionName(*parent)));
+    WFS_TRY(ctx(AsCorruption(ValidateVersionName(*parent))));
     if (*parent == m.version) return ctx(Status::Corruption("version is its own parent"));
     m.parent = *parent;
   }
@@ -305,7 +324,7 @@ Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes, std::string_vie
   for (const json& v : versions) {
     Expected<std::string> name = Str(v, "versions entry");
     if (!name.ok()) return ctx(name.status());
-    WFS_TRY(ctx(ValidateVersionName(*name)));
+    WFS_TRY(ctx(AsCorruption(ValidateVersionName(*name))));
     if (!seen.insert(*name).second) return ctx(Status::Corruption("duplicate entry in versions"));
     m.versions.push_back(*name);
   }
@@ -379,31 +398,68 @@ Expected<VersionRef> ParseVersionRef(std::string_view text, bool version_require
 }
 
 std::string FormatUtc(int64_t unix_ms) {
-  std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  // Floor division: -1 ms is 23:59:59.999 of the day before, not ".-01".
+  int64_t secs = unix_ms / 1000;
+  int ms = static_cast<int>(unix_ms % 1000);
+  if (ms < 0) {
+    ms += 1000;
+    --secs;
+  }
+  std::time_t t = static_cast<std::time_t>(secs);
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[40];
   size_t n = std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
-  std::snprintf(buf + n, sizeof(buf) - n, ".%03dZ", static_cast<int>(unix_ms % 1000));
+  std::snprintf(buf + n, sizeof(buf) - n, ".%03dZ", ms);
   return buf;
 }
 
+// Exactly "YYYY-MM-DDTHH:MM:SS[.f...]Z" with every field in range (strptime would take spaces,
+// one-digit fields and February 31, and stop at a NUL).
 Expected<int64_t> ParseUtc(std::string_view text) {
-  std::tm tm{};
-  std::string s(text);
-  const char* end = strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
-  int64_t ms = 0;
-  if (end && *end == '.') {
-    int digits = 0;
-    for (++end; *end >= '0' && *end <= '9'; ++end, ++digits) {
-      if (digits < 3) ms = ms * 10 + (*end - '0');
+  auto bad = [&] {  // quotes at most 64 bytes: the text may be anything a manifest holds
+    return Status::Corruption("'" + std::string(text.substr(0, 64)) +
+                              (text.size() > 64 ? "...'" : "'") + " is not an RFC 3339 UTC time");
+  };
+  auto digits = [&](size_t pos, size_t len) {
+    int v = 0;
+    for (size_t i = pos; i < pos + len; ++i) {
+      if (text[i] < '0' || text[i] > '9') return -1;
+      v = v * 10 + (text[i] - '0');
     }
-    if (digits == 0) end = nullptr;
-    for (; digits < 3; ++digits) ms *= 10;
+    return v;
+  };
+  if (text.size() < 20 || text[4] != '-' || text[7] != '-' || text[10] != 'T' || text[13] != ':' ||
+      text[16] != ':') {
+    return bad();
   }
-  if (!end || std::string_view(end) != "Z") {
-    return Status::Corruption("'" + s + "' is not an RFC 3339 UTC time");
+  const int year = digits(0, 4), month = digits(5, 2), day = digits(8, 2);
+  const int hour = digits(11, 2), minute = digits(14, 2), second = digits(17, 2);
+  static constexpr int kDaysInMonth[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const bool leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+  if (year < 0 || month < 1 || month > 12 || day < 1 ||
+      day > kDaysInMonth[month - 1] + (month == 2 && leap) || hour < 0 || hour > 23 ||
+      minute < 0 || minute > 59 || second < 0 || second > 60 /* leap second */) {
+    return bad();
   }
+  size_t pos = 19;
+  int64_t ms = 0;
+  if (text[pos] == '.') {
+    size_t n = 0;
+    for (++pos; pos < text.size() && text[pos] >= '0' && text[pos] <= '9'; ++pos, ++n) {
+      if (n < 3) ms = ms * 10 + (text[pos] - '0');
+    }
+    if (n == 0) return bad();
+    for (; n < 3; ++n) ms *= 10;
+  }
+  if (text.substr(pos) != "Z") return bad();
+  std::tm tm{};
+  tm.tm_year = year - 1900;
+  tm.tm_mon = month - 1;
+  tm.tm_mday = day;
+  tm.tm_hour = hour;
+  tm.tm_min = minute;
+  tm.tm_sec = second;
   return static_cast<int64_t>(timegm(&tm)) * 1000 + ms;
 }
 

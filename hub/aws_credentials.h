@@ -1,0 +1,73 @@
+// AwsCredentials and the lookup of credentials and region the way the AWS CLI and SDKs do it,
+// for the S3 store.
+//
+// Credentials, first match wins:
+//   1. AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN) in the environment;
+//   2. profile AWS_PROFILE (default "default") of the shared credentials file
+//      (AWS_SHARED_CREDENTIALS_FILE, default ~/.aws/credentials): section "[name]";
+//   3. the same profile in the config file (AWS_CONFIG_FILE, default ~/.aws/config):
+//      section "[profile name]" ("[default]" for the default profile);
+//   4. none: requests go unsigned (anonymous), which public buckets and test servers accept.
+// Region: AWS_REGION, AWS_DEFAULT_REGION, the profile's `region` in the config file, else
+// us-east-1.
+//
+// Not supported (they need network calls or external processes): credential_process, SSO,
+// assume-role profiles, EC2/ECS instance metadata. A profile that only has those settings
+// counts as absent.
+//
+// The INI reader follows the CLI's tolerance: blank lines, full-line `#`/`;` comments, inline
+// comments after whitespace, spaces around `=` and inside brackets, case-insensitive keys,
+// indented sub-settings (e.g. `s3 =` blocks) skipped.
+//
+// Secrets never leave these structs through messages: errors name files, profiles and
+// settings, never values. All functions are thread-safe (they read the environment through the
+// given lookup and files they open themselves).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+
+namespace weightfs {
+
+struct AwsCredentials {
+  std::string access_key_id;
+  std::string secret_access_key;
+  std::string session_token;  // empty: long-term credentials
+  // Where they came from, for messages: "environment", "profile 'x' in /home/u/.aws/credentials".
+  std::string source;
+};
+
+// Reads one environment variable; nullopt when unset. Tests pass a map-backed lookup.
+using AwsEnvLookup = std::function<std::optional<std::string>(std::string_view name)>;
+
+// The process environment (getenv).
+AwsEnvLookup ProcessAwsEnv();
+
+struct AwsSettings {
+  std::optional<AwsCredentials> credentials;  // nullopt: anonymous
+  std::string region;                         // never empty
+  std::string profile;                        // the profile consulted
+};
+
+// Resolves credentials and region as described above. Errors (InvalidArgument) only for a
+// configuration the user must fix: AWS_ACCESS_KEY_ID without AWS_SECRET_ACCESS_KEY (or the
+// reverse), a profile with a key id but no secret, an explicitly named AWS_PROFILE found in
+// neither file, an unreadable file that exists.
+Expected<AwsSettings> LoadAwsSettings(const AwsEnvLookup& env = ProcessAwsEnv());
+
+// One INI file as the AWS tools read it: section -> key (lower-cased) -> value.
+// Exposed for tests.
+struct AwsIniSection {
+  std::string name;  // as written between the brackets, trimmed ("profile x", "default")
+  std::vector<std::pair<std::string, std::string>> values;
+  const std::string* Find(std::string_view key) const;
+};
+std::vector<AwsIniSection> ParseAwsIni(std::string_view text);
+
+}  // namespace weightfs
