@@ -37,7 +37,9 @@ struct HttpOptions {
   uint64_t low_speed_bytes_per_s = 1024;
   // Upper bound on one attempt, whatever its speed (0: none).
   std::chrono::milliseconds request_timeout{0};
-  int max_attempts = 6;  // total tries of an idempotent request (1 = no retry)
+  // Total tries of an idempotent request (1 = no retry). At a 20% error rate 10 tries fail
+  // one request in 10^7; 6 would fail one in 15000, i.e. dozens in a 1T-parameter pull.
+  int max_attempts = 10;
   std::chrono::milliseconds backoff_base{100};  // delay before retry k: rand(0, base * 2^k)
   std::chrono::milliseconds backoff_max{10'000};
   // Overall budget for one Send including retries and backoff; when exceeded the last error

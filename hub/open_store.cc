@@ -1,10 +1,7 @@
 #include "hub/open_store.h"
 
 #include "hub/local_store.h"
-#if __has_include("hub/s3_store.h")
 #include "hub/s3_store.h"
-#define WFS_HAVE_S3 1
-#endif
 #include "hub/webdav_store.h"
 
 namespace weightfs {
@@ -16,15 +13,11 @@ Expected<OpenedStore> OpenStore(std::string_view url, const StoreOptions& option
     out.http = std::make_shared<HttpClient>(options.http);
     WFS_ASSIGN_OR_RETURN(inner, OpenWebDavStore(url, out.http));
   } else if (url.starts_with("s3://")) {
-#ifdef WFS_HAVE_S3
     out.http = std::make_shared<HttpClient>(options.http);
     S3Options s3;
     s3.endpoint = options.s3_endpoint;
     s3.region = options.s3_region;
     WFS_ASSIGN_OR_RETURN(inner, OpenS3Store(url, s3, out.http));
-#else
-    return Status::Unsupported("s3:// is not built in");
-#endif
   } else if (url.find("://") != std::string_view::npos && !url.starts_with("file://")) {
     return Status::InvalidArgument("unsupported bucket URL '" + std::string(url) +
                                    "' (use a path, file://, http(s):// or s3://)");

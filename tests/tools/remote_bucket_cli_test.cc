@@ -1,0 +1,180 @@
+// The bucket commands against real servers on loopback: nginx (WebDAV) for http:// and s3rver
+// for s3://, directly and through a fault-injecting proxy (503s, stalls, a bucket that is down).
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tests/hub/s3_test_server.h"
+#include "tests/hub/test_servers.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using weightfs::test::FaultProxy;
+using weightfs::test::NginxServer;
+using weightfs::test::S3rverServer;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  double seconds = 0;
+};
+
+Result RunCli(const std::string& args) {
+  Result r;
+  auto t0 = std::chrono::steady_clock::now();
+  // s3rver's only account; s3rver does not check signatures but does check the key id.
+  std::string cmd = "AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1 " +
+                    std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::string Slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class RemoteBucketCli : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = fs::temp_directory_path() / ("wfs-remote-data-" + std::to_string(getpid()));
+    fs::remove_all(data_);
+    Result g = RunCli("gen " + data_.string() + " --params 4M --versions 3 --lr 1e-6 --shard-size 4M --seed 5");
+    ASSERT_EQ(g.exit_code, 0) << g.out;
+  }
+  static void TearDownTestSuite() { fs::remove_all(data_); }
+
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("wfs-remote-" + std::to_string(getpid()) + "-" +
+                                         std::to_string(counter_++));
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    if (GetParam() == "http") {
+      nginx_ = std::make_unique<NginxServer>();
+      ASSERT_TRUE(nginx_->Start());
+      origin_ = nginx_->url();
+    } else {
+      s3_ = std::make_unique<S3rverServer>("bench");
+      ASSERT_TRUE(s3_->Start());
+      origin_ = s3_->endpoint();
+    }
+  }
+  void TearDown() override {
+    proxy_.reset();
+    nginx_.reset();
+    s3_.reset();
+    fs::remove_all(root_);
+  }
+
+  // The bucket URL and options for a server at `base` (the origin or a proxy in front of it).
+  std::string Bucket(const std::string& base) const {
+    if (GetParam() == "http") return base + "/bucket";
+    return "s3://bench/run --endpoint " + base;
+  }
+  std::string Version(int k) const { return (data_ / ("v00" + std::to_string(k))).string(); }
+  std::string Cache(const std::string& name) const { return " --cache-dir " + (root_ / name).string(); }
+
+  void ExpectPulledEqual(const std::string& bucket, int k, const std::string& cache) {
+    const fs::path dest = root_ / ("out" + std::to_string(k) + cache);
+    Result pull = RunCli("pull " + bucket + " acme/m@v" + std::to_string(k) + " " + dest.string() +
+                         Cache(cache) + " --timeout 60 --stats");
+    ASSERT_EQ(pull.exit_code, 0) << pull.out;
+    for (const auto& e : fs::directory_iterator(Version(k))) {
+      EXPECT_EQ(Slurp(e.path()), Slurp(dest / e.path().filename())) << e.path();
+    }
+  }
+
+  static fs::path data_;
+  static int counter_;
+  fs::path root_;
+  std::unique_ptr<NginxServer> nginx_;
+  std::unique_ptr<S3rverServer> s3_;
+  std::unique_ptr<FaultProxy> proxy_;
+  std::string origin_;
+};
+fs::path RemoteBucketCli::data_;
+int RemoteBucketCli::counter_ = 0;
+
+TEST_P(RemoteBucketCli, PushPullVerifyGcRoundTrip) {
+  const std::string bucket = Bucket(origin_);
+  ASSERT_EQ(RunCli("init " + bucket).exit_code, 0);
+  for (int k = 0; k < 3; ++k) {
+    Result p = RunCli("push " + bucket + " acme/m@v" + std::to_string(k) + " " + Version(k) +
+                      Cache("push") + " --pack-size 1M");
+    ASSERT_EQ(p.exit_code, 0) << p.out;
+  }
+  ExpectPulledEqual(bucket, 2, "cold");
+  Result v = RunCli("verify " + bucket + " acme/m@v2");
+  EXPECT_EQ(v.exit_code, 0) << v.out;
+  Result log = RunCli("log " + bucket + " acme/m");
+  EXPECT_EQ(log.exit_code, 0) << log.out;
+  EXPECT_NE(log.out.find("acme/m@v2"), std::string::npos) << log.out;
+  Result again = RunCli("push " + bucket + " acme/m@v2 " + Version(2) + " --no-cache");
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.out.find("already"), std::string::npos) << again.out;
+  Result gc = RunCli("gc " + bucket + " --dry-run");
+  EXPECT_EQ(gc.exit_code, 0) << gc.out;
+  EXPECT_NE(gc.out.find("would remove 0 unreferenced packs"), std::string::npos) << gc.out;
+}
+
+TEST_P(RemoteBucketCli, FlakyBucketStillWorks) {
+  proxy_ = std::make_unique<FaultProxy>();
+  FaultProxy::Options o;
+  o.error_rate = 0.2;
+  o.stall_rate = 0.05;
+  o.stall_seconds = 1;
+  o.seed = 7;
+  ASSERT_TRUE(proxy_->Start(origin_, o));
+  const std::string bucket = Bucket(proxy_->url());
+  ASSERT_EQ(RunCli("init " + Bucket(origin_)).exit_code, 0);
+  for (int k = 0; k < 2; ++k) {
+    Result p = RunCli("push " + bucket + " acme/m@v" + std::to_string(k) + " " + Version(k) +
+                      Cache("push") + " --pack-size 1M --timeout 60 --stats");
+    ASSERT_EQ(p.exit_code, 0) << p.out;
+  }
+  ExpectPulledEqual(bucket, 1, "flaky");
+  auto stats = proxy_->Stats();
+  EXPECT_GT(stats["errors"], 0u);  // the faults did happen
+}
+
+TEST_P(RemoteBucketCli, BucketThatIsDownFailsWithinTheTimeout) {
+  proxy_ = std::make_unique<FaultProxy>();
+  ASSERT_TRUE(proxy_->Start(origin_));
+  const std::string bucket = Bucket(proxy_->url());
+  ASSERT_EQ(RunCli("init " + bucket).exit_code, 0);
+  ASSERT_EQ(RunCli("push " + bucket + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  for (const char* mode : {"down", "stall"}) {
+    SCOPED_TRACE(mode);
+    proxy_->SetMode(mode);
+    Result pull = RunCli("pull " + bucket + " acme/m@v0 " + (root_ / "out").string() +
+                         " --no-cache --timeout 4");
+    EXPECT_EQ(pull.exit_code, 1) << pull.out;
+    EXPECT_LT(pull.seconds, 30.0) << pull.out;
+    Result push = RunCli("push " + bucket + " acme/m@v1 " + Version(1) + " --no-cache --timeout 4");
+    EXPECT_EQ(push.exit_code, 1) << push.out;
+    EXPECT_LT(push.seconds, 30.0) << push.out;
+  }
+  proxy_->SetMode("normal");
+  EXPECT_EQ(RunCli("verify " + bucket + " acme/m@v0 --timeout 30").exit_code, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, RemoteBucketCli, ::testing::Values("http", "s3"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
