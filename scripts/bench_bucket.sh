@@ -9,7 +9,8 @@
 #   compared with the source), a cold pull of the last version (bytes received vs the payload
 #   bytes its chains need), and a warm pull of version N+1 with N in the cache (bytes received
 #   vs N+1's stored bytes). Baselines: `cp` of the same files and `zstd -3 -T0` of them.
-# Environment: PARAMS (500M), VERSIONS (9 after the base), WORK (/tmp/wfs-bench), KEEP=1 keeps WORK.
+# Environment: PARAMS (500M), VERSIONS (9 after the base), WORK (/tmp/wfs-bench), KEEP=1 keeps
+# WORK's bucket and caches, WEIGHTFS=path uses that binary instead of building one.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 params=${PARAMS:-500M}
@@ -19,8 +20,12 @@ backends=("$@")
 ((${#backends[@]})) || backends=(local)
 
 "$root/scripts/setup.sh"
-TARGET=weightfs "$root/scripts/build.sh" >/dev/null
-wfs="$root/build/tools/weightfs"
+if [[ -n "${WEIGHTFS:-}" ]]; then
+  wfs=$WEIGHTFS  # a binary built elsewhere
+else
+  TARGET=weightfs "$root/scripts/build.sh" >/dev/null
+  wfs="$root/build/tools/weightfs"
+fi
 
 now() { date +%s.%N; }
 secs() { awk "BEGIN { print $2 - $1 }"; }

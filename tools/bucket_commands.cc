@@ -23,6 +23,7 @@
 #include "hub/version_writer.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/store_args.h"
 
 namespace weightfs::cli {
 namespace {
@@ -55,13 +56,6 @@ const std::vector<std::string> kCommonFlags = {"--help", "-h"};
 std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
-}
-
-std::string DefaultCacheDir() {
-  if (const char* d = std::getenv("WEIGHTFS_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/weightfs";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/weightfs";
-  return "/tmp/weightfs-cache";
 }
 
 // Everything a bucket command needs, built from the common options.
@@ -114,15 +108,7 @@ Status SetLogLevel(const ArgParser& args) {
 Expected<Context> OpenContext(const ArgParser& args, const std::string& url, bool open_bucket,
                               bool with_cache) {
   WFS_TRY(SetLogLevel(args));
-  StoreOptions so;
-  so.s3_endpoint = args.GetOr("--endpoint", "");
-  so.s3_region = args.GetOr("--region", "");
-  if (auto t = args.Get("--timeout")) {
-    WFS_ASSIGN_OR_RETURN(double seconds, ParseDouble(*t));
-    so.http.total_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-    so.http.stall_timeout = std::min(so.http.stall_timeout, so.http.total_timeout);
-    so.http.connect_timeout = std::min(so.http.connect_timeout, so.http.total_timeout);
-  }
+  WFS_ASSIGN_OR_RETURN(StoreOptions so, StoreOptionsFromArgs(args));
   Context ctx;
   WFS_ASSIGN_OR_RETURN(ctx.opened, OpenStore(url, so));
   if (open_bucket) {
@@ -323,8 +309,8 @@ options:
   std::shared_ptr<Progress> progress;
   ReadOptions ro;
   ro.progress = ProgressFn("pull " + pos[1], &progress);
-  ro.cache = ctx->cache.get();
-  materializer.set_cache_results(false);
+  // The cache gets copies of the chunks (not references to DEST): a pulled directory is often
+  // deleted or overwritten once loaded, and the next pull must still find version N here.
   Status s = PullVersion(materializer, *ctx->pool, **m, pos[2], ro);
   progress->Finish();
   if (!s.ok()) return Fail(s);
