@@ -8,6 +8,8 @@ namespace weightfs::cli {
 
 int GenMain(int argc, char** argv);         // weightfs gen
 int BenchCodecMain(int argc, char** argv);  // weightfs bench codec
+int MountMain(int argc, char** argv);       // weightfs mount
+int UnmountMain(int argc, char** argv);     // weightfs unmount
 // init, push, pull, cat, log, verify, gc; returns -1 if `command` is none of them.
 int BucketMain(const std::string& command, int argc, char** argv);
 

@@ -19,6 +19,8 @@ commands:
   log          list versions: parent, size, stored bytes, ratio, % changed
   verify       re-derive every chunk of a version from the bucket and check every hash
   gc           remove unreferenced packs; retire old versions
+  mount        show every version of a bucket as read-only directories (FUSE)
+  unmount      unmount a weightfs mount and wait for its daemon to exit
   gen          generate a realistic checkpoint sequence (safetensors shards) for tests and demos
   bench codec  measure the delta codec against zstd, zstd --patch-from and the entropy floor
 
@@ -40,6 +42,8 @@ int main(int argc, char** argv) {
   }
   if (int rc = weightfs::cli::BucketMain(cmd, argc - 1, argv + 1); rc >= 0) return rc;
   if (cmd == "gen") return weightfs::cli::GenMain(argc - 1, argv + 1);
+  if (cmd == "mount") return weightfs::cli::MountMain(argc - 1, argv + 1);
+  if (cmd == "unmount" || cmd == "umount") return weightfs::cli::UnmountMain(argc - 1, argv + 1);
   if (cmd == "bench") {
     if (argc >= 3 && std::string(argv[2]) == "codec") {
       return weightfs::cli::BenchCodecMain(argc - 2, argv + 2);

@@ -1,0 +1,216 @@
+#include "fs/chunk_reader.h"
+
+#include <algorithm>
+#include <new>
+
+#include <spdlog/spdlog.h>
+
+namespace weightfs {
+namespace {
+
+// Reads that start within this distance of the previous read's end count as sequential:
+// with FUSE_CAP_ASYNC_READ the kernel's readahead requests can arrive slightly out of order.
+constexpr uint64_t kSequentialSlack = 2ull << 20;
+
+}  // namespace
+
+ChunkReader::ChunkReader(Materializer* materializer, ChunkReaderOptions options)
+    : materializer_(materializer),
+      options_(options),
+      // Readahead must not evict what it is reading ahead for: at most a quarter of the budget.
+      readahead_bytes_(std::min(options.readahead_bytes, options.memory_limit / 4)),
+      readahead_(readahead_bytes_ ? options.readahead_threads : 0, options.readahead_queue) {}
+
+ChunkReader::~ChunkReader() = default;
+
+uint64_t ChunkReader::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_bytes_;
+}
+
+void ChunkReader::InsertLocked(const Hash128& hash, std::shared_ptr<const ByteBuffer> bytes) {
+  const uint64_t size = bytes->size();
+  if (size > options_.memory_limit || cache_.count(hash)) return;
+  lru_.push_front(hash);
+  cache_.emplace(hash, Entry{std::move(bytes), lru_.begin()});
+  cached_bytes_ += size;
+  while (cached_bytes_ > options_.memory_limit && !lru_.empty()) {
+    auto it = cache_.find(lru_.back());
+    cached_bytes_ -= it->second.bytes->size();
+    cache_.erase(it);
+    lru_.pop_back();
+    stats_.evictions++;
+  }
+}
+
+ChunkReader::ChunkResult ChunkReader::Chunk(const std::shared_ptr<const Manifest>& manifest,
+                                            const ManifestFile& file, size_t index) {
+  const Hash128& hash = file.chunks[index].hash;
+  std::promise<ChunkResult> promise;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (auto it = cache_.find(hash); it != cache_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second.lru);
+      stats_.memory_hits++;
+      return it->second.bytes;
+    }
+    if (auto it = inflight_.find(hash); it != inflight_.end()) {
+      std::shared_future<ChunkResult> future = it->second;
+      lock.unlock();
+      stats_.shared_waits++;
+      return future.get();
+    }
+    inflight_.emplace(hash, promise.get_future().share());
+  }
+
+  // This thread materializes; everyone else asking for `hash` meanwhile waits on `promise`,
+  // which is therefore fulfilled on every path, exceptions included.
+  stats_.materializations++;
+  if (spdlog::should_log(spdlog::level::debug)) {
+    spdlog::debug("materializing {}", DescribeChunkOf(*manifest, file, index));
+  }
+  ChunkResult result = Status::IOError("not materialized");
+  try {
+    Expected<ByteBuffer> bytes = materializer_->Chunk(*manifest, file, index);
+    if (bytes.ok()) {
+      result = std::shared_ptr<const ByteBuffer>(std::make_shared<ByteBuffer>(std::move(bytes).value()));
+    } else {
+      result = bytes.status();
+    }
+  } catch (const std::bad_alloc&) {
+    result = Status::ResourceExhausted("out of memory materializing " +
+                                       DescribeChunkOf(*manifest, file, index));
+  } catch (const std::exception& e) {
+    result = Status::IOError(std::string("materializing ") + DescribeChunkOf(*manifest, file, index) +
+                             ": " + e.what());
+  }
+  if (result.ok() && (*result)->size() != file.chunks[index].length) {
+    // The Materializer verified the hash, so this cannot happen with a valid manifest; a
+    // reply must never be built on a short buffer all the same.
+    result = Status::Corruption("materialized " + std::to_string((*result)->size()) +
+                                " bytes where the manifest says " +
+                                std::to_string(file.chunks[index].length) + ": " +
+                                DescribeChunkOf(*manifest, file, index));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inflight_.erase(hash);
+    if (result.ok()) {
+      InsertLocked(hash, *result);
+    } else {
+      stats_.failures++;
+    }
+  }
+  promise.set_value(result);
+  return result;
+}
+
+bool ChunkReader::Prefetch(const std::shared_ptr<const Manifest>& manifest,
+                           const ManifestFile& file, size_t index) {
+  if (index >= file.chunks.size()) return true;
+  const Hash128 hash = file.chunks[index].hash;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cache_.count(hash) || inflight_.count(hash) || !queued_.insert(hash).second) return true;
+  }
+  const ManifestFile* f = &file;
+  bool queued = readahead_.TryPush([this, manifest, f, index, hash] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queued_.erase(hash);
+    }
+    try {
+      ChunkResult r = Chunk(manifest, *f, index);
+      if (!r.ok()) spdlog::debug("readahead: {}", r.status().ToString());
+    } catch (...) {
+      // Readahead is optional work: a failure here is reported by the read that needs it.
+    }
+  });
+  if (queued) {
+    stats_.readahead_queued++;
+    return true;
+  }
+  stats_.readahead_dropped++;
+  std::lock_guard<std::mutex> lock(mu_);
+  queued_.erase(hash);
+  return false;
+}
+
+void ChunkReader::Readahead(const std::shared_ptr<const Manifest>& manifest,
+                            const ManifestFile& file, uint64_t offset, uint64_t end, size_t last,
+                            ReadStream* stream) {
+  // A stream's first read starts no run: a loader reads the header first and then jumps to
+  // the tensors it wants; cat's second read comes soon enough.
+  const uint64_t previous_end = stream->next_offset_.exchange(end);
+  const bool sequential = previous_end != ReadStream::kNoRead &&
+                          offset <= previous_end + kSequentialSlack &&
+                          offset + kSequentialSlack >= previous_end;
+  if (!sequential) {
+    // A new run starts here: forget the old one's window.
+    stream->run_start_ = offset;
+    stream->home_end_ = 0;
+    stream->streaming_ = false;
+    stream->queued_until_ = static_cast<int64_t>(last);
+    return;
+  }
+  // Until the run is longer than the kernel's readahead, it may be the kernel reading past the
+  // header or past the end of a tensor, not the application.
+  if (offset < stream->run_start_.load() + kSequentialSlack) return;
+  const std::string& tensor = file.chunks[last].key.tensor;
+  if (stream->home_end_.load() == 0 && tensor != kHeaderChunkName) {
+    // The run's first data tensor: where does it end?
+    size_t i = last;
+    while (i + 1 < file.chunks.size() && file.chunks[i + 1].key.tensor == tensor) ++i;
+    stream->home_end_ = file.chunks[i].offset + file.chunks[i].length;
+  }
+  const uint64_t home_end = stream->home_end_.load();
+  if (home_end != 0 && offset >= home_end + kSequentialSlack) stream->streaming_ = true;
+  const bool streaming = stream->streaming_;
+
+  // The chunks after `last`, up to readahead_bytes_. The stream remembers how far it has
+  // queued, so that each read only adds what the window newly covers; a full queue stops the
+  // window there (a later read tries again).
+  uint64_t budget = readahead_bytes_;
+  int64_t queued = stream->queued_until_.load();
+  int64_t until = queued;
+  for (size_t i = last + 1; i < file.chunks.size() && budget > 0; ++i) {
+    if (!streaming && file.chunks[i].key.tensor != tensor) break;
+    budget -= std::min(budget, file.chunks[i].length);
+    if (static_cast<int64_t>(i) <= queued) continue;
+    if (!Prefetch(manifest, file, i)) break;
+    until = static_cast<int64_t>(i);
+  }
+  while (queued < until && !stream->queued_until_.compare_exchange_weak(queued, until)) {
+  }
+}
+
+Expected<ReadResult> ChunkReader::Read(const std::shared_ptr<const Manifest>& manifest,
+                                       const ManifestFile& file, uint64_t offset, size_t size,
+                                       ReadStream* stream) {
+  ReadResult out;
+  stats_.reads++;
+  if (offset >= file.size || size == 0) return out;
+  const uint64_t end = std::min<uint64_t>(file.size, offset + size);
+  const size_t first = file.ChunkAt(offset);
+  const size_t last = file.ChunkAt(end - 1);
+
+  if (stream && readahead_bytes_ > 0) Readahead(manifest, file, offset, end, last, stream);
+
+  out.chunks.reserve(last - first + 1);
+  out.iov.reserve(last - first + 1);
+  for (size_t i = first; i <= last; ++i) {
+    ChunkResult bytes = Chunk(manifest, file, i);
+    if (!bytes.ok()) return bytes.status();
+    const ManifestChunk& c = file.chunks[i];
+    const uint64_t from = std::max(offset, c.offset);
+    const uint64_t to = std::min(end, c.offset + c.length);
+    out.iov.push_back({const_cast<uint8_t*>((*bytes)->data() + (from - c.offset)),
+                       static_cast<size_t>(to - from)});
+    out.chunks.push_back(std::move(bytes).value());
+  }
+  out.size = static_cast<size_t>(end - offset);
+  stats_.read_bytes += out.size;
+  return out;
+}
+
+}  // namespace weightfs

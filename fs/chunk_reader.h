@@ -1,0 +1,156 @@
+// ChunkReader: the read path of the mount — turns a byte range of a file of a published version
+// into verified bytes, chunk by chunk:
+//
+//   memory cache (this class; LRU, bounded by `memory_limit` bytes)
+//     -> disk cache (hub ChunkCache, consulted by the Materializer)
+//       -> Materializer (nearest cached ancestor or keyframe, parallel range reads, verified)
+//
+// Chunks are keyed by their content hash, so identical chunks of different versions or files
+// share one entry. Buffers are handed out as shared_ptr<const ByteBuffer>: a reply can point
+// into them (fuse_reply_iov) while the cache is free to evict them; they are never copied.
+//
+// Single flight: concurrent readers of one chunk share one materialization. The first caller
+// materializes on its own thread; the others wait on its shared_future. No lock is held across
+// the materialization (network and disk I/O, decoding).
+//
+// Readahead: a ReadStream (one per open file handle) notices sequential reads and queues the
+// chunks after the current one, up to `readahead_bytes`, on a small pool of background threads
+// with a bounded queue. "Sequential" means more than the kernel's own readahead window
+// (which reads past whatever an application reads) of consecutive bytes. A reader that reads
+// one tensor (safetensors' mmap, a loader picking tensors) must not pay for its neighbours: the
+// window stays inside the tensor being read until the stream has read well past the end of the
+// tensor it started in (it reads the file, like cat or cp).
+// Readahead never blocks a read and its failures are not reported (the read that needs the
+// chunk materializes it again and reports the error).
+//
+// Memory: at most `memory_limit` bytes of cached chunks, plus the chunks in flight (one per
+// reading thread and per readahead thread) and the buffers that replies still hold.
+//
+// Thread-safe.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/bytes.h"
+#include "core/manifest.h"
+#include "fs/work_queue.h"
+#include "hub/materializer.h"
+
+namespace weightfs {
+
+struct ChunkReaderOptions {
+  uint64_t memory_limit = 1ull << 30;      // bytes of materialized chunks kept in memory
+  uint64_t readahead_bytes = 32ull << 20;  // how far ahead of a sequential reader; 0 = off
+  size_t readahead_threads = 2;
+  size_t readahead_queue = 16;  // waiting readahead jobs beyond which new ones are dropped
+};
+
+struct ChunkReaderStats {
+  std::atomic<uint64_t> reads{0};
+  std::atomic<uint64_t> read_bytes{0};
+  std::atomic<uint64_t> memory_hits{0};
+  std::atomic<uint64_t> materializations{0};  // Materializer calls (a disk-cache hit counts)
+  std::atomic<uint64_t> shared_waits{0};      // callers that joined a materialization in flight
+  std::atomic<uint64_t> failures{0};
+  std::atomic<uint64_t> readahead_queued{0};
+  std::atomic<uint64_t> readahead_dropped{0};  // queue full
+  std::atomic<uint64_t> evictions{0};
+};
+
+// Sequential-access state of one open file: a heuristic. Thread-safe (reads of one handle run
+// concurrently with FUSE's async reads); a race between them only affects readahead.
+class ReadStream {
+ public:
+  ReadStream() = default;
+
+ private:
+  friend class ChunkReader;
+  static constexpr uint64_t kNoRead = ~0ull;
+  std::atomic<uint64_t> next_offset_{kNoRead};  // end of the previous read
+  std::atomic<uint64_t> run_start_{0};     // where this sequential run started
+  std::atomic<uint64_t> home_end_{0};      // end of the first tensor of this sequential run
+  std::atomic<int64_t> queued_until_{-1};  // last chunk index queued for readahead
+  std::atomic<bool> streaming_{false};     // read well past home_end_: readahead across tensors
+};
+
+// The bytes of one read: `iov` points into `chunks`, valid while this object lives.
+struct ReadResult {
+  std::vector<std::shared_ptr<const ByteBuffer>> chunks;
+  std::vector<iovec> iov;
+  size_t size = 0;
+};
+
+class ChunkReader {
+ public:
+  using ChunkResult = Expected<std::shared_ptr<const ByteBuffer>>;
+
+  // `materializer` must outlive the reader.
+  ChunkReader(Materializer* materializer, ChunkReaderOptions options);
+  // Drops queued readahead and waits for running readahead jobs.
+  ~ChunkReader();
+  ChunkReader(const ChunkReader&) = delete;
+  ChunkReader& operator=(const ChunkReader&) = delete;
+
+  // Verified bytes of chunk `index` of `file` (a file of `*manifest`).
+  // REQUIRES: index < file.chunks.size().
+  ChunkResult Chunk(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
+                    size_t index);
+
+  // Bytes [offset, offset + size) of `file`, clipped to its size (empty past the end).
+  // `stream` (may be null) drives readahead. An error names the version, file and chunk.
+  Expected<ReadResult> Read(const std::shared_ptr<const Manifest>& manifest,
+                            const ManifestFile& file, uint64_t offset, size_t size,
+                            ReadStream* stream);
+
+  // Queues the materialization of a chunk unless it is cached, in flight or queued already.
+  // Never blocks. False if the queue was full (the chunk was not queued).
+  bool Prefetch(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
+                size_t index);
+
+  uint64_t cached_bytes() const;
+  const ChunkReaderStats& stats() const { return stats_; }
+
+ private:
+  struct HashOf {
+    size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull)); }
+  };
+  struct Entry {
+    std::shared_ptr<const ByteBuffer> bytes;
+    std::list<Hash128>::iterator lru;
+  };
+
+  // Notes the read [offset, end) (ending in chunk `last`) on `stream` and queues readahead
+  // if the stream is sequential.
+  void Readahead(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
+                 uint64_t offset, uint64_t end, size_t last, ReadStream* stream);
+  // REQUIRES: mu_ held.
+  void InsertLocked(const Hash128& hash, std::shared_ptr<const ByteBuffer> bytes);
+
+  Materializer* const materializer_;
+  const ChunkReaderOptions options_;
+  const uint64_t readahead_bytes_;  // options_.readahead_bytes, capped by a share of the budget
+
+  // Lock order: mu_ is never held across a materialization, a reply or a readahead_ call.
+  mutable std::mutex mu_;
+  std::unordered_map<Hash128, Entry, HashOf> cache_;                            // GUARDED_BY(mu_)
+  std::list<Hash128> lru_;  // most recently used first                         // GUARDED_BY(mu_)
+  uint64_t cached_bytes_ = 0;                                                    // GUARDED_BY(mu_)
+  std::unordered_map<Hash128, std::shared_future<ChunkResult>, HashOf> inflight_;  // GUARDED_BY(mu_)
+  std::unordered_set<Hash128, HashOf> queued_;  // readahead jobs not started yet  // GUARDED_BY(mu_)
+
+  ChunkReaderStats stats_;
+  // Last member: destroyed first, so no readahead job outlives the state above.
+  WorkQueue readahead_;
+};
+
+}  // namespace weightfs

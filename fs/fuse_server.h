@@ -1,0 +1,80 @@
+// FuseServer: serves the published versions of a bucket at a mount point through libfuse3's
+// low-level API and its multi-threaded loop.
+//
+// The kernel protocol lives here and nowhere else: requests are answered from the Namespace
+// (lookup, getattr, readdir[plus], readlink, xattrs) and the ChunkReader (read); every Status
+// becomes an errno through StatusToErrno; no exception escapes a callback (std::bad_alloc ->
+// ENOMEM, anything else -> EIO). Every request that would change something is refused with
+// EROFS in one place (WriteDenied in the .cc), which the drafts of a later issue extend.
+//
+// Kernel-side caching: files are opened with keep_cache (published files never change, so the
+// page cache survives close/open, and re-reads and mmap run at memory speed); entries and
+// attributes inside versions have long timeouts, directories above them the refresh interval.
+// Reads arrive in requests of up to 1 MiB (max_read), asynchronously (FUSE_CAP_ASYNC_READ).
+//
+// The root directory answers two extended attributes for tools: user.weightfs.pid (the daemon's
+// process id; `weightfs unmount` waits for it to exit) and user.weightfs.stats (JSON counters:
+// bytes fetched from the bucket, cache hits, memory, peak RSS).
+//
+// Lifecycle: Mount() then Run() on one thread; Run() returns when the file system is unmounted
+// (umount, fusermount3 -u, weightfs unmount) or on SIGTERM/SIGINT/SIGHUP, after unmounting.
+// The other methods are thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "fs/chunk_reader.h"
+#include "fs/namespace.h"
+#include "hub/bucket.h"
+#include "hub/chunk_cache.h"
+#include "hub/materializer.h"
+#include "hub/store_wrapper.h"
+
+namespace weightfs {
+
+struct MountOptions {
+  std::string mountpoint;                 // absolute path
+  std::string fsname = "weightfs";        // the source column of the mount table
+  std::vector<std::string> fuse_options;  // extra "-o" options (comma-separated lists allowed)
+  bool allow_other = false;               // let other users read the mount
+  bool read_only = false;                 // mount with MS_RDONLY
+  size_t max_threads = 16;                // FUSE worker threads
+  NamespaceOptions names;
+  ChunkReaderOptions reader;
+};
+
+// What the server reads from and reports on. All must outlive the server; `cache` and `store`
+// may be null.
+struct ServerParts {
+  Bucket* bucket = nullptr;
+  Materializer* materializer = nullptr;
+  ChunkCache* cache = nullptr;
+  const CountingStore* store = nullptr;
+};
+
+class FuseServer {
+ public:
+  FuseServer(ServerParts parts, MountOptions options);
+  ~FuseServer();
+  FuseServer(const FuseServer&) = delete;
+  FuseServer& operator=(const FuseServer&) = delete;
+
+  // Creates the FUSE session, installs the signal handlers and mounts. An error names the
+  // mount point and libfuse's reason.
+  Status Mount();
+  // REQUIRES: Mount() succeeded. Serves requests until unmounted or signalled, then unmounts.
+  Status Run();
+
+  // The counters user.weightfs.stats reports, as a JSON object.
+  std::string StatsJson() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weightfs

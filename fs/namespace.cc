@@ -1,0 +1,631 @@
+#include "fs/namespace.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+namespace weightfs {
+namespace {
+
+constexpr const char* kXattrParent = "user.weightfs.parent";
+constexpr const char* kXattrSha256 = "user.weightfs.sha256";
+constexpr const char* kXattrStoredBytes = "user.weightfs.stored_bytes";
+constexpr const char* kXattrChangedFraction = "user.weightfs.changed_fraction";
+
+// Manifests read at once when many versions need their summaries (a listing of a model).
+constexpr size_t kManifestReaders = 8;
+// Reported as st_blksize of files: coreutils (cat, cp) size their buffers from it, and the
+// mount serves up to 1 MiB per request.
+constexpr blksize_t kFileBlockSize = 1 << 20;
+
+timespec TimespecOfMs(int64_t ms) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(ms / 1000);
+  ts.tv_nsec = static_cast<long>((ms % 1000) * 1000000);
+  if (ts.tv_nsec < 0) {
+    ts.tv_sec -= 1;
+    ts.tv_nsec += 1000000000;
+  }
+  return ts;
+}
+
+std::vector<std::string_view> SplitPath(std::string_view path) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t slash = path.find('/', start);
+    if (slash == std::string_view::npos) slash = path.size();
+    if (slash > start) parts.push_back(path.substr(start, slash - start));
+    start = slash + 1;
+  }
+  return parts;
+}
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads (the caller's included). fn must not
+// throw.
+void ParallelFor(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < std::min(n, threads); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
+
+Namespace::Namespace(Bucket* bucket, NamespaceOptions options)
+    : bucket_(bucket), options_(options), start_ms_(NowMs()) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Node& root = NewNodeLocked(Kind::kDir, kRootIno, "");
+  root.mtime_ms = start_ms_;
+}
+
+Namespace::~Namespace() = default;
+
+int64_t Namespace::NowMs() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// ---- node table ---------------------------------------------------------------------------
+
+Namespace::Node* Namespace::NodeLocked(uint64_t ino) const {
+  if (ino == 0 || ino > nodes_.size()) return nullptr;
+  return nodes_[ino - 1].get();
+}
+
+Namespace::Node& Namespace::NewNodeLocked(Kind kind, uint64_t parent, std::string name) {
+  nodes_.push_back(std::make_unique<Node>());
+  Node& n = *nodes_.back();
+  n.ino = nodes_.size();
+  n.kind = kind;
+  n.parent = parent;
+  n.name = std::move(name);
+  return n;
+}
+
+void Namespace::AddChildLocked(Node& dir, const std::string& name, uint64_t child) {
+  RemoveChildLocked(dir, name);
+  dir.children.emplace(name, child);
+  if (IsDir(NodeLocked(child)->kind)) dir.subdirs++;
+  if (dir.kind == Kind::kDir) dir.mtime_ms = NowMs();
+}
+
+void Namespace::RemoveChildLocked(Node& dir, const std::string& name) {
+  auto it = dir.children.find(name);
+  if (it == dir.children.end()) return;
+  if (IsDir(NodeLocked(it->second)->kind)) dir.subdirs--;
+  dir.children.erase(it);
+  if (dir.kind == Kind::kDir) dir.mtime_ms = NowMs();
+}
+
+bool Namespace::IsDirectory(uint64_t ino) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = NodeLocked(ino);
+  return n && IsDir(n->kind);
+}
+
+bool Namespace::IsImmutable(uint64_t ino) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = NodeLocked(ino);
+  return n && (n->kind == Kind::kVersionDir || n->kind == Kind::kVersionSubdir || n->kind == Kind::kFile);
+}
+
+size_t Namespace::inode_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return nodes_.size();
+}
+
+// ---- listing ------------------------------------------------------------------------------
+
+uint64_t Namespace::DirForModelLocked(const std::string& model, std::string* leaf) {
+  std::vector<std::string_view> parts = SplitPath(model);
+  uint64_t dir = kRootIno;
+  std::string path;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    path += (path.empty() ? "" : "/") + std::string(parts[i]);
+    Node* d = NodeLocked(dir);
+    auto it = d->children.find(parts[i]);
+    if (it != d->children.end()) {
+      dir = it->second;  // names without '@' above versions are always directories
+      continue;
+    }
+    Node& sub = NewNodeLocked(Kind::kDir, dir, std::string(parts[i]));
+    sub.model = path;
+    sub.mtime_ms = NowMs();
+    AddChildLocked(*NodeLocked(dir), sub.name, sub.ino);
+    dir = sub.ino;
+  }
+  *leaf = parts.empty() ? model : std::string(parts.back());
+  return dir;
+}
+
+void Namespace::ApplyListingLocked(const std::vector<VersionInfo>& versions) {
+  std::map<std::string, std::set<std::string>> listed;
+  for (const VersionInfo& v : versions) listed[v.model].insert(v.version);
+
+  // Versions that are gone (retired by gc): their entries go, their inodes stay.
+  for (auto& [name, m] : models_) {
+    auto now_listed = listed.find(name);
+    for (auto it = m.versions.begin(); it != m.versions.end();) {
+      if (now_listed == listed.end() || !now_listed->second.count(it->first)) {
+        Node& dir = *NodeLocked(m.dir);
+        auto entry = dir.children.find(m.leaf + "@" + it->first);
+        if (entry != dir.children.end() && entry->second == it->second) {
+          RemoveChildLocked(dir, entry->first);
+        }
+        it = m.versions.erase(it);
+        m.generation++;
+      } else {
+        ++it;
+      }
+    }
+  }
+  // New versions.
+  for (const auto& [name, vs] : listed) {
+    Model& m = models_[name];
+    if (m.dir == 0) m.dir = DirForModelLocked(name, &m.leaf);
+    for (const std::string& version : vs) {
+      if (m.versions.count(version)) continue;
+      Node& v = NewNodeLocked(Kind::kVersionDir, m.dir, m.leaf + "@" + version);
+      v.model = name;
+      v.version = version;
+      AddChildLocked(*NodeLocked(m.dir), v.name, v.ino);
+      m.versions.emplace(version, v.ino);
+      m.generation++;
+    }
+  }
+  // name@latest, unless a version is itself called "latest" (then that directory wins).
+  for (auto& [name, m] : models_) {
+    Node& dir = *NodeLocked(m.dir);
+    const std::string link_name = m.leaf + "@latest";
+    const bool want = !m.versions.empty() && !m.versions.count("latest");
+    auto entry = dir.children.find(link_name);
+    const bool present = entry != dir.children.end() && m.link != 0 && entry->second == m.link;
+    if (want && !present) {
+      if (m.link == 0) {
+        Node& l = NewNodeLocked(Kind::kLatestLink, m.dir, link_name);
+        l.model = name;
+        m.link = l.ino;
+      }
+      AddChildLocked(dir, link_name, m.link);
+    } else if (!want && present) {
+      RemoveChildLocked(dir, link_name);
+    }
+  }
+}
+
+Status Namespace::RefreshIfStale() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (listed_ && std::chrono::steady_clock::now() - listed_at_ < options_.refresh) {
+    return Status::Ok();
+  }
+  if (refreshing_) {
+    if (listed_) return Status::Ok();  // serve the previous listing meanwhile
+    refreshed_.wait(lock, [this] { return !refreshing_; });
+    return listed_ ? Status::Ok() : last_refresh_;
+  }
+  refreshing_ = true;
+  lock.unlock();
+  // Whatever happens below (exceptions included), the next refresh must be possible.
+  struct Done {
+    Namespace* ns;
+    ~Done() {
+      std::lock_guard<std::mutex> l(ns->mu_);
+      ns->refreshing_ = false;
+      ns->refreshed_.notify_all();
+    }
+  };
+  Expected<std::vector<VersionInfo>> versions = Status::IOError("not listed");
+  {
+    Done done{this};
+    versions = bucket_->ListVersions();
+    std::lock_guard<std::mutex> l(mu_);
+    listed_at_ = std::chrono::steady_clock::now();
+    if (versions.ok()) {
+      ApplyListingLocked(*versions);
+      listed_ = true;
+      last_refresh_ = Status::Ok();
+    } else {
+      last_refresh_ = versions.status().WithContext("listing the versions of " + bucket_->Describe());
+    }
+  }
+  if (versions.ok()) return Status::Ok();
+  std::lock_guard<std::mutex> l(mu_);
+  if (listed_) {
+    spdlog::warn("{}; showing the previous listing", last_refresh_.ToString());
+    return Status::Ok();
+  }
+  return last_refresh_;
+}
+
+// ---- manifests ----------------------------------------------------------------------------
+
+Namespace::VersionSummary Namespace::Summarize(const Manifest& m) {
+  VersionSummary s;
+  s.created_ms = m.created_ms;
+  s.parent = m.parent;
+  s.stored_bytes = m.stats.stored_bytes;
+  s.changed_fraction = m.stats.changed_fraction();
+  std::set<std::string_view> top;
+  for (const ManifestFile& f : m.files) {
+    size_t slash = f.path.find('/');
+    if (slash != std::string::npos) top.insert(std::string_view(f.path).substr(0, slash));
+  }
+  s.top_subdirs = static_cast<uint32_t>(top.size());
+  return s;
+}
+
+Status Namespace::EnsureSummaries(std::span<const uint64_t> inos) {
+  struct Todo {
+    uint64_t ino;
+    std::string model, version;
+    std::shared_ptr<const Manifest> manifest;
+    Status status;
+  };
+  std::vector<Todo> todo;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t ino : inos) {
+      Node* n = NodeLocked(ino);
+      if (n && n->kind == Kind::kVersionDir && !n->summary) todo.push_back({ino, n->model, n->version, nullptr, {}});
+    }
+  }
+  if (todo.empty()) return Status::Ok();
+  ParallelFor(todo.size(), kManifestReaders, [&](size_t i) {
+    Todo& t = todo[i];
+    try {
+      Expected<std::shared_ptr<const Manifest>> m = bucket_->ReadManifest(t.model, t.version);
+      if (m.ok()) {
+        t.manifest = *m;
+      } else {
+        t.status = m.status();
+      }
+    } catch (const std::exception& e) {
+      t.status = Status::IOError(std::string("reading the manifest of ") + t.model + "@" + t.version + ": " + e.what());
+    }
+  });
+  Status first;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Todo& t : todo) {
+    if (!t.status.ok()) {
+      if (first.ok()) first = t.status;
+      continue;
+    }
+    Node* n = NodeLocked(t.ino);
+    if (!n->summary) n->summary = Summarize(*t.manifest);
+  }
+  return first;
+}
+
+Status Namespace::EnsureContents(uint64_t version_ino) {
+  std::string model, version;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Node* n = NodeLocked(version_ino);
+    if (!n || n->kind != Kind::kVersionDir) return Status::InvalidArgument("not a version directory");
+    if (n->contents_built) return Status::Ok();
+    model = n->model;
+    version = n->version;
+  }
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> manifest, bucket_->ReadManifest(model, version));
+  std::lock_guard<std::mutex> lock(mu_);
+  Node* n = NodeLocked(version_ino);
+  if (!n->summary) n->summary = Summarize(*manifest);
+  if (!n->contents_built) BuildContentsLocked(*n, std::move(manifest));
+  return Status::Ok();
+}
+
+void Namespace::BuildContentsLocked(Node& version, std::shared_ptr<const Manifest> manifest) {
+  const uint64_t version_ino = version.ino;
+  for (const ManifestFile& f : manifest->files) {
+    std::vector<std::string_view> parts = SplitPath(f.path);
+    if (parts.empty()) continue;
+    uint64_t dir = version_ino;
+    bool ok = true;
+    for (size_t i = 0; i + 1 < parts.size() && ok; ++i) {
+      Node* d = NodeLocked(dir);
+      auto it = d->children.find(parts[i]);
+      if (it == d->children.end()) {
+        Node& sub = NewNodeLocked(Kind::kVersionSubdir, dir, std::string(parts[i]));
+        sub.manifest = manifest;
+        sub.version_ino = version_ino;
+        AddChildLocked(*NodeLocked(dir), sub.name, sub.ino);
+        dir = sub.ino;
+      } else if (NodeLocked(it->second)->kind == Kind::kVersionSubdir) {
+        dir = it->second;
+      } else {
+        ok = false;
+      }
+    }
+    Node* d = NodeLocked(dir);
+    if (!ok || d->children.count(parts.back())) {
+      spdlog::warn("{}@{}: '{}' clashes with another path of the version; not shown",
+                   manifest->model, manifest->version, f.path);
+      continue;
+    }
+    Node& file = NewNodeLocked(Kind::kFile, dir, std::string(parts.back()));
+    file.manifest = manifest;
+    file.file = &f;
+    file.version_ino = version_ino;
+    AddChildLocked(*NodeLocked(dir), file.name, file.ino);
+  }
+  // Set last: the files hold the manifest too, so the version's summary is all that is needed
+  // once nobody looks inside anymore.
+  version.manifest = std::move(manifest);
+  version.contents_built = true;
+}
+
+Expected<std::string> Namespace::EnsureLatest(const std::string& model) {
+  std::vector<uint64_t> inos;
+  uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = models_.find(model);
+    if (it == models_.end()) return Status::NotFound("model " + model + " has no versions");
+    Model& m = it->second;
+    if (m.latest_generation == m.generation) return m.latest;
+    generation = m.generation;
+    for (const auto& [v, ino] : m.versions) inos.push_back(ino);
+  }
+  Status s = EnsureSummaries(inos);
+  if (!s.ok()) spdlog::warn("{}@latest ignores versions whose manifest cannot be read: {}", model, s.ToString());
+  std::lock_guard<std::mutex> lock(mu_);
+  Model& m = models_[model];
+  const Node* best = nullptr;
+  for (const auto& [v, ino] : m.versions) {
+    const Node* n = NodeLocked(ino);
+    if (!n->summary) continue;
+    if (!best || std::tie(n->summary->created_ms, n->version) > std::tie(best->summary->created_ms, best->version)) {
+      best = n;
+    }
+  }
+  if (!best) return s.ok() ? Status::NotFound("model " + model + " has no versions") : s;
+  std::string target = best->name;
+  if (m.generation == generation) {
+    m.latest = target;
+    m.latest_generation = generation;
+  }
+  return target;
+}
+
+Status Namespace::EnsureAttrInputs(uint64_t ino) {
+  std::string link_model;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Node* n = NodeLocked(ino);
+    if (!n) return Status::NotFound("no inode " + std::to_string(ino));
+    if (n->kind == Kind::kLatestLink) {
+      link_model = n->model;
+    } else if (n->kind != Kind::kVersionDir || n->summary) {
+      return Status::Ok();
+    }
+  }
+  if (!link_model.empty()) return EnsureLatest(link_model).status();
+  const uint64_t one[] = {ino};
+  return EnsureSummaries(one);
+}
+
+// ---- attributes ---------------------------------------------------------------------------
+
+Status Namespace::FillAttrLocked(const Node& node, NodeAttr* out) const {
+  struct stat& st = out->st;
+  st = {};
+  out->ino = node.ino;
+  st.st_ino = node.ino;
+  st.st_uid = options_.uid;
+  st.st_gid = options_.gid;
+  int64_t time_ms = start_ms_;
+  out->timeout_s = options_.immutable_timeout_s;
+  switch (node.kind) {
+    case Kind::kDir:
+      st.st_mode = S_IFDIR | 0555;
+      st.st_nlink = 2 + node.subdirs;
+      st.st_size = 4096;
+      time_ms = node.mtime_ms;
+      out->timeout_s = std::chrono::duration<double>(options_.refresh).count();
+      break;
+    case Kind::kVersionDir:
+      if (!node.summary) return Status::IOError(node.name + ": attributes not loaded");
+      st.st_mode = S_IFDIR | 0555;
+      st.st_nlink = 2 + (node.contents_built ? node.subdirs : node.summary->top_subdirs);
+      st.st_size = 4096;
+      time_ms = node.summary->created_ms;
+      break;
+    case Kind::kVersionSubdir:
+      st.st_mode = S_IFDIR | 0555;
+      st.st_nlink = 2 + node.subdirs;
+      st.st_size = 4096;
+      time_ms = node.manifest->created_ms;
+      break;
+    case Kind::kFile:
+      st.st_mode = S_IFREG | 0444;
+      st.st_nlink = 1;
+      st.st_size = static_cast<off_t>(node.file->size);
+      st.st_blocks = static_cast<blkcnt_t>((node.file->size + 511) / 512);
+      st.st_blksize = kFileBlockSize;
+      time_ms = node.manifest->created_ms;
+      break;
+    case Kind::kLatestLink: {
+      st.st_mode = S_IFLNK | 0777;
+      st.st_nlink = 1;
+      auto m = models_.find(node.model);
+      if (m != models_.end() && m->second.latest.size() > m->second.leaf.size()) {
+        const Model& model = m->second;
+        st.st_size = static_cast<off_t>(model.latest.size());
+        auto v = model.versions.find(model.latest.substr(model.leaf.size() + 1));
+        if (v != model.versions.end()) {
+          const Node* target = NodeLocked(v->second);
+          if (target->summary) time_ms = target->summary->created_ms;
+        }
+      }
+      out->timeout_s = std::chrono::duration<double>(options_.refresh).count();
+      break;
+    }
+  }
+  st.st_atim = st.st_mtim = st.st_ctim = TimespecOfMs(time_ms);
+  return Status::Ok();
+}
+
+Expected<NodeAttr> Namespace::GetAttr(uint64_t ino) {
+  bool above_versions = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* n = NodeLocked(ino);
+    above_versions = n && n->kind == Kind::kDir;
+  }
+  // A directory's link count and mtime follow its entries. It exists whether or not the
+  // listing works, so a failed listing does not fail its getattr.
+  if (above_versions) (void)RefreshIfStale();
+  WFS_TRY(EnsureAttrInputs(ino));
+  std::lock_guard<std::mutex> lock(mu_);
+  NodeAttr out;
+  WFS_TRY(FillAttrLocked(*NodeLocked(ino), &out));
+  return out;
+}
+
+std::vector<NodeAttr> Namespace::GetAttrs(std::span<const uint64_t> inos) {
+  std::set<std::string> link_models;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t ino : inos) {
+      const Node* n = NodeLocked(ino);
+      if (n && n->kind == Kind::kLatestLink) link_models.insert(n->model);
+    }
+  }
+  Status s = EnsureSummaries(inos);
+  if (!s.ok()) spdlog::warn("listing: {}", s.ToString());
+  for (const std::string& model : link_models) (void)EnsureLatest(model);
+  std::vector<NodeAttr> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint64_t ino : inos) {
+    const Node* n = NodeLocked(ino);
+    NodeAttr a;
+    if (n && FillAttrLocked(*n, &a).ok()) out.push_back(a);
+  }
+  return out;
+}
+
+Expected<NodeAttr> Namespace::Lookup(uint64_t parent, std::string_view name) {
+  Kind kind;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* p = NodeLocked(parent);
+    if (!p) return Status::NotFound("no inode " + std::to_string(parent));
+    kind = p->kind;
+  }
+  if (!IsDir(kind)) return Status::NotFound("not a directory");
+  if (kind == Kind::kDir) WFS_TRY(RefreshIfStale());
+  if (kind == Kind::kVersionDir) WFS_TRY(EnsureContents(parent));
+  uint64_t child = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* p = NodeLocked(parent);
+    auto it = p->children.find(name);
+    if (it == p->children.end()) return Status::NotFound("no entry '" + std::string(name) + "' in " + (p->name.empty() ? "/" : p->name));
+    child = it->second;
+  }
+  return GetAttr(child);
+}
+
+Expected<std::vector<DirEntry>> Namespace::ReadDir(uint64_t ino) {
+  Kind kind;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* n = NodeLocked(ino);
+    if (!n) return Status::NotFound("no inode " + std::to_string(ino));
+    kind = n->kind;
+  }
+  if (!IsDir(kind)) return Status::InvalidArgument("not a directory");
+  if (kind == Kind::kDir) WFS_TRY(RefreshIfStale());
+  if (kind == Kind::kVersionDir) WFS_TRY(EnsureContents(ino));
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = NodeLocked(ino);
+  std::vector<DirEntry> out;
+  out.reserve(n->children.size() + 2);
+  out.push_back({".", ino, S_IFDIR});
+  out.push_back({"..", n->parent, S_IFDIR});
+  for (const auto& [name, child] : n->children) {
+    Kind k = NodeLocked(child)->kind;
+    mode_t type = k == Kind::kFile ? S_IFREG : k == Kind::kLatestLink ? S_IFLNK : S_IFDIR;
+    out.push_back({name, child, type});
+  }
+  return out;
+}
+
+Expected<std::string> Namespace::ReadLink(uint64_t ino) {
+  std::string model;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* n = NodeLocked(ino);
+    if (!n || n->kind != Kind::kLatestLink) return Status::InvalidArgument("not a symbolic link");
+    model = n->model;
+  }
+  return EnsureLatest(model);
+}
+
+Expected<VersionFile> Namespace::Open(uint64_t ino) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = NodeLocked(ino);
+  if (!n) return Status::NotFound("no inode " + std::to_string(ino));
+  if (n->kind != Kind::kFile) return Status::InvalidArgument(n->name + " is not a regular file");
+  return VersionFile{n->manifest, n->file};
+}
+
+// ---- extended attributes ------------------------------------------------------------------
+
+Expected<std::vector<std::string>> Namespace::ListXattr(uint64_t ino) {
+  WFS_TRY(EnsureAttrInputs(ino));
+  std::vector<std::string> names;
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = NodeLocked(ino);
+  if (n->kind == Kind::kVersionDir) {
+    if (n->summary && n->summary->parent) names.push_back(kXattrParent);
+    names.push_back(kXattrStoredBytes);
+    names.push_back(kXattrChangedFraction);
+  } else if (n->kind == Kind::kFile) {
+    if (n->manifest->parent) names.push_back(kXattrParent);
+    names.push_back(kXattrSha256);
+    names.push_back(kXattrStoredBytes);
+  }
+  return names;
+}
+
+Expected<std::string> Namespace::GetXattr(uint64_t ino, std::string_view name) {
+  WFS_TRY(EnsureAttrInputs(ino));
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = NodeLocked(ino);
+  if (n->kind == Kind::kVersionDir && n->summary) {
+    const VersionSummary& s = *n->summary;
+    if (name == kXattrParent && s.parent) return n->model + "@" + *s.parent;
+    if (name == kXattrStoredBytes) return std::to_string(s.stored_bytes);
+    if (name == kXattrChangedFraction) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.6f", s.changed_fraction);
+      return std::string(buf);
+    }
+  } else if (n->kind == Kind::kFile) {
+    const Manifest& m = *n->manifest;
+    if (name == kXattrParent && m.parent) return m.model + "@" + *m.parent;
+    if (name == kXattrSha256) return n->file->sha256;
+    if (name == kXattrStoredBytes) {
+      // Payload bytes this version wrote for the file (chunks it inherited cost nothing).
+      uint64_t stored = 0;
+      for (const ManifestChunk& c : n->file->chunks) {
+        if (c.origin == 0) stored += c.ref.length;
+      }
+      return std::to_string(stored);
+    }
+  }
+  return Status::NotFound("no attribute " + std::string(name));
+}
+
+}  // namespace weightfs

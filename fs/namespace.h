@@ -1,0 +1,192 @@
+// Namespace: the directory tree a mount shows, built from a bucket's published versions.
+//
+//   /                                  root
+//   /acme/                             a model's organisation, one directory per '/' component
+//   /acme/qwen@v1/                     one directory per published version (immutable)
+//   /acme/qwen@v1/model.safetensors    the version's files and sub-directories
+//   /acme/qwen@latest -> qwen@v3       the newest version (by creation time, then name)
+//
+// Inode numbers are assigned on first sight and stay stable for the life of the Namespace
+// (nodes are never freed; a version that disappears from the bucket loses its directory
+// entry, its inode keeps answering). Inode 1 is the root.
+//
+// Freshness: directories above the versions re-list the bucket when their listing is older than
+// `refresh` (one List per interval for the whole bucket), so versions published elsewhere
+// appear within that interval; their attributes and entries get that interval as timeout.
+// Version directories and everything in them are immutable: long timeouts.
+//
+// Laziness: the listing only creates names. A version's manifest is read when its attributes
+// are needed (a summary is kept: creation time, parent, stats) and again when its contents are
+// (then the file nodes hold it). `name@latest` reads the summaries of that model's versions.
+// Memory therefore grows with the versions a user looks into, not with the bucket.
+//
+// Thread-safe. Bucket I/O (listing, manifests) never runs under the lock; racing loaders of the
+// same thing both load it and the first to install wins.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/manifest.h"
+#include "core/status.h"
+#include "hub/bucket.h"
+
+namespace weightfs {
+
+struct NamespaceOptions {
+  std::chrono::milliseconds refresh{10000};  // re-list directories above versions this often
+  double immutable_timeout_s = 86400;        // attr/entry timeout inside versions
+  uid_t uid = 0;                             // owner shown for every node
+  gid_t gid = 0;
+};
+
+// A node's attributes as a FUSE reply needs them (copied out under the lock).
+struct NodeAttr {
+  uint64_t ino = 0;
+  struct stat st {};
+  double timeout_s = 0;  // for both the attributes and the directory entry
+};
+
+struct DirEntry {
+  std::string name;
+  uint64_t ino = 0;
+  mode_t type = 0;  // S_IFDIR, S_IFREG or S_IFLNK
+};
+
+// A file of a published version, as the read path needs it. `file` points into `*manifest`.
+struct VersionFile {
+  std::shared_ptr<const Manifest> manifest;
+  const ManifestFile* file = nullptr;
+};
+
+class Namespace {
+ public:
+  static constexpr uint64_t kRootIno = 1;
+
+  // `bucket` must outlive the Namespace.
+  Namespace(Bucket* bucket, NamespaceOptions options);
+  ~Namespace();
+  Namespace(const Namespace&) = delete;
+  Namespace& operator=(const Namespace&) = delete;
+
+  // Errors: NotFound (no such entry / inode), InvalidArgument for ENOTDIR-like misuse is
+  // reported as NotFound too; bucket failures keep their kind.
+  Expected<NodeAttr> Lookup(uint64_t parent, std::string_view name);
+  Expected<NodeAttr> GetAttr(uint64_t ino);
+  // Attributes of several nodes; manifests they need are read in parallel. A node whose
+  // attributes cannot be had is left out (and logged).
+  std::vector<NodeAttr> GetAttrs(std::span<const uint64_t> inos);
+  Expected<std::string> ReadLink(uint64_t ino);
+  // "." and ".." first, then the entries in name order.
+  Expected<std::vector<DirEntry>> ReadDir(uint64_t ino);
+  Expected<VersionFile> Open(uint64_t ino);
+
+  // Extended attributes (user.weightfs.*) of version directories and their files.
+  // NotFound when the node has no such attribute (ENODATA to the caller).
+  Expected<std::string> GetXattr(uint64_t ino, std::string_view name);
+  Expected<std::vector<std::string>> ListXattr(uint64_t ino);
+
+  bool IsDirectory(uint64_t ino) const;
+  // True for version directories and everything in them: they never change.
+  bool IsImmutable(uint64_t ino) const;
+  size_t inode_count() const;
+  // Forces the next directory access to re-list the bucket.
+  void Invalidate();
+
+ private:
+  enum class Kind : uint8_t { kDir, kVersionDir, kVersionSubdir, kFile, kLatestLink };
+  static bool IsDir(Kind k) {
+    return k == Kind::kDir || k == Kind::kVersionDir || k == Kind::kVersionSubdir;
+  }
+
+  struct VersionSummary {
+    int64_t created_ms = 0;
+    std::optional<std::string> parent;
+    uint64_t stored_bytes = 0;
+    double changed_fraction = 0;
+    uint32_t top_subdirs = 0;  // directories directly inside the version
+  };
+
+  struct Node {
+    uint64_t ino = 0;
+    Kind kind = Kind::kDir;
+    uint64_t parent = 0;
+    std::string name;
+    std::string model;    // kVersionDir, kLatestLink: the model; kDir: its path ("" for the root)
+    std::string version;  // kVersionDir
+    // kDir: changes when its entries do. Others use their version's creation time.
+    int64_t mtime_ms = 0;
+    std::map<std::string, uint64_t, std::less<>> children;  // directories
+    uint32_t subdirs = 0;                                    // directories among children
+    // kVersionDir: the summary once read; the manifest once its contents are built.
+    std::optional<VersionSummary> summary;
+    bool contents_built = false;
+    // kVersionSubdir, kFile, and kVersionDir once built: the version's manifest.
+    std::shared_ptr<const Manifest> manifest;
+    const ManifestFile* file = nullptr;  // kFile
+    uint64_t version_ino = 0;            // kVersionSubdir, kFile: their version directory
+  };
+
+  // A model's versions and its name@latest link.
+  struct Model {
+    uint64_t dir = 0;        // directory holding "leaf@version" entries
+    std::string leaf;        // last component of the model name
+    std::map<std::string, uint64_t> versions;  // version name -> version directory
+    uint64_t link = 0;       // the name@latest node (0 until first needed)
+    std::string latest;      // "leaf@version", valid when latest_generation == generation
+    uint64_t generation = 0;         // bumped when `versions` changes
+    uint64_t latest_generation = ~0ull;
+  };
+
+  // Each REQUIRES mu_ not held; they do bucket I/O.
+  Status RefreshIfStale();
+  Status EnsureSummaries(std::span<const uint64_t> version_inos);
+  Status EnsureContents(uint64_t version_ino);
+  Expected<std::string> EnsureLatest(const std::string& model);
+  // What a node's attributes depend on (summary, latest target), loaded.
+  Status EnsureAttrInputs(uint64_t ino);
+
+  // REQUIRES: mu_ held.
+  Node* NodeLocked(uint64_t ino) const;
+  Node& NewNodeLocked(Kind kind, uint64_t parent, std::string name);
+  void AddChildLocked(Node& dir, const std::string& name, uint64_t child);
+  void RemoveChildLocked(Node& dir, const std::string& name);
+  uint64_t DirForModelLocked(const std::string& model, std::string* leaf);
+  void ApplyListingLocked(const std::vector<VersionInfo>& versions);
+  void BuildContentsLocked(Node& version, std::shared_ptr<const Manifest> manifest);
+  Status FillAttrLocked(const Node& node, NodeAttr* out) const;
+  int64_t VersionTimeLocked(const Node& node) const;
+
+  static VersionSummary Summarize(const Manifest& m);
+  int64_t NowMs() const;
+
+  Bucket* const bucket_;
+  const NamespaceOptions options_;
+  const int64_t start_ms_;
+
+  // Lock order: mu_ is a leaf (nothing else is acquired under it); never held across bucket
+  // I/O or a FUSE reply.
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Node>> nodes_;  // nodes_[ino - 1]        GUARDED_BY(mu_)
+  std::map<std::string, Model> models_;                                // GUARDED_BY(mu_)
+  // Refresh: one listing at a time; the others serve the previous listing (or wait for the
+  // first one).
+  bool listed_ = false;                                                // GUARDED_BY(mu_)
+  bool refreshing_ = false;                                            // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point listed_at_;                    // GUARDED_BY(mu_)
+  Status last_refresh_;                                                // GUARDED_BY(mu_)
+  std::condition_variable refreshed_;
+};
+
+}  // namespace weightfs

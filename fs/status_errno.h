@@ -1,0 +1,28 @@
+// StatusToErrno: the one place where a weightfs Status becomes the errno of a FUSE reply.
+//
+// The mapping depends on what the request was about: a NotFound while resolving a name is
+// ENOENT, but a NotFound while fetching the bytes of a file that exists (a pack or a base
+// manifest missing from the bucket) is an I/O error for the reader, EIO.
+//
+// Every error that reaches a reader as EIO/ENOMEM is logged here, with the Status message: the
+// hub's messages name the bucket key, and the Materializer's name the version, file and chunk.
+// Thread-safe.
+#pragma once
+
+#include <string_view>
+
+#include "core/status.h"
+
+namespace weightfs {
+
+enum class ErrnoContext {
+  kName,  // lookup, getattr, readdir, readlink, getxattr: NotFound means "no such entry"
+  kData,  // read: the entry exists, its bytes could not be produced
+  kXattr,  // getxattr: NotFound means "no such attribute" (ENODATA)
+};
+
+// Returns a positive errno for a non-OK `status` (0 for OK) and logs it. `operation` names the
+// request for the log line ("read acme/qwen@v3/model.safetensors").
+int StatusToErrno(const Status& status, ErrnoContext context, std::string_view operation);
+
+}  // namespace weightfs

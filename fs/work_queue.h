@@ -1,0 +1,42 @@
+// WorkQueue: a fixed set of background threads running jobs from a bounded FIFO — for work
+// that is worth doing but never worth waiting for (readahead).
+//
+// TryPush never blocks: when `capacity` jobs are already waiting it refuses the job and returns
+// false. The destructor drops the jobs that have not started and joins the threads (a running
+// job finishes first, so jobs must themselves be bounded in time). Jobs must not throw.
+// Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace weightfs {
+
+class WorkQueue {
+ public:
+  WorkQueue(size_t threads, size_t capacity);
+  ~WorkQueue();
+  WorkQueue(const WorkQueue&) = delete;
+  WorkQueue& operator=(const WorkQueue&) = delete;
+
+  bool TryPush(std::function<void()> job);
+  // Jobs waiting (not running).
+  size_t pending() const;
+
+ private:
+  void WorkerMain();
+
+  const size_t capacity_;
+  mutable std::mutex mu_;  // guards jobs_ and stop_
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;  // GUARDED_BY(mu_)
+  bool stop_ = false;                       // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace weightfs

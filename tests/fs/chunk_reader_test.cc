@@ -1,0 +1,207 @@
+// The read path without FUSE: ranges map to the right bytes, concurrent readers share one
+// materialization, memory stays within its limit, readahead runs ahead of sequential readers,
+// and errors name the chunk and are not cached.
+#include "fs/chunk_reader.h"
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "core/safetensors.h"
+#include "tests/fs/test_bucket.h"
+
+namespace weightfs {
+namespace {
+
+using testing::RandomBytes;
+using testing::TestBucket;
+
+constexpr uint64_t kChunk = 1 << 20;
+
+std::vector<uint8_t> Gather(const ReadResult& r) {
+  std::vector<uint8_t> out;
+  for (const iovec& v : r.iov) {
+    const uint8_t* p = static_cast<const uint8_t*>(v.iov_base);
+    out.insert(out.end(), p, p + v.iov_len);
+  }
+  return out;
+}
+
+class ChunkReaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = RandomBytes(6 * kChunk + 12345, 7);
+    manifest_ = bucket_.Push("acme/m", "v0", {{"data.bin", data_}}, kChunk);
+    ASSERT_TRUE(manifest_);
+    file_ = manifest_->FindFile("data.bin");
+    ASSERT_TRUE(file_);
+    ASSERT_EQ(file_->chunks.size(), 7u);
+  }
+
+  TestBucket bucket_{::testing::UnitTest::GetInstance()->current_test_info()->name()};
+  Materializer materializer_{&bucket_.bucket(), nullptr};
+  std::vector<uint8_t> data_;
+  std::shared_ptr<const Manifest> manifest_;
+  const ManifestFile* file_ = nullptr;
+};
+
+TEST_F(ChunkReaderTest, RandomRangesMatchTheSource) {
+  ChunkReader reader(&materializer_, {});
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 500; ++i) {
+    uint64_t off = rng() % (data_.size() + 100);
+    size_t len = rng() % (3 * kChunk);
+    auto r = reader.Read(manifest_, *file_, off, len, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    uint64_t end = std::min<uint64_t>(data_.size(), off + len);
+    size_t expect = off >= data_.size() ? 0 : static_cast<size_t>(end - off);
+    ASSERT_EQ(r->size, expect);
+    std::vector<uint8_t> got = Gather(*r);
+    ASSERT_EQ(got.size(), expect);
+    ASSERT_TRUE(std::equal(got.begin(), got.end(), data_.begin() + static_cast<ptrdiff_t>(std::min<uint64_t>(off, data_.size()))))
+        << "offset " << off << " length " << len;
+  }
+}
+
+TEST_F(ChunkReaderTest, ConcurrentReadersOfOneChunkShareOneMaterialization) {
+  ChunkReader reader(&materializer_, {.readahead_bytes = 0});
+  bucket_.faults().delay_ms = 100;  // every reader arrives while the first fetch is in flight
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto r = reader.Read(manifest_, *file_, 1000 + static_cast<uint64_t>(t) * 100, 4096, nullptr);
+      if (r.ok() && Gather(*r) == std::vector<uint8_t>(data_.begin() + 1000 + t * 100, data_.begin() + 1000 + t * 100 + 4096)) ok++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 8);
+  EXPECT_EQ(bucket_.faults().pack_gets.load(), 1u);
+  EXPECT_EQ(reader.stats().materializations.load(), 1u);
+  EXPECT_EQ(reader.stats().shared_waits.load() + reader.stats().memory_hits.load(), 7u);
+}
+
+TEST_F(ChunkReaderTest, MemoryStaysWithinTheLimit) {
+  const uint64_t limit = 3 * kChunk;
+  ChunkReader reader(&materializer_, {.memory_limit = limit, .readahead_bytes = 0});
+  for (uint64_t off = 0; off < data_.size(); off += 100000) {
+    auto r = reader.Read(manifest_, *file_, off, 100000, nullptr);
+    ASSERT_TRUE(r.ok());
+    EXPECT_LE(reader.cached_bytes(), limit);
+  }
+  EXPECT_GT(reader.stats().evictions.load(), 0u);
+  // The most recent chunks are still there: re-reading the last one costs no fetch.
+  uint64_t gets = bucket_.faults().pack_gets;
+  ASSERT_TRUE(reader.Read(manifest_, *file_, data_.size() - 10, 10, nullptr).ok());
+  EXPECT_EQ(bucket_.faults().pack_gets.load(), gets);
+}
+
+TEST_F(ChunkReaderTest, SequentialReadersGetReadahead) {
+  ChunkReader reader(&materializer_, {.readahead_bytes = 4 * kChunk});
+  ReadStream stream;
+  // The first 2 MiB could be the kernel's own readahead: no readahead of ours yet.
+  uint64_t off = 0;
+  for (; off < (2 << 20); off += 64 << 10) {
+    ASSERT_TRUE(reader.Read(manifest_, *file_, off, 64 << 10, &stream).ok());
+  }
+  EXPECT_EQ(reader.stats().readahead_queued.load(), 0u);
+  ASSERT_TRUE(reader.Read(manifest_, *file_, off, 64 << 10, &stream).ok());
+  off += 64 << 10;
+  EXPECT_GE(reader.stats().readahead_queued.load(), 1u);
+  // The chunks after the current one arrive without the reader asking: wait (bounded).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (reader.cached_bytes() < 6 * kChunk && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GE(reader.cached_bytes(), 6 * kChunk);
+  const uint64_t materialized = reader.stats().materializations;
+  for (; off < 6 * kChunk; off += 64 << 10) {
+    ASSERT_TRUE(reader.Read(manifest_, *file_, off, 64 << 10, &stream).ok());
+  }
+  // Everything read since was already in memory, or being read ahead further.
+  EXPECT_GE(reader.stats().memory_hits.load(), 10u);
+  EXPECT_GE(reader.stats().materializations.load(), materialized);
+}
+
+TEST_F(ChunkReaderTest, RandomReadersGetNoReadahead) {
+  ChunkReader reader(&materializer_, {.readahead_bytes = 4 * kChunk});
+  ReadStream stream;
+  for (uint64_t chunk : {5, 2, 0}) {
+    ASSERT_TRUE(reader.Read(manifest_, *file_, chunk * kChunk + 1, 10, &stream).ok());
+  }
+  EXPECT_EQ(reader.stats().readahead_queued.load(), 0u);
+}
+
+TEST_F(ChunkReaderTest, FailuresNameTheChunkAndAreNotCached) {
+  ChunkReader reader(&materializer_, {.readahead_bytes = 0});
+  bucket_.faults().fail_packs = true;
+  auto r = reader.Read(manifest_, *file_, 3 * kChunk + 5, 10, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().kind(), ErrorKind::kIOError);
+  EXPECT_NE(r.status().message().find("acme/m@v0 data.bin"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("chunk 3"), std::string::npos) << r.status().ToString();
+  bucket_.faults().fail_packs = false;
+  auto again = reader.Read(manifest_, *file_, 3 * kChunk + 5, 10, nullptr);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(Gather(*again), std::vector<uint8_t>(data_.begin() + 3 * kChunk + 5, data_.begin() + 3 * kChunk + 15));
+}
+
+TEST_F(ChunkReaderTest, ReadsPastTheEndAreEmpty) {
+  ChunkReader reader(&materializer_, {});
+  auto r = reader.Read(manifest_, *file_, data_.size(), 4096, nullptr);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->size, 0u);
+  EXPECT_TRUE(r->iov.empty());
+}
+
+
+// A loader that reads one tensor (safetensors mmap, vLLM picking shards) must not pay for the
+// tensors after it; cat reading the whole file gets readahead across tensors.
+TEST(ChunkReaderTensorTest, ReadaheadStaysInsideTheTensorUntilTheReaderCrossesTensors) {
+  TestBucket bucket("tensor-readahead");
+  constexpr uint64_t kSmall = 1 << 20;  // chunks; the readahead heuristics work in MiB
+  std::vector<TensorInfo> tensors;
+  for (const char* name : {"a", "b", "c"}) {
+    TensorInfo t;
+    t.name = name;
+    t.dtype = DType::kBF16;
+    t.shape = {5 * kSmall / 2};  // five chunks each
+    t.begin = 0;
+    t.end = 5 * kSmall;
+    tensors.push_back(t);
+  }
+  std::vector<uint8_t> bytes = BuildSafetensorsHeader(tensors, {});
+  const uint64_t data_offset = bytes.size();
+  std::vector<uint8_t> values = RandomBytes(15 * kSmall, 3);
+  bytes.insert(bytes.end(), values.begin(), values.end());
+  auto manifest = bucket.Push("acme/t", "v0", {{"model.safetensors", bytes}}, kSmall);
+  ASSERT_TRUE(manifest);
+  const ManifestFile& file = *manifest->FindFile("model.safetensors");
+  ASSERT_EQ(file.chunks.size(), 16u);  // header + 3 x 5
+  Materializer materializer(&bucket.bucket(), nullptr);
+
+  // Read tensor b (chunks 6..10) from its start, as a loader does after parsing the header.
+  ChunkReader one(&materializer, {.readahead_bytes = 64 * kSmall});
+  ReadStream loader;
+  const uint64_t b = data_offset + tensors[1].begin;
+  for (uint64_t off = b; off < b + tensors[1].size(); off += 16 << 10) {
+    ASSERT_TRUE(one.Read(manifest, file, off, 16 << 10, &loader).ok());
+  }
+  // Readahead starts 2 MiB in (chunk 8) and covers b's last two chunks, nothing of c.
+  EXPECT_EQ(one.stats().readahead_queued.load(), 2u);
+
+  // cat: from the header through a, and well into b (further than the kernel's readahead
+  // overshoots a tensor): readahead then covers c too.
+  ChunkReader all(&materializer, {.readahead_bytes = 64 * kSmall});
+  ReadStream cat;
+  for (uint64_t off = 0; off < data_offset + 5 * kSmall + (2 << 20) + (64 << 10); off += 16 << 10) {
+    ASSERT_TRUE(all.Read(manifest, file, off, 16 << 10, &cat).ok());
+  }
+  // From 2 MiB in: a's chunks 4-5; in b: b's 7-10; streaming from 2 MiB past a: c's 11-15.
+  EXPECT_EQ(all.stats().readahead_queued.load() + all.stats().readahead_dropped.load(), 11u);
+}
+
+}  // namespace
+}  // namespace weightfs

@@ -1,0 +1,709 @@
+// Real mounts: the weightfs binary mounts a local bucket through /dev/fuse, and the tests read
+// it the way users do (ls, stat, cat, cp, sha256sum, pread, mmap, Python + numpy, threads),
+// check xattrs and EROFS, watch a version published while mounted appear, unmount with a file
+// open, and break things: a corrupted pack, a bucket that disappears mid-read, a killed daemon.
+//
+// A missing /dev/fuse fails every test (with a message): CI runs as root with /dev/fuse.
+// The generated model and its bucket are built once per build tree, under a lock, and shared
+// by every test process (ctest runs each test in its own process); tests that change the
+// bucket work on a copy. Every wait is bounded.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/hash.h"
+#include "core/manifest.h"
+#include "fs/mount_point.h"
+
+namespace weightfs {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kVersions = 4;  // acme/tiny@v0 .. v3
+const char* const kShards[] = {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                               "model-00003-of-00003.safetensors"};
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr
+};
+
+Result Shell(const std::string& command) {
+  Result r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+Result Cli(const std::string& args) { return Shell(std::string(WEIGHTFS_BINARY) + " " + args); }
+
+std::vector<uint8_t> Slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string SlurpText(const fs::path& path) {
+  std::vector<uint8_t> b = Slurp(path);
+  return std::string(b.begin(), b.end());
+}
+
+// Polls `done` every few ms until it holds or `bound` passes.
+bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds bound) {
+  const auto deadline = Clock::now() + bound;
+  while (!done()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+bool ProcessGone(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::string stat = SlurpText("/proc/" + std::to_string(pid) + "/stat");
+  size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+std::string VersionDir(int k) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "v%03d", k);
+  return buf;
+}
+
+// The generated model (data/v000..v003) and a bucket with acme/tiny@v0..v3, built once.
+struct SharedData {
+  fs::path root, data, bucket;
+  std::string error;  // why it could not be built
+};
+
+const SharedData& Shared() {
+  static SharedData shared = [] {
+    SharedData s;
+    s.root = WEIGHTFS_FS_TEST_DIR;
+    s.data = s.root / "data";
+    s.bucket = s.root / "bucket";
+    fs::create_directories(s.root);
+    struct stat bin;
+    if (::stat(WEIGHTFS_BINARY, &bin) != 0) {
+      s.error = std::string("no weightfs binary at ") + WEIGHTFS_BINARY;
+      return s;
+    }
+    const std::string stamp = std::to_string(bin.st_size) + " " + std::to_string(bin.st_mtim.tv_sec) + "." +
+                              std::to_string(bin.st_mtim.tv_nsec) + " 2";
+    int lock = ::open((s.root / ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    ::flock(lock, LOCK_EX);
+    if (SlurpText(s.root / "ready") != stamp) {
+      fs::remove_all(s.data);
+      fs::remove_all(s.bucket);
+      fs::remove(s.root / "ready");
+      // ~23 MB per version in 3 safetensors shards and two small JSON files.
+      Result g = Cli("gen " + s.data.string() + " --params 12M --versions " + std::to_string(kVersions - 1) +
+                     " --lr 1e-6 --shard-size 10M --seed 5");
+      if (g.exit_code != 0) s.error = "gen failed: " + g.out;
+      if (s.error.empty()) {
+        Result i = Cli("init " + s.bucket.string());
+        if (i.exit_code != 0) s.error = "init failed: " + i.out;
+      }
+      for (int k = 0; k < kVersions && s.error.empty(); ++k) {
+        Result p = Cli("push " + s.bucket.string() + " acme/tiny@v" + std::to_string(k) + " " +
+                       (s.data / VersionDir(k)).string() + " --no-cache");
+        if (p.exit_code != 0) s.error = "push failed: " + p.out;
+      }
+      if (s.error.empty()) std::ofstream(s.root / "ready") << stamp;
+    }
+    ::flock(lock, LOCK_UN);
+    ::close(lock);
+    return s;
+  }();
+  return shared;
+}
+
+// One mount of `bucket`, unmounted (lazily if need be) when it goes out of scope.
+class Mount {
+ public:
+  Mount(const fs::path& bucket, const std::string& name, const std::string& extra = "")
+      : dir_(fs::temp_directory_path() / ("wfs-mount-" + std::to_string(::getpid()) + "-" + name)) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "mnt");
+    result_ = Cli("mount " + bucket.string() + " " + mnt().string() + " --cache-dir " + (dir_ / "cache").string() +
+                  " --log-file " + log().string() + " --log-level debug --refresh 1 " + extra);
+    if (result_.exit_code == 0) {
+      char buf[32] = {};
+      if (::getxattr(mnt().c_str(), "user.weightfs.pid", buf, sizeof buf - 1) > 0) pid_ = std::atoi(buf);
+    }
+  }
+  ~Mount() {
+    if (FindMount(mnt().string())) {
+      Result u = Cli("unmount " + mnt().string());
+      if (u.exit_code != 0) Cli("unmount --lazy " + mnt().string());
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  bool ok() const { return result_.exit_code == 0 && pid_ > 0; }
+  const Result& result() const { return result_; }
+  fs::path mnt() const { return dir_ / "mnt"; }
+  fs::path log() const { return dir_ / "log.txt"; }
+  fs::path dir() const { return dir_; }
+  pid_t pid() const { return pid_; }
+  fs::path Version(int k) const { return mnt() / "acme" / ("tiny@v" + std::to_string(k)); }
+
+ private:
+  fs::path dir_;
+  Result result_;
+  pid_t pid_ = 0;
+};
+
+class MountTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (Status s = CheckFuseDevice(); !s.ok()) {
+      setup_error_ = "these tests need FUSE: " + s.message();
+      return;
+    }
+    if (!Shared().error.empty()) {
+      setup_error_ = Shared().error;
+      return;
+    }
+    mount_ = new Mount(Shared().bucket, "shared");
+    if (!mount_->ok()) setup_error_ = "weightfs mount failed: " + mount_->result().out;
+  }
+  static void TearDownTestSuite() {
+    delete mount_;
+    mount_ = nullptr;
+  }
+  void SetUp() override {
+    if (!setup_error_.empty()) FAIL() << setup_error_;
+  }
+
+  static const Mount& M() { return *mount_; }
+  static fs::path Source(int k, const std::string& file) { return Shared().data / VersionDir(k) / file; }
+  static const std::vector<uint8_t>& SourceBytes(int k, const std::string& file) {
+    static std::map<std::string, std::vector<uint8_t>> cache;
+    std::string key = std::to_string(k) + "/" + file;
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, Slurp(Source(k, file))).first;
+    return it->second;
+  }
+  static Manifest ManifestOf(const fs::path& bucket, int k) {
+    auto bytes = Slurp(bucket / "models/acme/tiny/versions" / ("v" + std::to_string(k) + ".json"));
+    auto m = ParseManifest(bytes);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? std::move(m).value() : Manifest{};
+  }
+  // A copy of the shared bucket, for tests that change it.
+  fs::path CopyBucket(const std::string& name) {
+    fs::path copy = fs::temp_directory_path() / ("wfs-bucket-" + std::to_string(::getpid()) + "-" + name);
+    fs::remove_all(copy);
+    fs::copy(Shared().bucket, copy, fs::copy_options::recursive);
+    copies_.push_back(copy);
+    return copy;
+  }
+  void TearDown() override {
+    for (const fs::path& p : copies_) fs::remove_all(p);
+  }
+
+  static std::string setup_error_;
+  static Mount* mount_;
+  std::vector<fs::path> copies_;
+};
+std::string MountTest::setup_error_;
+Mount* MountTest::mount_ = nullptr;
+
+// ---- the tree ----------------------------------------------------------------------------------
+
+TEST_F(MountTest, ListsVersionsAndTheLatestLink) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(M().mnt() / "acme")) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"tiny@latest", "tiny@v0", "tiny@v1", "tiny@v2", "tiny@v3"}));
+  EXPECT_EQ(fs::read_symlink(M().mnt() / "acme/tiny@latest").string(), "tiny@v3");
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(M().mnt() / "acme/tiny@latest")));
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(M().mnt() / "acme/tiny@latest")) files.insert(e.path().filename().string());
+  std::set<std::string> source;
+  for (const auto& e : fs::directory_iterator(Source(3, ""))) source.insert(e.path().filename().string());
+  EXPECT_EQ(files, source);
+  Result ls = Shell("ls -l " + (M().mnt() / "acme").string());
+  EXPECT_EQ(ls.exit_code, 0);
+  EXPECT_NE(ls.out.find("tiny@latest -> tiny@v3"), std::string::npos) << ls.out;
+}
+
+TEST_F(MountTest, StatShowsSizesModesOwnerAndCreationTime) {
+  for (int k : {0, 2}) {
+    const Manifest m = ManifestOf(Shared().bucket, k);
+    struct stat dir;
+    ASSERT_EQ(::stat(M().Version(k).c_str(), &dir), 0);
+    EXPECT_EQ(dir.st_mode, S_IFDIR | 0555);
+    EXPECT_EQ(dir.st_nlink, 2u);
+    EXPECT_EQ(dir.st_uid, ::getuid());
+    EXPECT_EQ(dir.st_gid, ::getgid());
+    EXPECT_EQ(dir.st_mtim.tv_sec * 1000 + dir.st_mtim.tv_nsec / 1000000, m.created_ms);
+    for (const auto& e : fs::directory_iterator(Source(k, ""))) {
+      struct stat st;
+      const fs::path p = M().Version(k) / e.path().filename();
+      ASSERT_EQ(::stat(p.c_str(), &st), 0) << p;
+      EXPECT_EQ(st.st_mode, S_IFREG | 0444) << p;
+      EXPECT_EQ(static_cast<uint64_t>(st.st_size), fs::file_size(e.path())) << p;
+      EXPECT_EQ(st.st_nlink, 1u);
+      EXPECT_EQ(st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000, m.created_ms) << p;
+      EXPECT_EQ(st.st_ctim.tv_sec, st.st_mtim.tv_sec);
+    }
+  }
+  struct stat link;
+  ASSERT_EQ(::lstat((M().mnt() / "acme/tiny@latest").c_str(), &link), 0);
+  EXPECT_EQ(link.st_mode, S_IFLNK | 0777);
+  struct statvfs sv;
+  ASSERT_EQ(::statvfs(M().mnt().c_str(), &sv), 0);
+  EXPECT_GT(sv.f_bsize, 0u);
+  EXPECT_GT(sv.f_files, 0u);
+}
+
+// ---- reading -----------------------------------------------------------------------------------
+
+TEST_F(MountTest, CatCpAndSha256sumMatchTheSource) {
+  const fs::path out = fs::temp_directory_path() / ("wfs-cp-" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  fs::create_directories(out);
+  for (int k : {1, 3}) {
+    for (const auto& e : fs::directory_iterator(Source(k, ""))) {
+      const std::string name = e.path().filename().string();
+      const fs::path p = M().Version(k) / name;
+      ASSERT_EQ(Slurp(p), SourceBytes(k, name)) << p;
+      ASSERT_EQ(Shell("cp " + p.string() + " " + (out / name).string()).exit_code, 0);
+      EXPECT_EQ(Slurp(out / name), SourceBytes(k, name)) << name;
+      Result sum = Shell("sha256sum " + p.string());
+      ASSERT_EQ(sum.exit_code, 0) << sum.out;
+      EXPECT_EQ(sum.out.substr(0, 64), Sha256Hex(SourceBytes(k, name))) << name;
+      Result cat = Shell("cat " + p.string() + " | cmp - " + e.path().string());
+      EXPECT_EQ(cat.exit_code, 0) << cat.out;
+    }
+  }
+  fs::remove_all(out);
+}
+
+TEST_F(MountTest, ThousandsOfRandomPreadsMatchTheSource) {
+  std::mt19937_64 rng(11);
+  for (int k : {2, 0}) {
+    for (const char* shard : {kShards[0], kShards[1]}) {
+      const std::vector<uint8_t>& src = SourceBytes(k, shard);
+      int fd = ::open((M().Version(k) / shard).c_str(), O_RDONLY);
+      ASSERT_GE(fd, 0);
+      std::vector<uint8_t> buf;
+      for (int i = 0; i < 1000; ++i) {
+        const uint64_t off = rng() % (src.size() + 1000);
+        const size_t len = (i % 10 == 0) ? rng() % (3 << 20) : rng() % 70000;
+        buf.resize(len);
+        ssize_t n = ::pread(fd, buf.data(), len, static_cast<off_t>(off));
+        const size_t expect = off >= src.size() ? 0 : std::min<size_t>(len, src.size() - off);
+        ASSERT_EQ(n, static_cast<ssize_t>(expect)) << "offset " << off << " length " << len;
+        ASSERT_TRUE(std::equal(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(expect),
+                               src.begin() + static_cast<ptrdiff_t>(std::min<uint64_t>(off, src.size()))))
+            << "offset " << off << " length " << len;
+      }
+      ::close(fd);
+    }
+  }
+}
+
+TEST_F(MountTest, MmapReadsMatchTheSource) {
+  for (int k : {1, 3}) {
+    for (const char* shard : kShards) {
+      const std::vector<uint8_t>& src = SourceBytes(k, shard);
+      int fd = ::open((M().Version(k) / shard).c_str(), O_RDONLY);
+      ASSERT_GE(fd, 0);
+      void* p = ::mmap(nullptr, src.size(), PROT_READ, MAP_SHARED, fd, 0);
+      ASSERT_NE(p, MAP_FAILED);
+      const uint8_t* bytes = static_cast<const uint8_t*>(p);
+      // Random slices first (page faults in no particular order), then everything.
+      std::mt19937_64 rng(k);
+      for (int i = 0; i < 200; ++i) {
+        size_t off = rng() % src.size();
+        size_t len = std::min<size_t>(rng() % 100000, src.size() - off);
+        ASSERT_EQ(std::memcmp(bytes + off, src.data() + off, len), 0) << shard << " at " << off;
+      }
+      EXPECT_EQ(std::memcmp(bytes, src.data(), src.size()), 0) << shard;
+      ::munmap(p, src.size());
+      ::close(fd);
+    }
+  }
+}
+
+TEST_F(MountTest, EightThreadsReadFourVersionsAtOnce) {
+  std::vector<std::thread> threads;
+  std::atomic<int> good{0};
+  std::vector<std::string> errors(8);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      const int k = t % kVersions;
+      const char* shard = kShards[t % 3];
+      const std::vector<uint8_t>& src = SourceBytes(k, shard);  // loaded before the threads start
+      int fd = ::open((M().Version(k) / shard).c_str(), O_RDONLY);
+      if (fd < 0) {
+        errors[t] = "open failed";
+        return;
+      }
+      std::vector<uint8_t> buf(128 << 10);
+      bool same = true;
+      for (size_t off = 0; off < src.size() && same; off += buf.size()) {
+        ssize_t n = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(off));
+        size_t expect = std::min(buf.size(), src.size() - off);
+        same = n == static_cast<ssize_t>(expect) && std::memcmp(buf.data(), src.data() + off, expect) == 0;
+        if (!same) errors[t] = "mismatch at " + std::to_string(off) + " (n=" + std::to_string(n) + ")";
+      }
+      ::close(fd);
+      if (same) good++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), 8);
+  for (int t = 0; t < 8; ++t) EXPECT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
+}
+
+// Warm the source cache on the main thread before the threads read it.
+TEST_F(MountTest, PythonReadsSafetensorsThroughMmap) {
+  const fs::path script = fs::temp_directory_path() / ("wfs-read-" + std::to_string(::getpid()) + ".py");
+  std::ofstream(script) << R"PY(
+import json, mmap, struct, sys
+import numpy as np
+
+DTYPES = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "F64": np.float64,
+          "I64": np.int64, "I32": np.int32, "U8": np.uint8}
+
+def tensors(path):
+    f = open(path, "rb")
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    (n,) = struct.unpack("<Q", m[:8])
+    header = json.loads(m[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        dtype = np.dtype(DTYPES[info["dtype"]])
+        out[name] = np.frombuffer(m, dtype=dtype, count=(end - begin) // dtype.itemsize,
+                                  offset=8 + n + begin).reshape(info["shape"])
+    return out
+
+count = 0
+for mounted, source in zip(sys.argv[1::2], sys.argv[2::2]):
+    got, want = tensors(mounted), tensors(source)
+    assert sorted(got) == sorted(want), (mounted, sorted(got), sorted(want))
+    for name in want:
+        assert got[name].shape == want[name].shape, name
+        assert np.array_equal(got[name], want[name]), (mounted, name)
+        count += 1
+    whole = np.memmap(mounted, dtype=np.uint8, mode="r")
+    assert np.array_equal(whole, np.memmap(source, dtype=np.uint8, mode="r")), mounted
+print("tensors equal:", count)
+)PY";
+  std::string args;
+  for (const char* shard : kShards) {
+    args += " " + (M().Version(2) / shard).string() + " " + Source(2, shard).string();
+  }
+  Result py = Shell("/usr/bin/python3 " + script.string() + args);
+  fs::remove(script);
+  ASSERT_EQ(py.exit_code, 0) << py.out;
+  EXPECT_NE(py.out.find("tensors equal:"), std::string::npos) << py.out;
+}
+
+// ---- extended attributes -----------------------------------------------------------------------
+
+std::string GetXattr(const fs::path& p, const char* name, int* err) {
+  ssize_t n = ::getxattr(p.c_str(), name, nullptr, 0);
+  if (n < 0) {
+    *err = errno;
+    return "";
+  }
+  std::string v(static_cast<size_t>(n), '\0');
+  n = ::getxattr(p.c_str(), name, v.data(), v.size());
+  *err = n < 0 ? errno : 0;
+  v.resize(n < 0 ? 0 : static_cast<size_t>(n));
+  return v;
+}
+
+TEST_F(MountTest, ExtendedAttributesOfVersionsAndFiles) {
+  const Manifest m2 = ManifestOf(Shared().bucket, 2);
+  int err = 0;
+  EXPECT_EQ(GetXattr(M().Version(2), "user.weightfs.parent", &err), "acme/tiny@v1");
+  EXPECT_EQ(err, 0);
+  EXPECT_EQ(GetXattr(M().Version(2), "user.weightfs.stored_bytes", &err), std::to_string(m2.stats.stored_bytes));
+  double changed = std::stod(GetXattr(M().Version(2), "user.weightfs.changed_fraction", &err));
+  EXPECT_NEAR(changed, m2.stats.changed_fraction(), 1e-6);
+  EXPECT_GT(changed, 0.001);
+  EXPECT_LT(changed, 0.05);
+  GetXattr(M().Version(0), "user.weightfs.parent", &err);
+  EXPECT_EQ(err, ENODATA);  // a base has no parent
+  const fs::path shard = M().Version(2) / kShards[0];
+  EXPECT_EQ(GetXattr(shard, "user.weightfs.sha256", &err), Sha256Hex(SourceBytes(2, kShards[0])));
+  EXPECT_EQ(GetXattr(shard, "user.weightfs.parent", &err), "acme/tiny@v1");
+  EXPECT_GT(std::stoull(GetXattr(shard, "user.weightfs.stored_bytes", &err)), 0u);
+  GetXattr(shard, "user.weightfs.nope", &err);
+  EXPECT_EQ(err, ENODATA);
+  // Through the latest link (getxattr follows it).
+  EXPECT_EQ(GetXattr(M().mnt() / "acme/tiny@latest", "user.weightfs.parent", &err), "acme/tiny@v2");
+  // The size probe and a buffer too small.
+  ssize_t size = ::getxattr(shard.c_str(), "user.weightfs.sha256", nullptr, 0);
+  EXPECT_EQ(size, 64);
+  char small[10];
+  EXPECT_EQ(::getxattr(shard.c_str(), "user.weightfs.sha256", small, sizeof small), -1);
+  EXPECT_EQ(errno, ERANGE);
+  // listxattr, with the same protocol.
+  ssize_t list_size = ::listxattr(shard.c_str(), nullptr, 0);
+  ASSERT_GT(list_size, 0);
+  std::string list(static_cast<size_t>(list_size), '\0');
+  ASSERT_EQ(::listxattr(shard.c_str(), list.data(), list.size()), list_size);
+  EXPECT_NE(list.find("user.weightfs.sha256"), std::string::npos);
+  EXPECT_NE(list.find("user.weightfs.stored_bytes"), std::string::npos);
+  EXPECT_EQ(::listxattr(shard.c_str(), small, 1), -1);
+  EXPECT_EQ(errno, ERANGE);
+  // The mount's own: the daemon's pid and its counters.
+  EXPECT_EQ(GetXattr(M().mnt(), "user.weightfs.pid", &err), std::to_string(M().pid()));
+  EXPECT_NE(GetXattr(M().mnt(), "user.weightfs.stats", &err).find("\"bucket\""), std::string::npos);
+}
+
+// ---- published versions are read-only ---------------------------------------------------------
+
+TEST_F(MountTest, EveryChangeFailsWithErofs) {
+  const fs::path v = M().Version(1);
+  const fs::path file = v / kShards[2];
+  auto expect_erofs = [](int rc, const char* what) {
+    int err = errno;
+    EXPECT_EQ(rc, -1) << what;
+    EXPECT_EQ(err, EROFS) << what << ": " << std::strerror(err);
+  };
+  expect_erofs(::open(file.c_str(), O_WRONLY), "open O_WRONLY");
+  expect_erofs(::open(file.c_str(), O_RDWR), "open O_RDWR");
+  expect_erofs(::open(file.c_str(), O_RDONLY | O_TRUNC), "open O_TRUNC");
+  expect_erofs(::open((v / "new.bin").c_str(), O_CREAT | O_WRONLY, 0644), "create");
+  expect_erofs(::mkdir((v / "newdir").c_str(), 0755), "mkdir in a version");
+  expect_erofs(::mkdir((M().mnt() / "acme/tiny@v9").c_str(), 0755), "mkdir of a version");
+  expect_erofs(::mknod((v / "fifo").c_str(), S_IFIFO | 0644, 0), "mknod");
+  expect_erofs(::unlink(file.c_str()), "unlink");
+  expect_erofs(::rmdir(v.c_str()), "rmdir");
+  expect_erofs(::rename(file.c_str(), (v / "renamed").c_str()), "rename");
+  expect_erofs(::symlink("x", (v / "link").c_str()), "symlink");
+  expect_erofs(::link(file.c_str(), (v / "hard").c_str()), "link");
+  expect_erofs(::chmod(file.c_str(), 0644), "chmod");
+  expect_erofs(::truncate(file.c_str(), 0), "truncate");
+  expect_erofs(::utimensat(AT_FDCWD, file.c_str(), nullptr, 0), "utimensat");
+  expect_erofs(::setxattr(file.c_str(), "user.x", "1", 1, 0), "setxattr");
+  expect_erofs(::removexattr(file.c_str(), "user.weightfs.sha256"), "removexattr");
+  expect_erofs(::access(file.c_str(), W_OK), "access W_OK");
+  EXPECT_EQ(::access(file.c_str(), R_OK), 0);
+  EXPECT_EQ(Slurp(file), SourceBytes(1, kShards[2]));  // and nothing changed
+}
+
+// ---- the bucket changes while mounted ----------------------------------------------------------
+
+TEST_F(MountTest, AVersionPushedWhileMountedAppearsWithinTheRefreshInterval) {
+  const fs::path bucket = CopyBucket("refresh");
+  Mount m(bucket, "refresh");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  ASSERT_TRUE(fs::exists(m.Version(3)));
+  ASSERT_FALSE(fs::exists(m.Version(4)));
+  Result push = Cli("push " + bucket.string() + " acme/tiny@v4 " + Source(1, "").string() + " --no-cache");
+  ASSERT_EQ(push.exit_code, 0) << push.out;
+  const auto start = Clock::now();
+  ASSERT_TRUE(WaitFor([&] { return fs::exists(m.Version(4)); }, std::chrono::seconds(10)));
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_LT(seconds, 4.0);  // --refresh 1 (and a loaded machine)
+  EXPECT_TRUE(WaitFor([&] { return fs::read_symlink(m.mnt() / "acme/tiny@latest") == "tiny@v4"; },
+                      std::chrono::seconds(5)));
+  EXPECT_EQ(Slurp(m.Version(4) / kShards[1]), SourceBytes(1, kShards[1]));
+}
+
+TEST_F(MountTest, UnmountWithAFileOpenIsBusyThenLazyKeepsTheFileReadable) {
+  Mount m(Shared().bucket, "busy");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  const std::vector<uint8_t>& src = SourceBytes(1, kShards[1]);
+  int fd = ::open((m.Version(1) / kShards[1]).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> buf(1 << 20);
+  ASSERT_EQ(::pread(fd, buf.data(), buf.size(), 0), static_cast<ssize_t>(buf.size()));
+  Result busy = Cli("unmount " + m.mnt().string());
+  EXPECT_EQ(busy.exit_code, 1) << busy.out;
+  EXPECT_NE(busy.out.find("busy"), std::string::npos) << busy.out;
+  EXPECT_TRUE(FindMount(m.mnt().string()).has_value());
+  Result lazy = Cli("unmount --lazy " + m.mnt().string());
+  ASSERT_EQ(lazy.exit_code, 0) << lazy.out;
+  EXPECT_FALSE(FindMount(m.mnt().string()).has_value());
+  // The open file still reads, also where nothing was read before.
+  const size_t tail = src.size() - buf.size();
+  ASSERT_EQ(::pread(fd, buf.data(), buf.size(), static_cast<off_t>(tail)), static_cast<ssize_t>(buf.size()));
+  EXPECT_EQ(std::memcmp(buf.data(), src.data() + tail, buf.size()), 0);
+  EXPECT_FALSE(ProcessGone(m.pid()));
+  ::close(fd);
+  EXPECT_TRUE(WaitFor([&] { return ProcessGone(m.pid()); }, std::chrono::seconds(10)));
+}
+
+TEST_F(MountTest, FusermountUnmountEndsTheDaemon) {
+  Mount m(Shared().bucket, "fusermount");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  ASSERT_EQ(Slurp(m.Version(0) / "config.json"), SourceBytes(0, "config.json"));
+  Result u = Shell("fusermount3 -u " + m.mnt().string());
+  ASSERT_EQ(u.exit_code, 0) << u.out;
+  EXPECT_TRUE(WaitFor([&] { return ProcessGone(m.pid()); }, std::chrono::seconds(10)));
+  EXPECT_NE(SlurpText(m.log()).find("unmounted " + m.mnt().string()), std::string::npos) << SlurpText(m.log());
+}
+
+TEST_F(MountTest, SigtermUnmountsCleanly) {
+  Mount m(Shared().bucket, "sigterm");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  ASSERT_EQ(::kill(m.pid(), SIGTERM), 0);
+  EXPECT_TRUE(WaitFor([&] { return ProcessGone(m.pid()); }, std::chrono::seconds(10)));
+  EXPECT_FALSE(FindMount(m.mnt().string()).has_value());
+  struct stat st;
+  EXPECT_EQ(::stat(m.mnt().c_str(), &st), 0);  // an ordinary empty directory again
+}
+
+TEST_F(MountTest, AMountLeftByAKilledDaemonIsRecovered) {
+  Mount m(Shared().bucket, "stale");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  ASSERT_EQ(::kill(m.pid(), SIGKILL), 0);
+  ASSERT_TRUE(WaitFor([&] { return ProcessGone(m.pid()); }, std::chrono::seconds(10)));
+  struct statfs st;  // (stat may be answered from the kernel's attribute cache)
+  EXPECT_EQ(::statfs(m.mnt().c_str(), &st), -1);
+  EXPECT_TRUE(errno == ENOTCONN || errno == ECONNABORTED) << std::strerror(errno);
+  Result again = Cli("mount " + Shared().bucket.string() + " " + m.mnt().string() + " --cache-dir " +
+                     (m.dir() / "cache").string() + " --log-file " + m.log().string());
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_NE(again.out.find("daemon is gone"), std::string::npos) << again.out;
+  EXPECT_EQ(Slurp(m.Version(3) / "config.json"), SourceBytes(3, "config.json"));
+}
+
+TEST_F(MountTest, MountErrorsAreOneClearLine) {
+  const std::string bucket = Shared().bucket.string();
+  Result missing = Cli("mount " + bucket + " /nonexistent/weightfs/mnt");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.out.find("does not exist"), std::string::npos) << missing.out;
+  Result file = Cli("mount " + bucket + " " + Source(0, "config.json").string());
+  EXPECT_EQ(file.exit_code, 1);
+  EXPECT_NE(file.out.find("not a directory"), std::string::npos) << file.out;
+  Result busy = Cli("mount " + bucket + " " + M().mnt().string());
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_NE(busy.out.find("busy"), std::string::npos) << busy.out;
+  const fs::path empty = fs::temp_directory_path() / ("wfs-empty-" + std::to_string(::getpid()));
+  fs::create_directories(empty / "mnt");
+  Result not_bucket = Cli("mount " + empty.string() + " " + (empty / "mnt").string());
+  EXPECT_EQ(not_bucket.exit_code, 1);
+  EXPECT_NE(not_bucket.out.find("weightfs init"), std::string::npos) << not_bucket.out;
+  EXPECT_FALSE(FindMount((empty / "mnt").string()).has_value());
+  Result no_bucket = Cli("mount /nonexistent/bucket " + (empty / "mnt").string());
+  EXPECT_EQ(no_bucket.exit_code, 1);
+  EXPECT_NE(no_bucket.out.find("does not exist"), std::string::npos) << no_bucket.out;
+  Result usage = Cli("mount " + bucket);
+  EXPECT_EQ(usage.exit_code, 2);
+  Result bad_option = Cli("mount " + bucket + " " + (empty / "mnt").string() + " -o no_such_option");
+  EXPECT_EQ(bad_option.exit_code, 1);
+  EXPECT_FALSE(FindMount((empty / "mnt").string()).has_value());
+  for (const Result* r : {&missing, &file, &busy, &not_bucket, &no_bucket}) {
+    EXPECT_EQ(std::count(r->out.begin(), r->out.end(), '\n'), 1) << r->out;
+  }
+  fs::remove_all(empty);
+}
+
+// ---- failures ----------------------------------------------------------------------------------
+
+TEST_F(MountTest, ACorruptedPackGivesEioForThatChunkAndALogLineNamingIt) {
+  const fs::path bucket = CopyBucket("corrupt");
+  const Manifest m0 = ManifestOf(bucket, 0);
+  const ManifestFile* file = m0.FindFile(kShards[1]);
+  ASSERT_TRUE(file);
+  // A keyframe chunk at least 3 MiB into the file, so that reads near the start of the file
+  // (and the kernel's readahead around them) do not touch it.
+  const ManifestChunk* bad = nullptr;
+  for (const ManifestChunk& c : file->chunks) {
+    if (c.offset >= (3u << 20) && !c.is_delta() && c.origin == 0) {
+      bad = &c;
+      break;
+    }
+  }
+  ASSERT_TRUE(bad);
+  {
+    std::fstream pack(bucket / "packs" / m0.packs[bad->ref.pack].ToHex(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(bad->ref.offset + bad->ref.length / 2);
+    pack.seekg(at);
+    char c = 0;
+    pack.get(c);
+    pack.seekp(at);
+    pack.put(static_cast<char>(c ^ 0x5a));
+  }
+  Mount m(bucket, "corrupt");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  int fd = ::open((m.Version(0) / kShards[1]).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> buf(4096);
+  const auto start = Clock::now();
+  EXPECT_EQ(::pread(fd, buf.data(), buf.size(), static_cast<off_t>(bad->offset + 100)), -1);
+  EXPECT_EQ(errno, EIO);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  // Other chunks read fine: the start of this file, and all of another file.
+  const std::vector<uint8_t>& src = SourceBytes(0, kShards[1]);
+  ASSERT_EQ(::pread(fd, buf.data(), buf.size(), 0), static_cast<ssize_t>(buf.size()));
+  EXPECT_EQ(std::memcmp(buf.data(), src.data(), buf.size()), 0);
+  ::close(fd);
+  EXPECT_EQ(Slurp(m.Version(0) / kShards[0]), SourceBytes(0, kShards[0]));
+  // The log names the version, the file and the chunk.
+  const std::string log = SlurpText(m.log());
+  const std::string where = "acme/tiny@v0 " + std::string(kShards[1]) + " tensor '" + bad->key.tensor +
+                            "' chunk " + std::to_string(bad->key.index);
+  EXPECT_NE(log.find(where), std::string::npos) << "no '" << where << "' in\n" << log;
+}
+
+TEST_F(MountTest, ABucketThatDisappearsMidReadGivesEioNotAHang) {
+  const fs::path bucket = CopyBucket("vanish");
+  Mount m(bucket, "vanish");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  ASSERT_EQ(Slurp(m.Version(3) / kShards[0]), SourceBytes(3, kShards[0]));
+  fs::rename(bucket / "packs", bucket / "packs.away");
+  const auto start = Clock::now();
+  int fd = ::open((m.Version(3) / kShards[1]).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> buf(1 << 20);
+  EXPECT_EQ(::pread(fd, buf.data(), buf.size(), 0), -1);
+  EXPECT_EQ(errno, EIO);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  // What was read before stays readable (memory and disk cache), and the failure is not
+  // remembered: once the packs are back, the file reads.
+  EXPECT_EQ(Slurp(m.Version(3) / kShards[0]), SourceBytes(3, kShards[0]));
+  fs::rename(bucket / "packs.away", bucket / "packs");
+  const std::vector<uint8_t>& src = SourceBytes(3, kShards[1]);
+  ASSERT_EQ(::pread(fd, buf.data(), buf.size(), 0), static_cast<ssize_t>(buf.size()));
+  EXPECT_EQ(std::memcmp(buf.data(), src.data(), buf.size()), 0);
+  ::close(fd);
+  EXPECT_NE(SlurpText(m.log()).find("(errno 5)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace weightfs

@@ -1,0 +1,428 @@
+// weightfs mount / unmount: serve a bucket's published versions as a FUSE file system.
+//
+// `mount` checks everything it can before it forks (the mount point, /dev/fuse, the bucket,
+// the cache directory, the log file), so that those errors reach the user directly. It then
+// forks a daemon (setsid, stdio on /dev/null, working directory /) that re-opens the bucket,
+// mounts and reports over a pipe; the parent returns only once the mount answers a stat(), or
+// prints the daemon's error. A mount point left behind by a daemon that was killed (ENOTCONN)
+// is detached first, with a log line.
+//
+// `unmount` asks the daemon for its pid (the root's user.weightfs.pid attribute), unmounts
+// (umount2 as root, fusermount3 -u otherwise) and waits, bounded, until the daemon has exited.
+// Unmounting a mount with open files fails with "busy" unless --lazy; a lazily detached mount
+// keeps serving the files that are open and the daemon exits when the last one is closed.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/sinks/syslog_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "fs/fuse_server.h"
+#include "fs/mount_point.h"
+#include "hub/bucket.h"
+#include "hub/chunk_cache.h"
+#include "hub/materializer.h"
+#include "hub/open_store.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+#include "tools/store_args.h"
+
+namespace weightfs::cli {
+namespace {
+
+constexpr const char* kMountHelp = R"(usage: weightfs mount BUCKET MOUNTPOINT [options]
+
+Shows every published version of every model in BUCKET as a read-only directory:
+  MOUNTPOINT/acme/qwen@v1/...        the files of version v1 of model acme/qwen
+  MOUNTPOINT/acme/qwen@latest        a symbolic link to the newest version
+A file is materialized lazily, chunk by chunk, where it is read: from memory, else from the
+local chunk cache, else from the nearest cached ancestor plus the deltas after it. Versions
+published elsewhere appear within --refresh seconds. Runs as a daemon unless --foreground;
+returns once the mount answers. `weightfs unmount MOUNTPOINT` (or fusermount3 -u) unmounts.
+
+Extended attributes: user.weightfs.{parent,stored_bytes,changed_fraction} on version
+directories, user.weightfs.{parent,sha256,stored_bytes} on files; user.weightfs.pid and
+user.weightfs.stats (JSON counters) on MOUNTPOINT itself.
+
+options:
+  -f, --foreground     stay in the foreground, log to stderr
+  --cache-dir DIR      local chunk cache, shared with push/pull and other mounts
+                       [$WEIGHTFS_CACHE_DIR or ~/.cache/weightfs]
+  --cache-size BYTES   bound on the chunk cache (LRU eviction)               [20GiB]
+  --memory-limit BYTES bound on materialized chunks kept in memory           [1GiB]
+  --refresh SECONDS    re-list the bucket at most this often                  [10]
+  --threads N          FUSE worker threads                                    [16]
+  --read-only          mount read-only (published versions always are)
+  --allow-other        let other users read the mount (non-root users need
+                       user_allow_other in /etc/fuse.conf)
+  -o OPTS              more FUSE mount options, comma-separated
+  --log-file FILE      log here (default: stderr in the foreground, else syslog)
+  --log-level LEVEL    error, warn, info, debug                               [info]
+  --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
+  --region NAME        S3 region                                        [us-east-1]
+  --timeout SECONDS    give up on a bucket request (retries included) after this long; the
+                       read that needed it then fails with EIO               [120]
+  -h, --help           show this help
+)";
+
+constexpr const char* kUnmountHelp = R"(usage: weightfs unmount MOUNTPOINT [--lazy] [--timeout SECONDS]
+
+Unmounts a weightfs mount and waits until its daemon has exited. While files on the mount are
+open the unmount fails ("busy") unless --lazy: the mount then disappears from the tree at once,
+the files that are open keep working, and the daemon exits when the last of them is closed.
+A mount point whose daemon was killed ("Transport endpoint is not connected") is cleaned up.
+
+options:
+  --lazy               detach now even if files are open; do not wait for the daemon
+  --timeout SECONDS    how long to wait for the daemon to exit                 [30]
+  -h, --help           show this help
+)";
+
+// Everything the daemon needs, with paths made absolute (it runs in /).
+struct MountConfig {
+  std::string url;
+  std::string mountpoint;
+  std::string cache_dir;
+  uint64_t cache_size = 20ull << 30;
+  std::string log_file;
+  spdlog::level::level_enum log_level = spdlog::level::info;
+  StoreOptions store;
+  MountOptions mount;
+};
+
+// A bucket URL that is a plain path becomes absolute.
+std::string AbsoluteUrl(const std::string& url) {
+  if (url.find("://") == std::string::npos) return AbsolutePath(url);
+  if (url.starts_with("file://") && url.size() > 7 && url[7] != '/') return "file://" + AbsolutePath(url.substr(7));
+  return url;
+}
+
+void SetUpLogging(const MountConfig& c, bool daemon) {
+  std::shared_ptr<spdlog::sinks::sink> sink;
+  const char* pattern = "[%Y-%m-%d %H:%M:%S.%e] [%l] %v";
+  if (!c.log_file.empty()) {
+    sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(c.log_file);
+  } else if (daemon) {
+    sink = std::make_shared<spdlog::sinks::syslog_sink_mt>("weightfs", LOG_PID, LOG_DAEMON, true);
+    pattern = "%v";
+  } else {
+    sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+    pattern = "[%H:%M:%S.%e] weightfs %l: %v";
+  }
+  auto logger = std::make_shared<spdlog::logger>("weightfs", sink);
+  logger->set_level(c.log_level);
+  logger->set_pattern(pattern);
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+struct Opened {
+  OpenedStore store;
+  std::unique_ptr<Bucket> bucket;
+  std::unique_ptr<ChunkCache> cache;
+};
+
+Expected<Opened> OpenAll(const MountConfig& c) {
+  Opened o;
+  WFS_ASSIGN_OR_RETURN(o.store, OpenStore(c.url, c.store));
+  WFS_ASSIGN_OR_RETURN(o.bucket, Bucket::Open(o.store.store));
+  WFS_ASSIGN_OR_RETURN(o.cache, ChunkCache::Open(c.cache_dir, c.cache_size));
+  return o;
+}
+
+// The daemon's (or --foreground's) life: open, mount, report on `notify_fd` (-1: none), serve.
+int Serve(const MountConfig& c, int notify_fd, bool daemon) {
+  auto notify = [&](const std::string& line) {
+    if (notify_fd < 0) return;
+    std::string msg = line + "\n";
+    (void)!::write(notify_fd, msg.data(), msg.size());
+    ::close(notify_fd);
+    notify_fd = -1;
+  };
+  try {
+    SetUpLogging(c, daemon);
+  } catch (const std::exception& e) {
+    notify(std::string("ERR cannot log: ") + e.what());
+    return 1;
+  }
+  Expected<Opened> opened = OpenAll(c);
+  if (!opened.ok()) {
+    notify("ERR " + opened.status().ToString());
+    return 1;
+  }
+  Materializer materializer(opened->bucket.get(), opened->cache.get());
+  ServerParts parts{opened->bucket.get(), &materializer, opened->cache.get(), opened->store.store.get()};
+  FuseServer server(parts, c.mount);
+  Status s = server.Mount();
+  if (!s.ok()) {
+    spdlog::error("{}", s.ToString());
+    notify("ERR " + s.message());
+    return 1;
+  }
+  spdlog::info("mounted {} at {} (pid {}; cache {} up to {}; memory limit {})", opened->bucket->Describe(),
+               c.mountpoint, ::getpid(), c.cache_dir, FormatBytes(static_cast<double>(c.cache_size)),
+               FormatBytes(static_cast<double>(c.mount.reader.memory_limit)));
+  notify("OK");
+  s = server.Run();
+  if (!s.ok()) {
+    spdlog::error("{}", s.ToString());
+    return 1;
+  }
+  spdlog::info("unmounted {}", c.mountpoint);
+  return 0;
+}
+
+// stat() of the mount's root, through the daemon, with a bound.
+bool MountAnswers(const std::string& mountpoint, std::chrono::seconds bound) {
+  auto done = std::make_shared<std::promise<bool>>();
+  std::future<bool> answered = done->get_future();
+  std::thread([mountpoint, done] {
+    struct stat st;
+    done->set_value(::stat(mountpoint.c_str(), &st) == 0 && S_ISDIR(st.st_mode));
+  }).detach();  // a hung stat cannot be cancelled; the process exits without it
+  return answered.wait_for(bound) == std::future_status::ready && answered.get();
+}
+
+// Reads the daemon's one-line report; empty if it died first or `bound` passed.
+std::string ReadReport(int fd, std::chrono::milliseconds bound) {
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (line.find('\n') == std::string::npos) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    char buf[512];
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    line.append(buf, static_cast<size_t>(n));
+  }
+  if (auto nl = line.find('\n'); nl != std::string::npos) line.resize(nl);
+  return line;
+}
+
+std::optional<int> ParseArgs(ArgParser& args, int argc, char** argv, const char* help, size_t positionals) {
+  Status s = args.Parse(argc, argv, 1);
+  if (args.Has("--help") || args.Has("-h")) {
+    std::fputs(help, stdout);
+    return 0;
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "weightfs %s: %s\n", argv[0], s.message().c_str());
+    return 2;
+  }
+  if (args.positionals().size() != positionals) {
+    std::fprintf(stderr, "weightfs %s: wrong number of arguments (see --help)\n", argv[0]);
+    return 2;
+  }
+  return std::nullopt;
+}
+
+Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
+  MountConfig c;
+  c.url = AbsoluteUrl(args.positionals()[0]);
+  c.mountpoint = AbsolutePath(args.positionals()[1]);
+  c.cache_dir = AbsolutePath(args.GetOr("--cache-dir", DefaultCacheDir()));
+  if (auto v = args.Get("--cache-size")) {
+    WFS_ASSIGN_OR_RETURN(c.cache_size, ParseSize(*v));
+  }
+  if (auto v = args.Get("--log-file")) c.log_file = AbsolutePath(*v);
+  const std::string level = args.GetOr("--log-level", "info");
+  c.log_level = spdlog::level::from_str(level);
+  if (c.log_level == spdlog::level::off && level != "off") {
+    return Status::InvalidArgument("--log-level expects error, warn, info or debug");
+  }
+  WFS_ASSIGN_OR_RETURN(c.store, StoreOptionsFromArgs(args));
+  MountOptions& m = c.mount;
+  m.mountpoint = c.mountpoint;
+  m.fsname = "weightfs:" + c.url;
+  m.allow_other = args.Has("--allow-other");
+  m.read_only = args.Has("--read-only");
+  if (auto o = args.Get("-o")) m.fuse_options.push_back(*o);
+  if (auto v = args.Get("--memory-limit")) {
+    WFS_ASSIGN_OR_RETURN(m.reader.memory_limit, ParseSize(*v));
+    if (m.reader.memory_limit < (16ull << 20)) return Status::InvalidArgument("--memory-limit must be at least 16MiB");
+  }
+  if (auto v = args.Get("--threads")) {
+    WFS_ASSIGN_OR_RETURN(double n, ParseDouble(*v));
+    if (n < 1 || n > 256) return Status::InvalidArgument("--threads expects 1..256");
+    m.max_threads = static_cast<size_t>(n);
+  }
+  double refresh = 10;
+  if (auto v = args.Get("--refresh")) {
+    WFS_ASSIGN_OR_RETURN(refresh, ParseDouble(*v));
+  }
+  m.names.refresh = std::chrono::milliseconds(static_cast<int64_t>(refresh * 1000));
+  m.names.uid = ::getuid();
+  m.names.gid = ::getgid();
+  return c;
+}
+
+}  // namespace
+
+int MountMain(int argc, char** argv) {
+  ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--threads", "-o",
+                  "--log-file", "--log-level", "--endpoint", "--region", "--timeout"},
+                 {"--foreground", "-f", "--read-only", "--allow-other", "--help", "-h"});
+  if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
+  Expected<MountConfig> config = ConfigFromArgs(args);
+  if (!config.ok()) return Fail(config.status().message());
+  const MountConfig& c = *config;
+  const bool foreground = args.Has("--foreground") || args.Has("-f");
+  spdlog::set_pattern("weightfs: %v");
+
+  // Everything that can be checked here is, so that its error reaches the user directly.
+  MountProbe probe = ProbeMountPoint(c.mountpoint);
+  if (probe.state == MountPointState::kStale) {
+    Status s = Unmount(c.mountpoint, /*lazy=*/true);
+    if (!s.ok()) return Fail(probe.message + "; cleaning it up failed: " + s.message());
+    std::fprintf(stderr, "weightfs: %s; detached it\n", probe.message.c_str());
+    probe = ProbeMountPoint(c.mountpoint);
+  }
+  if (probe.state != MountPointState::kReady) return Fail(probe.message);
+  if (Status s = CheckFuseDevice(); !s.ok()) return Fail(s.message());
+  {
+    Expected<Opened> opened = OpenAll(c);  // re-opened by the daemon: no state crosses fork()
+    if (!opened.ok()) return Fail(opened.status());
+  }
+  if (!c.log_file.empty()) {
+    std::ofstream probe_log(c.log_file, std::ios::app);
+    if (!probe_log) return Fail("cannot write the log file " + c.log_file);
+  }
+  if (foreground) return Serve(c, -1, /*daemon=*/false);
+
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) return Fail(std::string("pipe: ") + std::strerror(errno));
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid < 0) return Fail(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::close(report[0]);
+    ::setsid();
+    int devnull = ::open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+      ::dup2(devnull, STDIN_FILENO);
+      ::dup2(devnull, STDOUT_FILENO);
+      ::dup2(devnull, STDERR_FILENO);
+      if (devnull > STDERR_FILENO) ::close(devnull);
+    }
+    if (::chdir("/") != 0) {
+      // Not fatal: every path is absolute.
+    }
+    std::exit(Serve(c, report[1], /*daemon=*/true));
+  }
+  ::close(report[1]);
+  const std::string line = ReadReport(report[0], std::chrono::seconds(150));
+  ::close(report[0]);
+  if (line != "OK") {
+    int status = 0;
+    if (line.empty()) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return Fail("the mount daemon exited before mounting " + c.mountpoint +
+                  (c.log_file.empty() ? " (see syslog)" : " (see " + c.log_file + ")"));
+    }
+    ::waitpid(pid, &status, 0);
+    return Fail(line.starts_with("ERR ") ? line.substr(4) : line);
+  }
+  if (!MountAnswers(c.mountpoint, std::chrono::seconds(30))) {
+    return Fail("mounted " + c.mountpoint + " but it does not answer; the daemon (pid " +
+                std::to_string(pid) + ") may be stuck: weightfs unmount --lazy " + c.mountpoint);
+  }
+  std::printf("mounted %s at %s (pid %d); unmount with: weightfs unmount %s\n", c.url.c_str(),
+              c.mountpoint.c_str(), static_cast<int>(pid), c.mountpoint.c_str());
+  return 0;
+}
+
+namespace {
+
+// The daemon's pid from the mount root's user.weightfs.pid, or 0 if it does not answer within
+// `bound`.
+pid_t DaemonPid(const std::string& mountpoint, std::chrono::seconds bound) {
+  auto done = std::make_shared<std::promise<pid_t>>();
+  std::future<pid_t> answered = done->get_future();
+  std::thread([mountpoint, done] {
+    char buf[32] = {};
+    ssize_t n = ::getxattr(mountpoint.c_str(), "user.weightfs.pid", buf, sizeof buf - 1);
+    done->set_value(n > 0 ? static_cast<pid_t>(std::atol(buf)) : 0);
+  }).detach();  // a hung request cannot be cancelled; the process exits without it
+  return answered.wait_for(bound) == std::future_status::ready ? answered.get() : 0;
+}
+
+// True once `pid` has exited (or is a zombie nobody reaped yet).
+bool Exited(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), {});
+  size_t paren = content.rfind(')');
+  return paren != std::string::npos && paren + 2 < content.size() && content[paren + 2] == 'Z';
+}
+
+}  // namespace
+
+int UnmountMain(int argc, char** argv) {
+  ArgParser args({"--timeout"}, {"--lazy", "--help", "-h"});
+  if (auto rc = ParseArgs(args, argc, argv, kUnmountHelp, 1)) return *rc;
+  const std::string mountpoint = AbsolutePath(args.positionals()[0]);
+  const bool lazy = args.Has("--lazy");
+  double timeout = 30;
+  if (auto t = args.Get("--timeout")) {
+    Expected<double> v = ParseDouble(*t);
+    if (!v.ok()) return Fail(v.status().message());
+    timeout = *v;
+  }
+  MountProbe probe = ProbeMountPoint(mountpoint);
+  if (probe.state == MountPointState::kStale) {
+    Status s = Unmount(mountpoint, /*lazy=*/true);
+    if (!s.ok()) return Fail(s.message());
+    std::printf("%s: its daemon was gone; detached the mount\n", mountpoint.c_str());
+    return 0;
+  }
+  std::optional<MountEntry> entry = FindMount(mountpoint);
+  if (!entry) return Fail(mountpoint + " is not a mount point");
+  if (entry->fstype != "fuse.weightfs") {
+    return Fail(mountpoint + " is not a weightfs mount (it is " + entry->fstype + ")");
+  }
+  // The daemon's pid, to wait for it below; a daemon that does not answer is unmounted all
+  // the same (without waiting).
+  const pid_t pid = DaemonPid(mountpoint, std::chrono::seconds(5));
+  Status s = Unmount(mountpoint, lazy);
+  if (!s.ok()) return Fail(s.message());
+  if (lazy) {
+    std::printf("detached %s; its daemon exits once the last file open on it is closed\n", mountpoint.c_str());
+    return 0;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+  while (pid > 0 && !Exited(pid)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Fail("unmounted " + mountpoint + ", but its daemon (pid " + std::to_string(pid) +
+                  ") still runs after " + std::to_string(static_cast<int>(timeout)) + " s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::printf("unmounted %s\n", mountpoint.c_str());
+  return 0;
+}
+
+}  // namespace weightfs::cli
