@@ -1,4 +1,6 @@
 // weightfs: one CLI, one subcommand per job. Each subcommand lives in tools/<name>_command.cc.
+#include <malloc.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -30,6 +32,12 @@ Run 'weightfs <command> --help' for the options of one command.
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Chunk buffers are a few MiB each and come and go at a high rate. Above glibc's mmap
+  // threshold every one of them would be a fresh mmap, page-faulted and zeroed by the kernel
+  // (measured as the largest cost of serving cached chunks). Serving them from the heap lets
+  // freed buffers be reused; the trim threshold keeps that memory from bouncing back to the OS.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
