@@ -6,9 +6,73 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/chunk_codec.h"
 #include "hub/lease.h"
+#include "hub/materializer.h"
+#include "hub/pack_writer.h"
 
 namespace weightfs {
+
+namespace {
+
+// Rewrites `m` so that none of its delta recipes has its base in `old_versions`: each such
+// chunk is materialized and stored as a keyframe in new packs. The manifest is replaced under
+// the same key (same files, same bytes, different recipes). Returns the chunks rewritten.
+Expected<size_t> RebaseVersion(Bucket& bucket, const Manifest& m,
+                               const std::set<std::string>& old_versions, bool dry_run) {
+  std::vector<std::pair<size_t, size_t>> todo;  // (file, chunk)
+  for (size_t fi = 0; fi < m.files.size(); ++fi) {
+    for (size_t ci = 0; ci < m.files[fi].chunks.size(); ++ci) {
+      const ManifestChunk& c = m.files[fi].chunks[ci];
+      if (c.is_delta() && old_versions.count(m.model + "@" + m.versions[c.base])) {
+        todo.emplace_back(fi, ci);
+      }
+    }
+  }
+  if (todo.empty() || dry_run) return todo.size();
+  Manifest out = m;
+  Materializer materializer(&bucket, nullptr);
+  PackWriter packs(&bucket.store(), 32ull << 20, 2, 2);
+  ChunkCodec codec;
+  std::vector<uint8_t> payload;
+  std::vector<PackSlot> slots;
+  for (const auto& [fi, ci] : todo) {
+    WFS_ASSIGN_OR_RETURN(ByteBuffer bytes, materializer.Chunk(m, m.files[fi], ci));
+    const ManifestChunk& c = m.files[fi].chunks[ci];
+    // Element type: a tensor chunk's payload header names it.
+    DType dtype = DType::kOpaque;
+    PayloadRef ref = c.ref;
+    Expected<std::vector<uint8_t>> head =
+        bucket.store().Get(Bucket::PackKey(m.packs[ref.pack]), ByteRange{ref.offset, kPayloadHeaderBytes});
+    if (head.ok()) {
+      if (Expected<PayloadInfo> info = ChunkCodec::Inspect(*head); info.ok()) dtype = info->dtype;
+    }
+    codec.EncodeFull(dtype, bytes, &payload);
+    WFS_ASSIGN_OR_RETURN(PackSlot slot, packs.Add(payload));
+    slots.push_back(slot);
+    ManifestChunk& e = out.files[fi].chunks[ci];
+    e.encoding = static_cast<ChunkEncoding>(payload[5]);
+    e.ref.offset = slot.offset;
+    e.ref.length = payload.size();
+    e.origin = 0;
+    e.base = 0;
+    e.depth = 0;
+    e.chain_bytes = 0;
+    e.keyframe_bytes = payload.size();
+  }
+  WFS_TRY(packs.Finish());
+  for (size_t i = 0; i < todo.size(); ++i) {
+    const auto& [fi, ci] = todo[i];
+    out.files[fi].chunks[ci].ref.pack = out.PackIndex(packs.PackHash(slots[i].pack));
+  }
+  std::vector<uint8_t> bytes = SerializeManifest(out);
+  WFS_TRY(bucket.store().Put(Bucket::ManifestKey(m.model, m.version), bytes, PutMode::kOverwrite));
+  bucket.Forget(m.model, m.version);
+  spdlog::info("gc: rebased {} chunks of {}@{} onto new keyframes", todo.size(), m.model, m.version);
+  return todo.size();
+}
+
+}  // namespace
 
 Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
   GcReport report;
@@ -27,36 +91,63 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
     by_model[v.model].push_back(m);
   }
 
-  // Retire old versions that nothing kept depends on.
+  // Retire old versions. A kept version needs another version's manifest only where one of
+  // its delta recipes has its base there (inherited keyframe payloads need only their packs).
   std::set<std::string> retire;
   if (options.keep_last) {
-    std::set<std::string> needed;
-    std::vector<std::string> stack;
+    auto bases_of = [](const Manifest& m) {
+      std::set<std::string> out;
+      for (const ManifestFile& f : m.files) {
+        for (const ManifestChunk& c : f.chunks) {
+          if (c.is_delta()) out.insert(m.model + "@" + m.versions[c.base]);
+        }
+      }
+      return out;
+    };
+    std::set<std::string> old_versions;
+    std::vector<std::shared_ptr<const Manifest>> kept;  // oldest first within each model
     for (auto& [model, list] : by_model) {
       std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) {
         return std::tie(a->created_ms, a->version) > std::tie(b->created_ms, b->version);
       });
-      for (size_t i = 0; i < list.size() && i < *options.keep_last; ++i) {
-        stack.push_back(model + "@" + list[i]->version);
+      const size_t n = std::min(list.size(), *options.keep_last);
+      for (size_t i = n; i-- > 0;) kept.push_back(list[i]);
+      for (size_t i = n; i < list.size(); ++i) old_versions.insert(model + "@" + list[i]->version);
+    }
+    if (options.rebase) {
+      // Rebase: every delta of a kept version whose base is an old version becomes a keyframe,
+      // so no kept version needs an old one any more. Oldest kept first; a kept version's
+      // deltas on another kept version stay (that base stays).
+      for (const auto& m : kept) {
+        WFS_ASSIGN_OR_RETURN(size_t rebased, RebaseVersion(bucket, *m, old_versions, options.dry_run));
+        if (rebased) {
+          report.rebased.push_back(m->model + "@" + m->version + " (" + std::to_string(rebased) +
+                                   " chunks now keyframes)");
+          if (!options.dry_run) {
+            WFS_ASSIGN_OR_RETURN(manifests[m->model + "@" + m->version],
+                                 bucket.ReadManifest(m->model, m->version));
+          }
+        }
       }
     }
+    std::set<std::string> needed;
+    std::vector<std::string> stack;
+    for (const auto& m : kept) stack.push_back(m->model + "@" + m->version);
     while (!stack.empty()) {
       std::string name = stack.back();
       stack.pop_back();
       if (!needed.insert(name).second) continue;
       auto it = manifests.find(name);
       if (it == manifests.end()) continue;
-      for (const std::string& v : it->second->versions) stack.push_back(it->second->model + "@" + v);
+      if (options.rebase && options.dry_run && old_versions.count(name) == 0) continue;
+      for (const std::string& b : bases_of(*it->second)) stack.push_back(b);
     }
-    for (auto& [model, list] : by_model) {
-      for (size_t i = *options.keep_last; i < list.size(); ++i) {
-        std::string name = model + "@" + list[i]->version;
-        if (needed.count(name)) {
-          report.kept_as_base.push_back(name);
-        } else {
-          retire.insert(name);
-          report.retired.push_back(name);
-        }
+    for (const std::string& name : old_versions) {
+      if (needed.count(name)) {
+        report.kept_as_base.push_back(name);
+      } else {
+        retire.insert(name);
+        report.retired.push_back(name);
       }
     }
   }

@@ -8,10 +8,14 @@
 // the manifest listing sees (then the pack is referenced). Dead leases (expired, or of a
 // process on this host that no longer exists) protect nothing and are removed.
 //
-// Retiring (`keep_last`): per model, versions older than the newest N are removed unless a kept
-// version's delta chains still pass through them (a manifest's `versions` table names every
-// version its recipes need, and those versions' tables name theirs). Such versions are kept
-// and reported.
+// Retiring (`keep_last`): per model, versions older than the newest N are removed. A kept
+// version whose delta recipes have their base in an old version is first rebased: those chunks
+// are materialized and stored again as keyframes, and its manifest is replaced under the same
+// key (same files and bytes, new recipes). Without `rebase`, old versions that kept ones still
+// build on are kept instead, and reported. Caveat: a reader that loaded the old manifest before
+// the rewrite and reads after the old versions are gone gets an error for the rebased chunks
+// (and succeeds after reloading); run gc with --keep-last when no long-lived mount reads the
+// kept versions, or accept that.
 #pragma once
 
 #include <cstdint>
@@ -26,12 +30,16 @@ namespace weightfs {
 struct GcOptions {
   bool dry_run = false;
   std::optional<size_t> keep_last;  // per model
+  // With keep_last: rewrite kept versions whose deltas build on old ones so the old ones can
+  // go (their chunks become keyframes). Without it such old versions are kept.
+  bool rebase = true;
 };
 
 struct GcReport {
   size_t versions = 0;
   std::vector<std::string> retired;           // model@version removed (or to remove)
   std::vector<std::string> kept_as_base;      // old versions kept because newer ones need them
+  std::vector<std::string> rebased;           // kept versions rewritten onto new keyframes
   size_t packs = 0;
   size_t live_packs = 0;
   size_t deleted_packs = 0;

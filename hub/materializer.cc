@@ -72,7 +72,9 @@ Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest,
       return where(Status::Corruption("the delta's base chunk is missing from " + s.manifest->model +
                                       "@" + base_version));
     }
-    if (bc->depth + 1 != s.chunk->depth) {
+    // Strictly decreasing, not "one less": gc's rebasing turns a base into a keyframe (depth 0)
+    // under deltas that still say they are deeper.
+    if (bc->depth >= s.chunk->depth) {
       return where(Status::Corruption("delta chain depth does not decrease at " + s.manifest->model +
                                       "@" + base_version));
     }

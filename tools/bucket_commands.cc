@@ -462,7 +462,7 @@ bytes the version stored, ratio, and the fraction of elements that changed vs th
 // ---- gc -----------------------------------------------------------------------------------------
 
 int GcMain(int argc, char** argv) {
-  ArgParser args(Concat(kCommonValues, {"--keep-last"}), Concat(kCommonFlags, {"--dry-run"}));
+  ArgParser args(Concat(kCommonValues, {"--keep-last"}), Concat(kCommonFlags, {"--dry-run", "--no-rebase"}));
   std::string help = std::string(R"(usage: weightfs gc BUCKET [--keep-last N] [--dry-run]
 
 Removes packs that no published version references: leftovers of pushes that died. Packs
@@ -470,8 +470,10 @@ are left alone while any push holds a live lease (a push in progress). Dead leas
 or of a process that no longer runs on this host) are removed.
 
 options:
-  --keep-last N        also retire all but the newest N versions of each model, except
-                       versions that newer ones still need as delta bases
+  --keep-last N        also retire all but the newest N versions of each model; kept
+                       versions whose deltas build on retired ones are rebased first (those
+                       chunks are stored again as keyframes, the manifest is rewritten)
+  --no-rebase          with --keep-last: keep old versions that newer ones build on instead
   --dry-run            report what would be removed, remove nothing
 )") + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 1)) return *rc;
@@ -479,6 +481,7 @@ options:
   if (!ctx.ok()) return Fail(ctx.status());
   GcOptions opts;
   opts.dry_run = args.Has("--dry-run");
+  opts.rebase = !args.Has("--no-rebase");
   if (auto k = args.Get("--keep-last")) {
     Expected<double> n = ParseDouble(*k);
     if (!n.ok() || *n < 1) return Fail("--keep-last expects a count >= 1");
@@ -491,6 +494,7 @@ options:
               r->versions, r->packs, r->live_packs, verb, r->deleted_packs,
               FormatBytes(static_cast<double>(r->deleted_bytes)).c_str());
   for (const std::string& v : r->retired) std::printf("%s version %s\n", opts.dry_run ? "would retire" : "retired", v.c_str());
+  for (const std::string& v : r->rebased) std::printf("%s %s\n", opts.dry_run ? "would rebase" : "rebased", v.c_str());
   for (const std::string& v : r->kept_as_base) std::printf("kept %s: newer versions' deltas build on it\n", v.c_str());
   if (r->live_leases) {
     std::printf("left unreferenced packs alone: %zu push(es) in progress:", r->live_leases);

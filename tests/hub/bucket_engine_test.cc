@@ -354,13 +354,15 @@ TEST_F(BucketEngineTest, GcRemovesOrphansOnlyWhenNoPushIsLive) {
   for (const auto& m : chain) EXPECT_TRUE(VerifyVersion(verifier, pool_, *m).ok());
 }
 
-TEST_F(BucketEngineTest, GcKeepLastRetiresOnlyWhatNothingNeeds) {
+TEST_F(BucketEngineTest, GcKeepLastWithoutRebaseKeepsWhatKeptVersionsBuildOn) {
   options_.keyframes.max_depth = 1;  // v0 FULL, v1 delta, v2 FULL again, v3 delta
   auto chain = PushChain(4, nullptr);
-  auto r = CollectGarbage(*bucket_, {.keep_last = 1});
+  auto r = CollectGarbage(*bucket_, {.keep_last = 1, .rebase = false});
   ASSERT_TRUE(r.ok());
-  // v3's deltas build on v2; v0 and v1 are needed by nothing kept... except chunks that never
-  // changed, whose recipes still point at v0's keyframes.
+  // v3's deltas build on v2, so v2 stays; v0 and v1 go (v3's unchanged chunks still point at
+  // v0's keyframe payloads, which need only their packs).
+  EXPECT_EQ(r->kept_as_base, std::vector<std::string>{"acme/m@v2"});
+  EXPECT_EQ(r->retired, (std::vector<std::string>{"acme/m@v0", "acme/m@v1"}));
   for (const std::string& v : r->retired) {
     EXPECT_EQ(bucket_->ReadManifest("acme/m", v.substr(v.find('@') + 1)).status().kind(), ErrorKind::kNotFound) << v;
   }
@@ -370,6 +372,35 @@ TEST_F(BucketEngineTest, GcKeepLastRetiresOnlyWhatNothingNeeds) {
   ASSERT_TRUE(m.ok());
   Materializer verifier(fresh->get(), nullptr);
   EXPECT_TRUE(VerifyVersion(verifier, pool_, **m).ok());
+}
+
+TEST_F(BucketEngineTest, GcKeepLastRebasesKeptVersionsAndRemovesTheRest) {
+  auto chain = PushChain(5, nullptr);  // one keyframe, four deltas deep
+  uint64_t packs_before = 0;
+  for (const auto& e : fs::directory_iterator(root_ / "bucket/packs")) packs_before += e.is_regular_file();
+  auto dry = CollectGarbage(*bucket_, {.dry_run = true, .keep_last = 2});
+  ASSERT_TRUE(dry.ok());
+  EXPECT_EQ(dry->retired.size(), 3u);
+  EXPECT_TRUE(bucket_->ReadManifest("acme/m", "v0").ok());  // dry run: nothing changed
+  auto r = CollectGarbage(*bucket_, {.keep_last = 2});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->retired, (std::vector<std::string>{"acme/m@v0", "acme/m@v1", "acme/m@v2"}));
+  EXPECT_TRUE(r->kept_as_base.empty());
+  EXPECT_EQ(r->rebased.size(), 1u);  // v3 (its deltas were on v2); v4 builds on v3, kept
+  EXPECT_GT(r->deleted_packs, 0u);   // v1's and v2's deltas
+  auto fresh = Bucket::Open(store_);
+  ASSERT_TRUE(fresh.ok());
+  for (const char* v : {"v3", "v4"}) {
+    auto m = (*fresh)->ReadManifest("acme/m", v);
+    ASSERT_TRUE(m.ok()) << v;
+    Materializer verifier(fresh->get(), nullptr);
+    EXPECT_TRUE(VerifyVersion(verifier, pool_, **m).ok()) << v;
+    auto cache = Cache(std::string("c") + v);
+    Materializer mat(fresh->get(), cache.get());
+    ASSERT_TRUE(PullVersion(mat, pool_, **m, (root_ / "out" / v).string()).ok());
+    ExpectSameTree((root_ / "src" / v).string(), (root_ / "out" / v).string());
+  }
+  EXPECT_EQ((*fresh)->ReadManifest("acme/m", "v2").status().kind(), ErrorKind::kNotFound);
 }
 
 TEST_F(BucketEngineTest, HeaderChangeKeepsDeltasAndPullsExactly) {
