@@ -22,8 +22,12 @@ memory_limit=${MEMORY_LIMIT:-1GiB}
 work=${WORK:-/tmp/wfs-bench-mount}
 
 "$root/scripts/setup.sh"
-TARGET=weightfs "$root/scripts/build.sh" >/dev/null
-wfs="$root/build/tools/weightfs"
+if [[ -n "${WEIGHTFS:-}" ]]; then
+  wfs=$WEIGHTFS  # a binary built elsewhere
+else
+  TARGET=weightfs "$root/scripts/build.sh" >/dev/null
+  wfs="$root/build/tools/weightfs"
+fi
 py=/usr/bin/python3
 
 now() { date +%s.%N; }
