@@ -14,8 +14,9 @@ cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DWEIGHTFS_WERROR=O
 cmake --build "$root/build" -j "$jobs"
 
 echo "== build (ASan + UBSan)"
+# -O1 -g1: what the sanitizers are meant to run at, and about half the compile time of -O2 -g.
 cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEIGHTFS_WERROR=ON \
-  -DWEIGHTFS_SANITIZE=ON >/dev/null
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DWEIGHTFS_SANITIZE=ON >/dev/null
 cmake --build "$root/build-asan" -j "$jobs" --target core_tests hub_tests
 
 echo "== build (libFuzzer targets, clang)"
