@@ -13,6 +13,7 @@
 
 #include "core/hash.h"
 #include "hub/s3_signer.h"
+#include "hub/xml_text.h"
 
 namespace weightfs {
 namespace s3 {
@@ -20,63 +21,6 @@ namespace {
 
 constexpr int kMaxXmlDepth = 64;
 constexpr size_t kMaxXmlElements = 1'000'000;
-
-void AppendUtf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-// Character data with the five XML entities and numeric references decoded. Anything else that
-// looks like an entity is kept literally (tolerance: it cannot be a key we wrote).
-void AppendDecoded(std::string& out, std::string_view s) {
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '&') {
-      out.push_back(s[i]);
-      continue;
-    }
-    const size_t semi = s.find(';', i + 1);
-    if (semi == std::string_view::npos || semi - i > 12) {
-      out.push_back('&');
-      continue;
-    }
-    const std::string_view ent = s.substr(i + 1, semi - i - 1);
-    bool ok = true;
-    if (ent == "lt") out.push_back('<');
-    else if (ent == "gt") out.push_back('>');
-    else if (ent == "amp") out.push_back('&');
-    else if (ent == "quot") out.push_back('"');
-    else if (ent == "apos") out.push_back('\'');
-    else if (ent.size() >= 2 && ent[0] == '#') {
-      const bool hex = ent[1] == 'x' || ent[1] == 'X';
-      const std::string_view digits = ent.substr(hex ? 2 : 1);
-      uint32_t cp = 0;
-      auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), cp, hex ? 16 : 10);
-      ok = !digits.empty() && ec == std::errc() && p == digits.data() + digits.size() && cp > 0 &&
-           cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-      if (ok) AppendUtf8(out, cp);
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      out.push_back('&');
-      continue;
-    }
-    i = semi;
-  }
-}
 
 class XmlParser {
  public:
@@ -197,7 +141,7 @@ class XmlParser {
       } else {
         size_t end = in_.find('<', pos_);
         if (end == std::string_view::npos) end = in_.size();
-        AppendDecoded(out.text, in_.substr(pos_, end - pos_));
+        AppendXmlText(out.text, in_.substr(pos_, end - pos_));
         pos_ = end;
       }
     }

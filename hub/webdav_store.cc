@@ -1,5 +1,7 @@
 #include "hub/webdav_store.h"
 
+#include "hub/xml_text.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -112,66 +114,6 @@ std::string RandomName() {
 // matched by local name. Entities and CDATA in text are decoded; DTDs are skipped, never
 // expanded.
 
-std::string DecodeEntities(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '&') {
-      out.push_back(s[i]);
-      continue;
-    }
-    const size_t semi = s.find(';', i);
-    if (semi == std::string_view::npos || semi - i > 10) {
-      out.push_back('&');
-      continue;
-    }
-    const std::string_view ent = s.substr(i + 1, semi - i - 1);
-    uint32_t cp = 0;
-    bool known = true;
-    if (ent == "amp") cp = '&';
-    else if (ent == "lt") cp = '<';
-    else if (ent == "gt") cp = '>';
-    else if (ent == "quot") cp = '"';
-    else if (ent == "apos") cp = '\'';
-    else if (ent.size() > 1 && ent[0] == '#') {
-      const bool hex = ent[1] == 'x' || ent[1] == 'X';
-      for (char c : ent.substr(hex ? 2 : 1)) {
-        const int d = hex ? HexValue(c) : (c >= '0' && c <= '9' ? c - '0' : -1);
-        if (d < 0 || cp > 0x10FFFF) {
-          known = false;
-          break;
-        }
-        cp = cp * (hex ? 16 : 10) + static_cast<uint32_t>(d);
-      }
-      if (cp == 0 || cp > 0x10FFFF) known = false;
-    } else {
-      known = false;
-    }
-    if (!known) {
-      out.push_back('&');
-      continue;
-    }
-    // UTF-8 encode.
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    i = semi;
-  }
-  return out;
-}
-
 // The status code of "HTTP/1.1 200 OK", or 0.
 long StatusLineCode(std::string_view line) {
   const size_t sp = line.find(' ');
@@ -212,9 +154,9 @@ Expected<std::vector<DavEntry>> ParseDavMultistatus(std::string_view xml) {
   // Called with the element already popped, so parent() is its parent.
   auto end_element = [&](const std::string& name) {
     if (name == "href" && parent() == "response") {
-      entry.href = DecodeEntities(text);
+      entry.href = DecodeXmlText(text);
     } else if (name == "getcontentlength" && parent() == "prop") {
-      ps_length = ParseUint(DecodeEntities(text));
+      ps_length = ParseUint(DecodeXmlText(text));
     } else if (name == "status" && parent() == "propstat") {
       ps_status = StatusLineCode(text);
     } else if (name == "status" && parent() == "response") {
