@@ -38,6 +38,7 @@
 #include "core/hash.h"
 #include "core/manifest.h"
 #include "fs/mount_point.h"
+#include "tests/command_runner.h"
 
 namespace weightfs {
 namespace {
@@ -49,22 +50,10 @@ constexpr int kVersions = 4;  // acme/tiny@v0 .. v3
 const char* const kShards[] = {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                                "model-00003-of-00003.safetensors"};
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr
-};
+using Result = weightfs::test::CommandResult;
 
-Result Shell(const std::string& command) {
-  Result r;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+// stdout and stderr of a shell command.
+Result Shell(const std::string& command) { return weightfs::test::RunShell(command + " 2>&1"); }
 
 Result Cli(const std::string& args) { return Shell(std::string(WEIGHTFS_BINARY) + " " + args); }
 

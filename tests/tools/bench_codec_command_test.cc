@@ -9,24 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/command_runner.h"
+
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;
-};
+using weightfs::test::CommandResult;
 
 CommandResult RunWeightfs(const std::string& args) {
-  CommandResult r;
-  std::string cmd = std::string(WEIGHTFS_BINARY) + " " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return weightfs::test::RunShell(std::string(WEIGHTFS_BINARY) + " " + args + " 2>/dev/null");
 }
 
 std::vector<nlohmann::json> JsonLines(const std::string& text) {

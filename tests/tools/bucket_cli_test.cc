@@ -16,26 +16,16 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/command_runner.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr
-};
+using Result = weightfs::test::CommandResult;
 
 Result RunCli(const std::string& args) {
-  Result r;
-  std::string cmd = std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return weightfs::test::RunShell(std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1");
 }
 
 // Starts the binary with `args` (split on spaces), output to `log`; returns its pid.

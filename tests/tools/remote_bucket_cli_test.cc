@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/command_runner.h"
 #include "tests/hub/s3_test_server.h"
 #include "tests/hub/test_servers.h"
 
@@ -22,27 +23,12 @@ using weightfs::test::FaultProxy;
 using weightfs::test::NginxServer;
 using weightfs::test::S3rverServer;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  double seconds = 0;
-};
+using Result = weightfs::test::CommandResult;
 
 Result RunCli(const std::string& args) {
-  Result r;
-  auto t0 = std::chrono::steady_clock::now();
   // s3rver's only account; s3rver does not check signatures but does check the key id.
-  std::string cmd = "AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1 " +
-                    std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
+  return weightfs::test::RunShell("AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1 " +
+                                  std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1");
 }
 
 std::string Slurp(const fs::path& path) {

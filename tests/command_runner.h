@@ -1,0 +1,34 @@
+// Runs a shell command for the tests that drive the real weightfs binary, capturing its stdout
+// (redirect stderr in the command to capture it too), exit code and wall time.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+namespace weightfs::test {
+
+struct CommandResult {
+  int exit_code = -1;  // -1 if it could not run or did not exit normally
+  std::string out;
+  double seconds = 0;
+};
+
+inline CommandResult RunShell(const std::string& command) {
+  CommandResult r;
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen(command.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace weightfs::test
