@@ -582,6 +582,20 @@ TEST(ChunkCodecRoundTripTest, SparseWithExponentClasses) {
   EXPECT_EQ(SparseClasses(payload), 1);
 }
 
+// A regular pattern costs the adaptive coder far less than a bit per change; the decoder once
+// bounded the change count by the body's bit count and rejected what the encoder wrote (found by
+// chunk_roundtrip_fuzz on a fully changed F8_E4M3 chunk).
+TEST(ChunkCodecRoundTripTest, SparseBelowOneBitPerChange) {
+  ChunkCodec codec;
+  const size_t n = 1 << 16;
+  const Bytes parent = GaussianBf16(n, 65);
+  Bytes data = parent;
+  for (size_t i = 0; i < n; i += 4) Set(data, i, 2, FromOrd(ToOrd(Get(parent, i, 2), 2) + 1, 2));
+  const Sizes s = CheckRoundTrip(codec, DType::kBF16, parent, data);
+  ASSERT_EQ(s.delta_encoding, ChunkEncoding::kSparse);
+  EXPECT_LT(8 * (s.delta - kPayloadHeaderBytes), n / 4) << "the pattern should cost < 1 bit/change";
+}
+
 TEST(ChunkCodecRoundTripTest, OddByteCountsFallBackToBytes) {
   ChunkCodec codec;
   for (DType dt : {DType::kF64, DType::kF32, DType::kBF16, DType::kI16, DType::kU32}) {
