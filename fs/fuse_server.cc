@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -35,6 +36,10 @@ constexpr int kReadaheadKb = 1024;
 
 constexpr const char* kXattrPid = "user.weightfs.pid";
 constexpr const char* kXattrStats = "user.weightfs.stats";
+constexpr const char* kXattrStatus = "user.weightfs.status";
+constexpr const char* kXattrCommit = "user.weightfs.commit";
+constexpr const char* kXattrCommitAll = "user.weightfs.commit_all";
+constexpr const char* kXattrKeepDrafts = "user.weightfs.keep_drafts";
 
 // libfuse's messages, into our log; the last error is kept for Mount()'s error message.
 std::mutex g_fuse_log_mu;
@@ -63,10 +68,11 @@ std::string TakeFuseError() {
   return e.empty() ? "see the log" : e;
 }
 
-// An open file: what reads need, and its sequential-access state.
+// An open file: what reads need, and its sequential-access state; or a draft's file.
 struct OpenFile {
   VersionFile file;
   ReadStream stream;
+  std::unique_ptr<DraftHandle> draft;
 };
 
 // An open directory: its entries as they were at opendir, so offsets stay stable.
@@ -81,12 +87,28 @@ struct FuseServer::Impl {
   MountOptions options;
   Namespace names;
   ChunkReader reader;
+  std::unique_ptr<Drafts> drafts;  // null: read-only mount
+  std::atomic<bool> publish_at_exit{true};
   fuse_session* session = nullptr;
   bool mounted = false;
 
   Impl(ServerParts p, MountOptions o)
       : parts(p), options(std::move(o)), names(p.bucket, options.names),
-        reader(p.materializer, options.reader) {}
+        reader(p.materializer, options.reader) {
+    if (!options.drafts.state_dir.empty() && !options.read_only) {
+      DraftsOptions d = options.drafts;
+      d.uid = options.names.uid;
+      d.gid = options.names.gid;
+      d.on_published = [this] { names.Invalidate(); };
+      drafts = std::make_unique<Drafts>(p.bucket, p.cache, p.materializer, &reader, std::move(d));
+    }
+  }
+  bool Owned(uint64_t ino) const { return drafts && Drafts::Owns(ino); }
+  // A directory above the versions (the Namespace's or a new one), where mkdir makes drafts.
+  std::optional<std::string> DirPath(uint64_t ino) const {
+    if (Drafts::Owns(ino)) return drafts ? drafts->DirPath(ino) : std::nullopt;
+    return names.DirPath(ino);
+  }
 };
 
 namespace {
@@ -137,6 +159,7 @@ fuse_entry_param EntryOf(const NodeAttr& a) {
 void OpInit(void* userdata, fuse_conn_info* conn) {
   (void)userdata;
   conn->max_read = kMaxRead;
+  conn->max_write = kMaxRead;
   conn->max_readahead = std::max(conn->max_readahead, kMaxRead);  // the kernel caps it
   auto want = [conn](unsigned cap) {
     if (conn->capable & cap) conn->want |= cap;
@@ -157,7 +180,32 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Serve(req, "lookup", [&] {
-    Expected<NodeAttr> a = Server(req).names.Lookup(parent, name);
+    Impl& s = Server(req);
+    if (s.drafts) {
+      NodeAttr da;
+      int err = ENOENT;
+      std::optional<std::string> dir;
+      if (Drafts::Owns(parent)) {
+        err = s.drafts->Lookup(parent, name, &da);
+        if (err != 0) return err;
+      } else if ((dir = s.names.DirPath(parent)) && std::strchr(name, '@')) {
+        err = s.drafts->LookupIn(*dir, name, &da);  // a draft shadows a version of its name
+      }
+      if (err == 0) {
+        fuse_entry_param e = EntryOf(da);
+        fuse_reply_entry(req, &e);
+        return 0;
+      }
+      if (dir && !std::strchr(name, '@')) {
+        Expected<NodeAttr> a = s.names.Lookup(parent, name);
+        if (!a.ok() && a.status().kind() == ErrorKind::kNotFound && s.drafts->LookupIn(*dir, name, &da) == 0) {
+          fuse_entry_param e = EntryOf(da);
+          fuse_reply_entry(req, &e);
+          return 0;
+        }
+      }
+    }
+    Expected<NodeAttr> a = s.names.Lookup(parent, name);
     if (!a.ok()) return StatusToErrno(a.status(), ErrnoContext::kName, std::string("lookup ") + name);
     fuse_entry_param e = EntryOf(*a);
     fuse_reply_entry(req, &e);
@@ -171,6 +219,13 @@ void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(
 
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   Serve(req, "getattr", [&] {
+    Impl& s = Server(req);
+    if (s.Owned(ino)) {
+      NodeAttr da;
+      if (int err = s.drafts->GetAttr(ino, &da); err != 0) return err;
+      fuse_reply_attr(req, &da.st, da.timeout_s);
+      return 0;
+    }
     Expected<NodeAttr> a = Server(req).names.GetAttr(ino);
     if (!a.ok()) return StatusToErrno(a.status(), ErrnoContext::kName, "getattr");
     fuse_reply_attr(req, &a->st, a->timeout_s);
@@ -189,7 +244,10 @@ void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
 
 void OpAccess(fuse_req_t req, fuse_ino_t ino, int mask) {
   Serve(req, "access", [&] {
-    if (mask & W_OK) return WriteDenied("access(W_OK)", ino);
+    Impl& s = Server(req);
+    if ((mask & W_OK) && !(s.drafts && (Drafts::Owns(ino) || s.DirPath(ino)))) {
+      return WriteDenied("access(W_OK)", ino);
+    }
     fuse_reply_err(req, 0);
     return 0;
   });
@@ -218,10 +276,28 @@ void OpStatfs(fuse_req_t req, fuse_ino_t) {
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Serve(req, "opendir", [&] {
     Impl& s = Server(req);
-    Expected<std::vector<DirEntry>> entries = s.names.ReadDir(ino);
-    if (!entries.ok()) return StatusToErrno(entries.status(), ErrnoContext::kName, "opendir");
     auto dir = std::make_unique<OpenDir>();
-    dir->entries = std::move(entries).value();
+    if (s.Owned(ino)) {
+      if (int err = s.drafts->ReadDir(ino, &dir->entries); err != 0) return err;
+    } else {
+      Expected<std::vector<DirEntry>> entries = s.names.ReadDir(ino);
+      if (!entries.ok()) return StatusToErrno(entries.status(), ErrnoContext::kName, "opendir");
+      dir->entries = std::move(entries).value();
+      std::optional<std::string> path;
+      if (s.drafts && (path = s.names.DirPath(ino))) {
+        // Drafts and new directories join the listing; a draft shadows a version of its name.
+        std::vector<DirEntry> extra = s.drafts->EntriesIn(*path);
+        for (DirEntry& e : extra) {
+          auto same = std::find_if(dir->entries.begin(), dir->entries.end(),
+                                   [&](const DirEntry& d) { return d.name == e.name; });
+          if (same == dir->entries.end()) {
+            dir->entries.push_back(std::move(e));
+          } else if (e.name.find('@') != std::string::npos) {
+            *same = std::move(e);
+          }
+        }
+      }
+    }
     fi->fh = reinterpret_cast<uint64_t>(dir.get());
     // Inside a version the listing never changes: the kernel may keep it.
     const bool immutable = s.names.IsImmutable(ino);
@@ -267,7 +343,17 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file
     for (size_t i = first; i < end; ++i) {
       if (dir.entries[i].name != "." && dir.entries[i].name != "..") inos.push_back(dir.entries[i].ino);
     }
+    std::vector<uint64_t> draft_inos;
+    if (s.drafts) {
+      auto owned = std::stable_partition(inos.begin(), inos.end(), [](uint64_t i) { return !Drafts::Owns(i); });
+      draft_inos.assign(owned, inos.end());
+      inos.erase(owned, inos.end());
+    }
     std::vector<NodeAttr> attrs = s.names.GetAttrs(inos);
+    for (uint64_t i : draft_inos) {
+      NodeAttr a;
+      if (s.drafts->GetAttr(i, &a) == 0) attrs.push_back(a);
+    }
     std::unordered_map<uint64_t, const NodeAttr*> by_ino;
     for (const NodeAttr& a : attrs) by_ino[a.ino] = &a;
     std::vector<char> buf(size);
@@ -301,8 +387,22 @@ void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Serve(req, "open", [&] {
+    Impl& s = Server(req);
+    if (s.Owned(ino)) {
+      auto file = std::make_unique<OpenFile>();
+      if (int err = s.drafts->Open(ino, fi->flags, &file->draft); err != 0) return err;
+      fi->fh = reinterpret_cast<uint64_t>(file.get());
+      fi->keep_cache = 0;  // a draft's file changes
+      fi->direct_io = 0;
+      if (fuse_reply_open(req, fi) == 0) {
+        file.release();
+      } else {
+        s.drafts->Release(std::move(file->draft));
+      }
+      return 0;
+    }
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return WriteDenied("open for writing", ino);
-    Expected<VersionFile> f = Server(req).names.Open(ino);
+    Expected<VersionFile> f = s.names.Open(ino);
     if (!f.ok()) return StatusToErrno(f.status(), ErrnoContext::kName, "open");
     auto file = std::make_unique<OpenFile>();
     file->file = std::move(f).value();
@@ -317,6 +417,12 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   Serve(req, "read", [&] {
     OpenFile& f = *reinterpret_cast<OpenFile*>(fi->fh);
+    if (f.draft) {
+      std::vector<uint8_t> buf;
+      if (int err = Server(req).drafts->Read(*f.draft, static_cast<uint64_t>(off), size, &buf); err != 0) return err;
+      fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), buf.size());
+      return 0;
+    }
     const Manifest& m = *f.file.manifest;
     Expected<ReadResult> r =
         Server(req).reader.Read(f.file.manifest, *f.file.file, static_cast<uint64_t>(off), size, &f.stream);
@@ -336,12 +442,26 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  delete reinterpret_cast<OpenFile*>(fi->fh);
+  std::unique_ptr<OpenFile> f(reinterpret_cast<OpenFile*>(fi->fh));
+  if (f->draft) {
+    try {
+      Server(req).drafts->Release(std::move(f->draft));
+    } catch (const std::exception& e) {
+      spdlog::error("release: {}", e.what());
+    }
+  }
   fuse_reply_err(req, 0);
 }
 
 void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
-void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
+void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
+  Serve(req, "fsync", [&] {
+    OpenFile& f = *reinterpret_cast<OpenFile*>(fi->fh);
+    const int err = f.draft ? Server(req).drafts->Fsync(*f.draft) : 0;
+    fuse_reply_err(req, err);
+    return 0;
+  });
+}
 
 int64_t PeakRssBytes() {
   struct rusage ru {};
@@ -424,6 +544,14 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
     if (ino == Namespace::kRootIno && n == kXattrStats) {
       return ReplyXattrValue(req, StatsJsonOf(s), size);
     }
+    if (ino == Namespace::kRootIno && n == kXattrStatus) {
+      return ReplyXattrValue(req, s.drafts ? s.drafts->StatusJson() : R"({"enabled":false,"drafts":[]})", size);
+    }
+    if (s.Owned(ino)) {
+      std::string v;
+      if (int err = s.drafts->GetXattr(ino, n, &v); err != 0) return err;
+      return ReplyXattrValue(req, v, size);
+    }
     Expected<std::string> v = s.names.GetXattr(ino, n);
     if (!v.ok()) return StatusToErrno(v.status(), ErrnoContext::kXattr, "getxattr " + n);
     return ReplyXattrValue(req, *v, size);
@@ -432,11 +560,20 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
 
 void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   Serve(req, "listxattr", [&] {
-    Expected<std::vector<std::string>> names = Server(req).names.ListXattr(ino);
+    Impl& s = Server(req);
+    if (s.Owned(ino)) {
+      std::vector<std::string> names;
+      if (int err = s.drafts->ListXattr(ino, &names); err != 0) return err;
+      std::string list;
+      for (const std::string& n : names) list.append(n).push_back('\0');
+      return ReplyXattrValue(req, list, size);
+    }
+    Expected<std::vector<std::string>> names = s.names.ListXattr(ino);
     if (!names.ok()) return StatusToErrno(names.status(), ErrnoContext::kName, "listxattr");
     if (ino == Namespace::kRootIno) {
       names->push_back(kXattrPid);
       names->push_back(kXattrStats);
+      names->push_back(kXattrStatus);
     }
     std::string list;
     for (const std::string& n : *names) list.append(n).push_back('\0');
@@ -444,50 +581,176 @@ void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   });
 }
 
-// ---- changes: all refused ---------------------------------------------------------------------
+// ---- changes: drafts, else refused --------------------------------------------------------------
 
-void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat*, int, fuse_file_info*) {
-  fuse_reply_err(req, WriteDenied("setattr", ino));
+void ReplyEntryOrErr(fuse_req_t req, int err, const NodeAttr& a) {
+  if (err != 0) {
+    fuse_reply_err(req, err);
+    return;
+  }
+  fuse_entry_param e = EntryOf(a);
+  fuse_reply_entry(req, &e);
+}
+
+void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  Serve(req, "setattr", [&] {
+    Impl& s = Server(req);
+    if (!s.Owned(ino)) return WriteDenied("setattr", ino);
+    if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) return EPERM;
+    std::optional<uint64_t> size;
+    std::optional<mode_t> mode;
+    std::optional<int64_t> mtime;
+    if (to_set & FUSE_SET_ATTR_SIZE) size = static_cast<uint64_t>(attr->st_size);
+    if (to_set & FUSE_SET_ATTR_MODE) mode = attr->st_mode;
+    if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
+      mtime = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::system_clock::now().time_since_epoch()).count();
+    } else if (to_set & FUSE_SET_ATTR_MTIME) {
+      mtime = int64_t{attr->st_mtim.tv_sec} * 1000000000 + attr->st_mtim.tv_nsec;
+    }
+    NodeAttr a;
+    if (int err = s.drafts->SetAttr(ino, size, mode, mtime, &a); err != 0) return err;
+    fuse_reply_attr(req, &a.st, a.timeout_s);
+    return 0;
+  });
 }
 void OpMknod(fuse_req_t req, fuse_ino_t parent, const char*, mode_t, dev_t) {
-  fuse_reply_err(req, WriteDenied("mknod", parent));
+  fuse_reply_err(req, Server(req).Owned(parent) ? EPERM : WriteDenied("mknod", parent));
 }
-void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char*, mode_t) {
-  fuse_reply_err(req, WriteDenied("mkdir", parent));
+void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  Serve(req, "mkdir", [&] {
+    Impl& s = Server(req);
+    if (!s.drafts) return WriteDenied("mkdir", parent);
+    NodeAttr a;
+    int err;
+    if (Drafts::Owns(parent)) {
+      err = s.drafts->Mkdir(parent, name, mode, &a);
+    } else if (std::optional<std::string> dir = s.names.DirPath(parent)) {
+      if (s.names.Lookup(parent, name).ok()) return EEXIST;
+      err = s.drafts->MkdirIn(*dir, name, &a);
+    } else {
+      return WriteDenied("mkdir", parent);
+    }
+    ReplyEntryOrErr(req, err, a);
+    return 0;
+  });
 }
-void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char*) {
-  fuse_reply_err(req, WriteDenied("unlink", parent));
+void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Serve(req, "unlink", [&] {
+    Impl& s = Server(req);
+    if (!s.Owned(parent)) return WriteDenied("unlink", parent);
+    fuse_reply_err(req, s.drafts->Unlink(parent, name));
+    return 0;
+  });
 }
-void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char*) {
-  fuse_reply_err(req, WriteDenied("rmdir", parent));
+void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Serve(req, "rmdir", [&] {
+    Impl& s = Server(req);
+    if (!s.drafts) return WriteDenied("rmdir", parent);
+    if (Drafts::Owns(parent)) {
+      fuse_reply_err(req, s.drafts->Rmdir(parent, name));
+    } else if (std::optional<std::string> dir = s.names.DirPath(parent)) {
+      NodeAttr a;
+      if (!std::strchr(name, '@') && s.names.Lookup(parent, name).ok()) return WriteDenied("rmdir", parent);
+      if (std::strchr(name, '@') && s.drafts->LookupIn(*dir, name, &a) != 0) return WriteDenied("rmdir", parent);
+      fuse_reply_err(req, s.drafts->RmdirIn(*dir, name));
+    } else {
+      return WriteDenied("rmdir", parent);
+    }
+    return 0;
+  });
 }
 void OpSymlink(fuse_req_t req, const char*, fuse_ino_t parent, const char*) {
-  fuse_reply_err(req, WriteDenied("symlink", parent));
+  fuse_reply_err(req, Server(req).Owned(parent) ? EPERM : WriteDenied("symlink", parent));
 }
-void OpRename(fuse_req_t req, fuse_ino_t parent, const char*, fuse_ino_t, const char*, unsigned) {
-  fuse_reply_err(req, WriteDenied("rename", parent));
+void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent,
+              const char* new_name, unsigned flags) {
+  Serve(req, "rename", [&] {
+    Impl& s = Server(req);
+    if (!s.Owned(parent) && !s.Owned(new_parent)) return WriteDenied("rename", parent);
+    if (!s.Owned(parent) || !s.Owned(new_parent)) return EXDEV;
+    fuse_reply_err(req, s.drafts->Rename(parent, name, new_parent, new_name, flags));
+    return 0;
+  });
 }
 void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t, const char*) {
-  fuse_reply_err(req, WriteDenied("link", ino));
+  fuse_reply_err(req, Server(req).Owned(ino) ? EPERM : WriteDenied("link", ino));
 }
-void OpWrite(fuse_req_t req, fuse_ino_t ino, const char*, size_t, off_t, fuse_file_info*) {
-  fuse_reply_err(req, WriteDenied("write", ino));
+void OpWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  Serve(req, "write", [&] {
+    OpenFile& f = *reinterpret_cast<OpenFile*>(fi->fh);
+    if (!f.draft) return WriteDenied("write", ino);
+    const int err = Server(req).drafts->Write(
+        *f.draft, static_cast<uint64_t>(off), std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(buf), size));
+    if (err != 0) return err;
+    fuse_reply_write(req, size);
+    return 0;
+  });
 }
-void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char*, const char*, size_t, int) {
-  fuse_reply_err(req, WriteDenied("setxattr", ino));
+void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int) {
+  Serve(req, "setxattr", [&] {
+    Impl& s = Server(req);
+    const std::string n(name);
+    const std::string v(value, size);
+    if (ino == Namespace::kRootIno && n == kXattrCommitAll) {
+      Status st = s.drafts ? s.drafts->CommitAll() : Status::Ok();
+      fuse_reply_err(req, st.ok() ? 0 : EIO);
+      return 0;
+    }
+    if (ino == Namespace::kRootIno && n == kXattrKeepDrafts) {
+      s.publish_at_exit = false;
+      spdlog::info("the drafts stay staged at unmount (weightfs unmount --keep-drafts)");
+      fuse_reply_err(req, 0);
+      return 0;
+    }
+    if (!s.Owned(ino)) return WriteDenied("setxattr", ino);
+    if (n == kXattrCommit) {
+      Status st = s.drafts->Commit(ino, v);
+      int err = 0;
+      switch (st.kind()) {
+        case ErrorKind::kOk: break;
+        case ErrorKind::kConflict: err = EEXIST; break;
+        case ErrorKind::kInvalidArgument: err = EBUSY; break;
+        case ErrorKind::kNotFound: err = ENOENT; break;
+        case ErrorKind::kResourceExhausted: err = ENOSPC; break;
+        default: err = EIO; break;
+      }
+      fuse_reply_err(req, err);
+      return 0;
+    }
+    fuse_reply_err(req, s.drafts->SetXattr(ino, n, v));
+    return 0;
+  });
 }
 void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char*) {
-  fuse_reply_err(req, WriteDenied("removexattr", ino));
+  fuse_reply_err(req, Server(req).Owned(ino) ? ENOTSUP : WriteDenied("removexattr", ino));
 }
-void OpCreate(fuse_req_t req, fuse_ino_t parent, const char*, mode_t, fuse_file_info*) {
-  fuse_reply_err(req, WriteDenied("create", parent));
+void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  Serve(req, "create", [&] {
+    Impl& s = Server(req);
+    if (!s.Owned(parent)) return WriteDenied("create", parent);
+    auto file = std::make_unique<OpenFile>();
+    NodeAttr a;
+    if (int err = s.drafts->Create(parent, name, mode, fi->flags, &a, &file->draft); err != 0) return err;
+    fi->fh = reinterpret_cast<uint64_t>(file.get());
+    fi->keep_cache = 0;
+    fi->direct_io = 0;
+    fuse_entry_param e = EntryOf(a);
+    if (fuse_reply_create(req, &e, fi) == 0) {
+      file.release();
+    } else {
+      s.drafts->Release(std::move(file->draft));
+    }
+    return 0;
+  });
 }
 void OpFallocate(fuse_req_t req, fuse_ino_t ino, int, off_t, off_t, fuse_file_info*) {
-  fuse_reply_err(req, WriteDenied("fallocate", ino));
+  fuse_reply_err(req, Server(req).Owned(ino) ? EOPNOTSUPP : WriteDenied("fallocate", ino));
 }
 void OpCopyFileRange(fuse_req_t req, fuse_ino_t, off_t, fuse_file_info*, fuse_ino_t ino_out, off_t,
                      fuse_file_info*, size_t, int) {
-  fuse_reply_err(req, WriteDenied("copy_file_range", ino_out));
+  // ENOSYS-like: the kernel falls back to read + write.
+  fuse_reply_err(req, Server(req).Owned(ino_out) ? EOPNOTSUPP : WriteDenied("copy_file_range", ino_out));
 }
 
 fuse_lowlevel_ops MakeOps() {
@@ -575,6 +838,10 @@ Status FuseServer::Mount() {
     return Status::IOError("cannot mount on " + o.mountpoint + ": " + TakeFuseError());
   }
   impl_->mounted = true;
+  if (impl_->drafts) {
+    Status d = impl_->drafts->Load();
+    if (!d.ok()) spdlog::warn("drafts: {}", d.ToString());
+  }
   // Let sequential readers' requests reach max_read (the kernel's default readahead is 128 KiB).
   if (::geteuid() == 0) {
     if (std::optional<MountEntry> m = FindMount(o.mountpoint)) {
@@ -598,6 +865,10 @@ Status FuseServer::Run() {
   impl_->mounted = false;
   if (rc < 0) return Status::IOError(std::string("the FUSE session failed: ") + std::strerror(-rc));
   if (rc > 0) spdlog::info("signal {}: unmounted {}", rc, impl_->options.mountpoint);
+  if (impl_->drafts && impl_->drafts->enabled() && impl_->publish_at_exit) {
+    Status d = impl_->drafts->CommitAll();
+    if (!d.ok()) spdlog::error("drafts not published at unmount (kept staged for the next mount): {}", d.ToString());
+  }
   return Status::Ok();
 }
 

@@ -5,7 +5,14 @@
 // (lookup, getattr, readdir[plus], readlink, xattrs) and the ChunkReader (read); every Status
 // becomes an errno through StatusToErrno; no exception escapes a callback (std::bad_alloc ->
 // ENOMEM, anything else -> EIO). Every request that would change something is refused with
-// EROFS in one place (WriteDenied in the .cc), which the drafts of a later issue extend.
+// EROFS in one place (WriteDenied in the .cc) unless it is about a draft (fs/drafts.h): new
+// version directories and everything in them, and `mkdir` in directories above the versions.
+//
+// Control through extended attributes (the `weightfs commit/status/unmount` commands use them):
+// setting user.weightfs.commit on a draft directory publishes it (the value: another version
+// name, or empty), user.weightfs.commit_all on the root publishes every draft, and the root's
+// user.weightfs.status is a JSON report of the drafts. A failed commit leaves its message in
+// the draft's user.weightfs.error.
 //
 // Kernel-side caching: files are opened with keep_cache (published files never change, so the
 // page cache survives close/open, and re-reads and mmap run at memory speed); entries and
@@ -27,6 +34,7 @@
 
 #include "core/status.h"
 #include "fs/chunk_reader.h"
+#include "fs/drafts.h"
 #include "fs/namespace.h"
 #include "hub/bucket.h"
 #include "hub/chunk_cache.h"
@@ -44,6 +52,8 @@ struct MountOptions {
   size_t max_threads = 16;                // FUSE worker threads
   NamespaceOptions names;
   ChunkReaderOptions reader;
+  // Drafts (the write path): on unless `drafts.state_dir` is empty or the mount is read-only.
+  DraftsOptions drafts;
 };
 
 // What the server reads from and reports on. All must outlive the server; `cache` and `store`
@@ -65,7 +75,8 @@ class FuseServer {
   // Creates the FUSE session, installs the signal handlers and mounts. An error names the
   // mount point and libfuse's reason.
   Status Mount();
-  // REQUIRES: Mount() succeeded. Serves requests until unmounted or signalled, then unmounts.
+  // REQUIRES: Mount() succeeded. Serves requests until unmounted or signalled, then unmounts
+  // and publishes the drafts that are left (those that fail stay staged for the next mount).
   Status Run();
 
   // The counters user.weightfs.stats reports, as a JSON object.

@@ -107,6 +107,18 @@ void Namespace::RemoveChildLocked(Node& dir, const std::string& name) {
   if (dir.kind == Kind::kDir) dir.mtime_ms = NowMs();
 }
 
+void Namespace::Invalidate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  invalidated_ = true;
+}
+
+std::optional<std::string> Namespace::DirPath(uint64_t ino) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = NodeLocked(ino);
+  if (!n || n->kind != Kind::kDir) return std::nullopt;
+  return n->model;
+}
+
 bool Namespace::IsDirectory(uint64_t ino) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Node* n = NodeLocked(ino);
@@ -205,7 +217,7 @@ void Namespace::ApplyListingLocked(const std::vector<VersionInfo>& versions) {
 
 Status Namespace::RefreshIfStale() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (listed_ && std::chrono::steady_clock::now() - listed_at_ < options_.refresh) {
+  if (listed_ && !invalidated_ && std::chrono::steady_clock::now() - listed_at_ < options_.refresh) {
     return Status::Ok();
   }
   if (refreshing_) {
@@ -214,6 +226,7 @@ Status Namespace::RefreshIfStale() {
     return listed_ ? Status::Ok() : last_refresh_;
   }
   refreshing_ = true;
+  invalidated_ = false;
   lock.unlock();
   // Whatever happens below (exceptions included), the next refresh must be possible.
   struct Done {

@@ -97,6 +97,9 @@ class Namespace {
   Expected<std::string> GetXattr(uint64_t ino, std::string_view name);
   Expected<std::vector<std::string>> ListXattr(uint64_t ino);
 
+  // The path of a directory above the versions ("" for the root, "acme", "acme/sub"): where
+  // drafts and new model directories can be made. nullopt for any other node.
+  std::optional<std::string> DirPath(uint64_t ino) const;
   bool IsDirectory(uint64_t ino) const;
   // True for version directories and everything in them: they never change.
   bool IsImmutable(uint64_t ino) const;
@@ -184,6 +187,7 @@ class Namespace {
   // first one).
   bool listed_ = false;                                                // GUARDED_BY(mu_)
   bool refreshing_ = false;                                            // GUARDED_BY(mu_)
+  bool invalidated_ = false;                                           // GUARDED_BY(mu_)
   std::chrono::steady_clock::time_point listed_at_;                    // GUARDED_BY(mu_)
   Status last_refresh_;                                                // GUARDED_BY(mu_)
   std::condition_variable refreshed_;

@@ -66,6 +66,230 @@ Expected<std::vector<PushFile>> FilesUnder(const std::string& dir) {
   return files;
 }
 
+struct VersionEncoder::State {
+  Bucket& bucket;
+  ChunkCache* cache;
+  ThreadPool& pool;
+  std::shared_ptr<const Manifest> parent;
+  const PushOptions& options;
+  const uint64_t total_bytes;
+  PackWriter packs;
+  Materializer parents;
+  Manifest manifest;
+  std::mutex mu;  // guards manifest tables, first_error, progress state
+  Status first_error;
+  uint64_t done_bytes = 0;
+  // Changed fraction counts tensor elements; bytes of other data (headers, opaque files) count
+  // only when a version has no tensors at all.
+  uint64_t other_changed = 0, other_elements = 0;
+  PushResult result;
+  std::vector<std::unique_ptr<ChunkCodec>> codecs;
+  std::vector<std::vector<uint8_t>> buffers;
+
+  State(Bucket& b, ChunkCache* c, ThreadPool& p, std::shared_ptr<const Manifest> par,
+        const PushOptions& o, uint64_t total)
+      : bucket(b), cache(c), pool(p), parent(std::move(par)), options(o), total_bytes(total),
+        packs(&b.store(), o.pack_bytes, o.uploaders, o.max_packs_in_flight), parents(&b, c),
+        codecs(p.size()), buffers(p.size()) {}
+};
+
+VersionEncoder::VersionEncoder(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
+                               const VersionRef& target, std::shared_ptr<const Manifest> parent,
+                               const PushOptions& options, uint64_t total_bytes)
+    : state_(std::make_unique<State>(bucket, cache, pool, std::move(parent), options, total_bytes)) {
+  Manifest& m = state_->manifest;
+  m.model = target.model;
+  m.version = target.version;
+  m.versions = {target.version};
+  m.chunk_bytes = options.chunk_bytes;
+  if (state_->parent) m.parent = state_->parent->version;
+}
+
+VersionEncoder::~VersionEncoder() = default;
+
+Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t> data,
+                               const std::string& local_path) {
+  State& st = *state_;
+  if (!st.first_error.ok()) return st.first_error;
+  const std::shared_ptr<const Manifest>& parent = st.parent;
+  const PushOptions& options = st.options;
+  Manifest& manifest = st.manifest;
+  std::mutex& mu = st.mu;
+  std::string local_abs;
+  if (!local_path.empty()) {
+    std::error_code abs_ec;
+    local_abs = std::filesystem::absolute(local_path, abs_ec).string();
+  }
+  ChunkPlan plan = PlanFile(data, data.size(), options.chunk_bytes);
+  const ManifestFile* pfile = parent ? parent->FindFile(path) : nullptr;
+  std::map<ChunkKey, size_t> parent_index;
+  if (pfile) {
+    for (size_t i = 0; i < pfile->chunks.size(); ++i) parent_index.emplace(pfile->chunks[i].key, i);
+  }
+  // SHA-256 of the whole file, alongside the chunk loop.
+  std::string sha;
+  std::thread sha_thread([&] {
+    Sha256 h;
+    h.Update(data);
+    sha = h.FinishHex();
+  });
+  std::vector<PendingChunk> pending(plan.chunks.size());
+  st.pool.ParallelFor(plan.chunks.size(), [&](size_t i, size_t slot) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!st.first_error.ok()) return;
+    }
+    if (!st.codecs[slot]) st.codecs[slot] = std::make_unique<ChunkCodec>(options.encode);
+    ChunkCodec& codec = *st.codecs[slot];
+    std::vector<uint8_t>& payload = st.buffers[slot];
+    const ChunkSpec& spec = plan.chunks[i];
+    const auto bytes = data.subspan(spec.offset, spec.length);
+    PendingChunk& p = pending[i];
+    ManifestChunk& e = p.entry;
+    e.key = spec.key;
+    e.offset = spec.offset;
+    e.length = spec.length;
+    e.hash = HashChunk(bytes);
+    const size_t width = spec.dtype == DType::kOpaque ? 1 : std::max<size_t>(1, DTypeSize(spec.dtype));
+    uint64_t elements = spec.length / width, changed = elements;
+    auto fail = [&](const Status& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (st.first_error.ok()) st.first_error = s.WithContext(path + " " + DescribeChunk(spec.key));
+    };
+
+    auto it = pfile ? parent_index.find(spec.key) : parent_index.end();
+    const ManifestChunk* pc = it != parent_index.end() ? &pfile->chunks[it->second] : nullptr;
+    bool keyframe = true;
+    if (pc && pc->hash == e.hash && pc->length == e.length) {
+      // Unchanged: inherit the parent's recipe, translated into this manifest's tables.
+      std::lock_guard<std::mutex> lock(mu);
+      e.encoding = pc->encoding;
+      e.ref = pc->ref;  // ref.pack indexes the parent's pack table until Finish
+      e.origin = manifest.VersionIndex(parent->versions[pc->origin]);
+      e.base = pc->is_delta() ? manifest.VersionIndex(parent->versions[pc->base]) : 0;
+      e.depth = pc->depth;
+      e.chain_bytes = pc->chain_bytes;
+      e.keyframe_bytes = pc->keyframe_bytes;
+      changed = 0;
+      st.result.same_chunks++;
+    } else {
+      if (pc) {
+        Expected<ByteBuffer> pbytes = st.parents.Chunk(*parent, *pfile, it->second);
+        if (!pbytes.ok()) return fail(pbytes.status().WithContext("materializing the parent's chunk"));
+        ChunkEncoding enc = codec.EncodeDelta(spec.dtype, *pbytes, bytes, &payload);
+        if (pbytes->size() == bytes.size()) changed = CountChanged(*pbytes, bytes, width);
+        if (enc != ChunkEncoding::kFull && enc != ChunkEncoding::kRaw &&
+            !options.keyframes.NeedsKeyframe(*pc, payload.size())) {
+          keyframe = false;
+          e.encoding = enc;
+          e.depth = pc->depth + 1;
+          e.chain_bytes = pc->chain_bytes + payload.size();
+          e.keyframe_bytes = pc->keyframe_bytes;
+          std::lock_guard<std::mutex> lock(mu);
+          e.base = manifest.VersionIndex(parent->version);
+        } else if (enc != ChunkEncoding::kFull && enc != ChunkEncoding::kRaw) {
+          codec.EncodeFull(spec.dtype, bytes, &payload);
+        }
+      } else {
+        codec.EncodeFull(spec.dtype, bytes, &payload);
+      }
+      if (keyframe) {
+        e.encoding = static_cast<ChunkEncoding>(payload[5]);
+        e.depth = 0;
+        e.chain_bytes = 0;
+        e.keyframe_bytes = payload.size();
+        e.base = 0;
+      }
+      e.origin = 0;
+      e.ref.length = payload.size();
+      Expected<PackSlot> slot_or = st.packs.Add(payload);
+      if (!slot_or.ok()) return fail(slot_or.status());
+      p.slot = *slot_or;
+      p.fresh = true;
+    }
+    if (st.cache && options.cache_new_chunks && !local_abs.empty()) {
+      (void)st.cache->PutReference(e.hash, local_abs, spec.offset, spec.length);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (p.fresh) {
+      (keyframe ? st.result.full_chunks : st.result.delta_chunks)++;
+      manifest.stats.stored_bytes += e.ref.length;
+    }
+    if (spec.role == ChunkRole::kTensor) {
+      manifest.stats.changed_elements += changed;
+      manifest.stats.elements += elements;
+    } else {
+      st.other_changed += changed;
+      st.other_elements += elements;
+    }
+    st.done_bytes += spec.length;
+    if (options.progress) options.progress(st.done_bytes, st.total_bytes);
+  });
+  sha_thread.join();
+  if (!st.first_error.ok()) return st.first_error;
+  ManifestFile mf;
+  mf.path = path;
+  mf.size = data.size();
+  mf.sha256 = sha;
+  for (PendingChunk& p : pending) mf.chunks.push_back(p.entry);
+  // Fresh chunks remember their pack slot; resolved once the packs have names.
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (pending[i].fresh) {
+      mf.chunks[i].ref.pack = static_cast<uint32_t>(pending[i].slot.pack);
+      mf.chunks[i].ref.offset = pending[i].slot.offset;
+      mf.chunks[i].origin = 0;
+    }
+  }
+  manifest.files.push_back(std::move(mf));
+  manifest.stats.logical_bytes += data.size();
+  return Status::Ok();
+}
+
+Expected<Manifest> VersionEncoder::Finish(PushResult* result) {
+  State& st = *state_;
+  Manifest& manifest = st.manifest;
+  if (manifest.stats.elements == 0) {
+    manifest.stats.changed_elements = st.other_changed;
+    manifest.stats.elements = st.other_elements;
+  }
+  Status upload = st.packs.Finish();
+  if (!st.first_error.ok()) return st.first_error;
+  if (!upload.ok()) return upload;
+  // Fresh chunks (origin 0) hold pack sequence numbers in ref.pack, inherited ones indices
+  // into the parent's pack table. Build this version's table so both point into it.
+  std::map<Hash128, uint32_t> pack_index;
+  for (ManifestFile& f : manifest.files) {
+    for (ManifestChunk& c : f.chunks) {
+      const Hash128& h = c.origin == 0 ? st.packs.PackHash(c.ref.pack) : st.parent->packs[c.ref.pack];
+      auto [it, inserted] = pack_index.emplace(h, static_cast<uint32_t>(manifest.packs.size()));
+      if (inserted) manifest.packs.push_back(h);
+      c.ref.pack = it->second;
+    }
+  }
+  manifest.created = FormatUtc(NowMs());
+  if (result) {
+    *result = st.result;
+    result->packs = st.packs.pack_count();
+    result->pack_bytes = st.packs.bytes_uploaded();
+  }
+  return std::move(manifest);
+}
+
+void AppendFileFrom(const Manifest& src, const ManifestFile& file, Manifest* dst, bool src_is_dst) {
+  ManifestFile out = file;
+  auto version = [&](uint32_t i) -> uint32_t {
+    return (src_is_dst && i == 0) ? 0 : dst->VersionIndex(src.versions[i]);
+  };
+  for (ManifestChunk& c : out.chunks) {
+    c.ref.pack = dst->PackIndex(src.packs[c.ref.pack]);
+    c.origin = version(c.origin);
+    c.base = c.is_delta() ? version(c.base) : 0;
+  }
+  auto at = std::lower_bound(dst->files.begin(), dst->files.end(), out.path,
+                             [](const ManifestFile& f, const std::string& p) { return f.path < p; });
+  dst->files.insert(at, std::move(out));
+}
+
 Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
                                  const VersionRef& target, std::shared_ptr<const Manifest> parent,
                                  std::vector<PushFile> files, const PushOptions& options) {
@@ -81,6 +305,10 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
     }
   }
   if (files.empty()) return Status::InvalidArgument("nothing to push: no files given");
+  if (parent && parent->model != target.model) {
+    return Status::InvalidArgument("parent " + parent->model + "@" + parent->version +
+                                   " belongs to another model");
+  }
 
   // Fail before uploading anything if the version exists already.
   if (Expected<ObjectInfo> existing = bucket.store().Head(Bucket::ManifestKey(target.model, target.version));
@@ -97,186 +325,19 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
     mapped.push_back(std::move(m).value());
   }
 
-  Manifest manifest;
-  manifest.model = target.model;
-  manifest.version = target.version;
-  manifest.versions = {target.version};
-  manifest.chunk_bytes = options.chunk_bytes;
-  if (parent) {
-    if (parent->model != target.model) {
-      return Status::InvalidArgument("parent " + parent->model + "@" + parent->version +
-                                     " belongs to another model");
-    }
-    manifest.parent = parent->version;
-  }
-
   WFS_ASSIGN_OR_RETURN(std::unique_ptr<Lease> lease, Lease::Acquire(&bucket.store(), name));
-  PackWriter packs(&bucket.store(), options.pack_bytes, options.uploaders, options.max_packs_in_flight);
-  Materializer parents(&bucket, cache);
-  std::mutex mu;  // guards manifest tables, first_error, progress state
-  Status first_error;
-  uint64_t done_bytes = 0;
-  // Changed fraction counts tensor elements; bytes of other data (headers, opaque files) count
-  // only when a version has no tensors at all.
-  uint64_t other_changed = 0, other_elements = 0;
-  PushResult result;
-  std::vector<std::unique_ptr<ChunkCodec>> codecs(pool.size());
-  std::vector<std::vector<uint8_t>> buffers(pool.size());
-
+  VersionEncoder encoder(bucket, cache, pool, target, parent, options, total_bytes);
   for (size_t fi = 0; fi < files.size(); ++fi) {
-    const std::span<const uint8_t> data = mapped[fi].bytes();
-    const std::string& path = files[fi].path;
-    std::error_code abs_ec;
-    const std::string local_abs = std::filesystem::absolute(files[fi].local_path, abs_ec).string();
-    ChunkPlan plan = PlanFile(data, data.size(), options.chunk_bytes);
-    const ManifestFile* pfile = parent ? parent->FindFile(path) : nullptr;
-    std::map<ChunkKey, size_t> parent_index;
-    if (pfile) {
-      for (size_t i = 0; i < pfile->chunks.size(); ++i) parent_index.emplace(pfile->chunks[i].key, i);
-    }
-    // SHA-256 of the whole file, alongside the chunk loop.
-    std::string sha;
-    std::thread sha_thread([&] {
-      Sha256 h;
-      h.Update(data);
-      sha = h.FinishHex();
-    });
-    std::vector<PendingChunk> pending(plan.chunks.size());
-    pool.ParallelFor(plan.chunks.size(), [&](size_t i, size_t slot) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first_error.ok()) return;
-      }
-      if (!codecs[slot]) codecs[slot] = std::make_unique<ChunkCodec>(options.encode);
-      ChunkCodec& codec = *codecs[slot];
-      std::vector<uint8_t>& payload = buffers[slot];
-      const ChunkSpec& spec = plan.chunks[i];
-      const auto bytes = data.subspan(spec.offset, spec.length);
-      PendingChunk& p = pending[i];
-      ManifestChunk& e = p.entry;
-      e.key = spec.key;
-      e.offset = spec.offset;
-      e.length = spec.length;
-      e.hash = HashChunk(bytes);
-      const size_t width = spec.dtype == DType::kOpaque ? 1 : std::max<size_t>(1, DTypeSize(spec.dtype));
-      uint64_t elements = spec.length / width, changed = elements;
-      auto fail = [&](const Status& s) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (first_error.ok()) first_error = s.WithContext(path + " " + DescribeChunk(spec.key));
-      };
-
-      auto it = pfile ? parent_index.find(spec.key) : parent_index.end();
-      const ManifestChunk* pc = it != parent_index.end() ? &pfile->chunks[it->second] : nullptr;
-      bool keyframe = true;
-      if (pc && pc->hash == e.hash && pc->length == e.length) {
-        // Unchanged: inherit the parent's recipe, translated into this manifest's tables.
-        std::lock_guard<std::mutex> lock(mu);
-        e.encoding = pc->encoding;
-        e.ref = pc->ref;  // ref.pack indexes the parent's pack table until the rebuild below
-        e.origin = manifest.VersionIndex(parent->versions[pc->origin]);
-        e.base = pc->is_delta() ? manifest.VersionIndex(parent->versions[pc->base]) : 0;
-        e.depth = pc->depth;
-        e.chain_bytes = pc->chain_bytes;
-        e.keyframe_bytes = pc->keyframe_bytes;
-        changed = 0;
-        result.same_chunks++;
-      } else {
-        if (pc) {
-          Expected<ByteBuffer> pbytes = parents.Chunk(*parent, *pfile, it->second);
-          if (!pbytes.ok()) return fail(pbytes.status().WithContext("materializing the parent's chunk"));
-          ChunkEncoding enc = codec.EncodeDelta(spec.dtype, *pbytes, bytes, &payload);
-          if (pbytes->size() == bytes.size()) changed = CountChanged(*pbytes, bytes, width);
-          if (enc != ChunkEncoding::kFull && enc != ChunkEncoding::kRaw &&
-              !options.keyframes.NeedsKeyframe(*pc, payload.size())) {
-            keyframe = false;
-            e.encoding = enc;
-            e.depth = pc->depth + 1;
-            e.chain_bytes = pc->chain_bytes + payload.size();
-            e.keyframe_bytes = pc->keyframe_bytes;
-            std::lock_guard<std::mutex> lock(mu);
-            e.base = manifest.VersionIndex(parent->version);
-          } else if (enc != ChunkEncoding::kFull && enc != ChunkEncoding::kRaw) {
-            codec.EncodeFull(spec.dtype, bytes, &payload);
-          }
-        } else {
-          codec.EncodeFull(spec.dtype, bytes, &payload);
-        }
-        if (keyframe) {
-          e.encoding = static_cast<ChunkEncoding>(payload[5]);
-          e.depth = 0;
-          e.chain_bytes = 0;
-          e.keyframe_bytes = payload.size();
-          e.base = 0;
-        }
-        e.origin = 0;
-        e.ref.length = payload.size();
-        Expected<PackSlot> slot_or = packs.Add(payload);
-        if (!slot_or.ok()) return fail(slot_or.status());
-        p.slot = *slot_or;
-        p.fresh = true;
-      }
-      if (cache && options.cache_new_chunks) {
-        (void)cache->PutReference(e.hash, local_abs, spec.offset, spec.length);
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      if (p.fresh) {
-        (keyframe ? result.full_chunks : result.delta_chunks)++;
-        manifest.stats.stored_bytes += e.ref.length;
-      }
-      if (spec.role == ChunkRole::kTensor) {
-        manifest.stats.changed_elements += changed;
-        manifest.stats.elements += elements;
-      } else {
-        other_changed += changed;
-        other_elements += elements;
-      }
-      done_bytes += spec.length;
-      if (options.progress) options.progress(done_bytes, total_bytes);
-    });
-    sha_thread.join();
-    if (!first_error.ok()) break;
-    ManifestFile mf;
-    mf.path = path;
-    mf.size = data.size();
-    mf.sha256 = sha;
-    for (PendingChunk& p : pending) mf.chunks.push_back(p.entry);
-    manifest.files.push_back(std::move(mf));
-    // Remember the pack slots by file and chunk; resolved once the packs have names.
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (pending[i].fresh) {
-        manifest.files.back().chunks[i].ref.pack = static_cast<uint32_t>(pending[i].slot.pack);
-        manifest.files.back().chunks[i].ref.offset = pending[i].slot.offset;
-        manifest.files.back().chunks[i].origin = 0;
-      }
-    }
-    manifest.stats.logical_bytes += data.size();
+    Status s = encoder.AddFile(files[fi].path, mapped[fi].bytes(), files[fi].local_path);
+    if (!s.ok()) return s.WithContext("pushing " + name);
   }
-  if (manifest.stats.elements == 0) {
-    manifest.stats.changed_elements = other_changed;
-    manifest.stats.elements = other_elements;
-  }
-  Status upload = packs.Finish();
-  if (!first_error.ok()) return first_error.WithContext("pushing " + name);
-  if (!upload.ok()) return upload.WithContext("pushing " + name);
-
-  // Fresh chunks (origin 0) hold pack sequence numbers in ref.pack, inherited ones indices
-  // into the parent's pack table. Build this version's table so both point into it.
-  std::map<Hash128, uint32_t> pack_index;
-  for (ManifestFile& f : manifest.files) {
-    for (ManifestChunk& c : f.chunks) {
-      const Hash128& h = c.origin == 0 ? packs.PackHash(c.ref.pack) : parent->packs[c.ref.pack];
-      auto [it, inserted] = pack_index.emplace(h, static_cast<uint32_t>(manifest.packs.size()));
-      if (inserted) manifest.packs.push_back(h);
-      c.ref.pack = it->second;
-    }
-  }
-  manifest.created = FormatUtc(NowMs());
-  Status published = bucket.PublishManifest(manifest);
+  PushResult result;
+  Expected<Manifest> manifest = encoder.Finish(&result);
+  if (!manifest.ok()) return manifest.status().WithContext("pushing " + name);
+  Status published = bucket.PublishManifest(*manifest);
   if (!published.ok()) return published;
   // Reading it back through the bucket validates what we wrote and caches it.
   WFS_ASSIGN_OR_RETURN(result.manifest, bucket.ReadManifest(target.model, target.version));
-  result.packs = packs.pack_count();
-  result.pack_bytes = packs.bytes_uploaded();
   return result;
 }
 

@@ -55,6 +55,41 @@ struct PushResult {
   uint64_t full_chunks = 0, delta_chunks = 0, same_chunks = 0;
 };
 
+// The pieces PushVersion is made of, for callers that encode a version a file at a time (the
+// mount's drafts encode each file when it is closed, and assemble the version at commit).
+//
+// VersionEncoder encodes files into a manifest under construction; its packs upload in the
+// background. It neither takes a lease nor publishes: the caller does both. Not thread-safe
+// (AddFile parallelizes inside, over `pool`).
+class VersionEncoder {
+ public:
+  // `total_bytes` (0 = unknown) is what options.progress reports as the total.
+  VersionEncoder(Bucket& bucket, ChunkCache* cache, ThreadPool& pool, const VersionRef& target,
+                 std::shared_ptr<const Manifest> parent, const PushOptions& options,
+                 uint64_t total_bytes = 0);
+  ~VersionEncoder();
+  VersionEncoder(const VersionEncoder&) = delete;
+  VersionEncoder& operator=(const VersionEncoder&) = delete;
+
+  // Encodes `data` as the version's file `path` against the parent's file of the same path.
+  // `local_path` (may be empty) is where the bytes live, for the cache's references.
+  // Files must be added in path order.
+  Status AddFile(const std::string& path, std::span<const uint8_t> data,
+                 const std::string& local_path);
+  // Waits for the uploads and returns the manifest (created = now), not yet published.
+  Expected<Manifest> Finish(PushResult* result = nullptr);
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// Appends `file` of `src` to `dst`, translating its recipes into dst's pack and version tables.
+// `src_is_dst` says that src's own version (versions[0]) is dst's (an encoded part of the same
+// version, perhaps under another name); otherwise it is an older version, named by its name.
+void AppendFileFrom(const Manifest& src, const ManifestFile& file, Manifest* dst, bool src_is_dst);
+
 // `parent` null: the version is a base (every chunk FULL). `pool` runs the encode loop.
 Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
                                  const VersionRef& target,

@@ -10,6 +10,11 @@ int GenMain(int argc, char** argv);         // weightfs gen
 int BenchCodecMain(int argc, char** argv);  // weightfs bench codec
 int MountMain(int argc, char** argv);       // weightfs mount
 int UnmountMain(int argc, char** argv);     // weightfs unmount
+int CommitMain(int argc, char** argv);      // weightfs commit
+int StatusMain(int argc, char** argv);      // weightfs status
+// Publishes every draft of the mount at `mountpoint` (progress on a TTY, errors on stderr);
+// 0 or the errno of the failure.
+int PublishDrafts(const std::string& mountpoint);
 // init, push, pull, cat, log, verify, gc; returns -1 if `command` is none of them.
 int BucketMain(const std::string& command, int argc, char** argv);
 

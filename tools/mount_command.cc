@@ -35,6 +35,7 @@
 #include <spdlog/sinks/syslog_sink.h>
 #include <spdlog/spdlog.h>
 
+#include "core/hash.h"
 #include "fs/fuse_server.h"
 #include "fs/mount_point.h"
 #include "hub/bucket.h"
@@ -58,6 +59,17 @@ local chunk cache, else from the nearest cached ancestor plus the deltas after i
 published elsewhere appear within --refresh seconds. Runs as a daemon unless --foreground;
 returns once the mount answers. `weightfs unmount MOUNTPOINT` (or fusermount3 -u) unmounts.
 
+Writing new versions (drafts):
+  mkdir MOUNTPOINT/acme/qwen@v2      a draft; its parent is acme/qwen's latest version (set
+                                     another with setfattr -n user.weightfs.parent -v V1 on
+                                     the empty draft); it lists the parent's files
+  cp ... MOUNTPOINT/acme/qwen@v2/    files written there are staged in the cache directory;
+                                     each is delta-encoded and uploaded when it is closed
+  weightfs commit MOUNTPOINT/acme/qwen@v2    publishes it (unmount publishes every draft)
+  weightfs status MOUNTPOINT                 drafts, uploads to go, errors
+Drafts survive a crash of the daemon: the next mount with the same cache directory resumes
+them. One mount per bucket and cache directory owns the drafts.
+
 Extended attributes: user.weightfs.{parent,stored_bytes,changed_fraction} on version
 directories, user.weightfs.{parent,sha256,stored_bytes} on files; user.weightfs.pid and
 user.weightfs.stats (JSON counters) on MOUNTPOINT itself.
@@ -70,7 +82,7 @@ options:
   --memory-limit BYTES bound on materialized chunks kept in memory           [1GiB]
   --refresh SECONDS    re-list the bucket at most this often                  [10]
   --threads N          FUSE worker threads                                    [16]
-  --read-only          mount read-only (published versions always are)
+  --read-only          mount read-only: no drafts (published versions always are)
   --allow-other        let other users read the mount (non-root users need
                        user_allow_other in /etc/fuse.conf)
   -o OPTS              more FUSE mount options, comma-separated
@@ -83,15 +95,20 @@ options:
   -h, --help           show this help
 )";
 
-constexpr const char* kUnmountHelp = R"(usage: weightfs unmount MOUNTPOINT [--lazy] [--timeout SECONDS]
+constexpr const char* kUnmountHelp = R"(usage: weightfs unmount MOUNTPOINT [--lazy] [--keep-drafts] [--timeout SECONDS]
 
-Unmounts a weightfs mount and waits until its daemon has exited. While files on the mount are
+Publishes the mount's drafts (showing progress), unmounts it and waits until its daemon has
+exited. If a draft cannot be published the mount stays and the reason is printed: fix it and
+run unmount again, or unmount with --keep-drafts (the drafts stay staged in the cache directory
+and the next mount resumes them). While files on the mount are
 open the unmount fails ("busy") unless --lazy: the mount then disappears from the tree at once,
 the files that are open keep working, and the daemon exits when the last of them is closed.
 A mount point whose daemon was killed ("Transport endpoint is not connected") is cleaned up.
 
 options:
   --lazy               detach now even if files are open; do not wait for the daemon
+                       (it publishes the drafts when the last file is closed)
+  --keep-drafts        do not publish the drafts; leave them for the next mount
   --timeout SECONDS    how long to wait for the daemon to exit                 [30]
   -h, --help           show this help
 )";
@@ -276,6 +293,12 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   m.names.refresh = std::chrono::milliseconds(static_cast<int64_t>(refresh * 1000));
   m.names.uid = ::getuid();
   m.names.gid = ::getgid();
+  // Drafts of this bucket live in the cache directory, under a name derived from the URL.
+  const std::string url_bytes = c.url;
+  const uint64_t url_hash = Hash64(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(url_bytes.data()), url_bytes.size()));
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(url_hash));
+  m.drafts.state_dir = c.cache_dir + "/drafts/" + hex;
   return c;
 }
 
@@ -382,7 +405,7 @@ bool Exited(pid_t pid) {
 }  // namespace
 
 int UnmountMain(int argc, char** argv) {
-  ArgParser args({"--timeout"}, {"--lazy", "--help", "-h"});
+  ArgParser args({"--timeout"}, {"--lazy", "--keep-drafts", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kUnmountHelp, 1)) return *rc;
   const std::string mountpoint = AbsolutePath(args.positionals()[0]);
   const bool lazy = args.Has("--lazy");
@@ -407,6 +430,17 @@ int UnmountMain(int argc, char** argv) {
   // The daemon's pid, to wait for it below; a daemon that does not answer is unmounted all
   // the same (without waiting).
   const pid_t pid = DaemonPid(mountpoint, std::chrono::seconds(5));
+  if (args.Has("--keep-drafts")) {
+    if (::setxattr(mountpoint.c_str(), "user.weightfs.keep_drafts", "", 0, 0) != 0) {
+      return Fail(mountpoint + ": cannot tell the daemon to keep its drafts: " + std::strerror(errno));
+    }
+  } else if (!lazy && pid > 0) {
+    if (int err = PublishDrafts(mountpoint); err != 0) {
+      return Fail("the drafts of " + mountpoint + " could not be published (" + std::strerror(err) +
+                  "); the mount stays. Fix the cause and unmount again, or unmount with --keep-drafts "
+                  "to leave them staged for the next mount");
+    }
+  }
   Status s = Unmount(mountpoint, lazy);
   if (!s.ok()) return Fail(s.message());
   if (lazy) {

@@ -21,8 +21,10 @@ commands:
   log          list versions: parent, size, stored bytes, ratio, % changed
   verify       re-derive every chunk of a version from the bucket and check every hash
   gc           remove unreferenced packs; retire old versions
-  mount        show every version of a bucket as read-only directories (FUSE)
-  unmount      unmount a weightfs mount and wait for its daemon to exit
+  mount        show every version of a bucket as directories (FUSE); mkdir writes new ones
+  unmount      publish a mount's drafts, unmount it and wait for its daemon to exit
+  commit       publish a draft (a new version directory written on a mount)
+  status       a mount's drafts: files to encode and upload, errors
   gen          generate a realistic checkpoint sequence (safetensors shards) for tests and demos
   bench codec  measure the delta codec against zstd, zstd --patch-from and the entropy floor
 
@@ -52,6 +54,8 @@ int main(int argc, char** argv) {
   if (cmd == "gen") return weightfs::cli::GenMain(argc - 1, argv + 1);
   if (cmd == "mount") return weightfs::cli::MountMain(argc - 1, argv + 1);
   if (cmd == "unmount" || cmd == "umount") return weightfs::cli::UnmountMain(argc - 1, argv + 1);
+  if (cmd == "commit") return weightfs::cli::CommitMain(argc - 1, argv + 1);
+  if (cmd == "status") return weightfs::cli::StatusMain(argc - 1, argv + 1);
   if (cmd == "bench") {
     if (argc >= 3 && std::string(argv[2]) == "codec") {
       return weightfs::cli::BenchCodecMain(argc - 2, argv + 2);

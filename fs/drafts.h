@@ -1,0 +1,147 @@
+// Drafts: the write path of a mount. A draft is a version being written: `mkdir
+// MNT/acme/qwen@v4` creates one whose parent is acme/qwen's latest version (none: a base), and
+// it lists the parent's files until they are replaced or removed. Files written into it go to
+// staging files on local disk; when a file is closed it is encoded against the parent's file of
+// the same path (VersionEncoder: inherit, delta or keyframe per chunk) and its packs are
+// uploaded in the background, so that publishing after the last close only assembles and
+// writes the manifest (create-if-absent).
+//
+// Local state, per bucket, under `state_dir` (in the cache directory):
+//   lock                    flock: one mount of a bucket per cache directory owns its drafts
+//   <draft id>/journal.json the draft: names, parent, files (inherited or staged), encoded parts
+//   <draft id>/files/<n>    staging files
+//   <draft id>/parts/<n>    a staged file encoded: a one-file manifest whose packs are uploaded
+// The journal is rewritten atomically (write, fsync, rename, fsync the directory) on every
+// change of the draft's tree, before the change is acknowledged; staging data is as durable
+// as the user makes it (fsync). A crash therefore loses at most unsynced writes; the next
+// mount reloads the drafts, re-encodes what was not encoded, and finishes commits that were
+// requested. A published draft's staging files stay (its journal says "published") as the
+// chunk cache's source for the next draft of the model's deltas, until a newer version of that
+// model is published from this cache directory.
+//
+// Lazy copy-up: opening an inherited file for writing without O_TRUNC makes a sparse staging
+// file of the parent's size and materializes into it only the parent chunks a write touches
+// partially; reads of the chunks not yet copied come from the parent. The rest is filled in
+// when the file is encoded (its SHA-256 needs every byte).
+//
+// Inode numbers are >= kFirstIno (the Namespace's are small); each node keeps its number for
+// the life of the mount. Operations return 0 or an errno (and log the reason); commit returns a
+// Status whose message the `weightfs commit` command prints. Thread-safe; bucket I/O, encoding
+// and staging I/O never run under the metadata lock.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "fs/chunk_reader.h"
+#include "fs/namespace.h"
+#include "hub/bucket.h"
+#include "hub/chunk_cache.h"
+#include "hub/materializer.h"
+#include "hub/version_writer.h"
+
+namespace weightfs {
+
+struct DraftsOptions {
+  std::string state_dir;  // per bucket, inside the cache directory
+  PushOptions push;       // chunking, packs, keyframe policy, codec options
+  size_t encode_threads = 0;  // 0: one per core
+  uid_t uid = 0;
+  gid_t gid = 0;
+  // Called after a draft was published (the Namespace re-lists to show it).
+  std::function<void()> on_published;
+};
+
+struct Draft;
+struct DraftFile;
+
+// An open file of a draft.
+struct DraftHandle {
+  std::shared_ptr<DraftFile> file;
+  std::shared_ptr<Draft> draft;
+  std::string path;  // at open (for messages)
+  bool write = false;
+  ReadStream stream;
+};
+
+class Drafts {
+ public:
+  static constexpr uint64_t kFirstIno = 1ull << 48;
+
+  Drafts(Bucket* bucket, ChunkCache* cache, Materializer* materializer, ChunkReader* reader,
+         DraftsOptions options);
+  ~Drafts();  // stops the background encoder (drafts stay on disk)
+  Drafts(const Drafts&) = delete;
+  Drafts& operator=(const Drafts&) = delete;
+
+  // Takes the state directory's lock and loads the drafts an earlier mount left; queues the
+  // encoding of staged files not yet encoded and resumes commits that were requested. If
+  // another mount holds the lock, drafts are disabled here (mkdir gets EROFS) and the reason
+  // is returned for the log.
+  Status Load();
+  bool enabled() const;
+
+  static bool Owns(uint64_t ino) { return ino >= kFirstIno; }
+
+  // ---- directories above the versions ("" = the root, "acme", ...) -----------------------
+  // Drafts and new (not yet published) model directories shown in `dir_path`.
+  int LookupIn(const std::string& dir_path, std::string_view name, NodeAttr* out);
+  std::vector<DirEntry> EntriesIn(const std::string& dir_path);
+  // "leaf@version": a new draft; any other name: a new directory for models to come.
+  int MkdirIn(const std::string& dir_path, std::string_view name, NodeAttr* out);
+  // Removes an empty draft (all files deleted) or an empty new directory.
+  int RmdirIn(const std::string& dir_path, std::string_view name);
+
+  // ---- nodes this class owns -------------------------------------------------------------
+  int GetAttr(uint64_t ino, NodeAttr* out);
+  int Lookup(uint64_t parent, std::string_view name, NodeAttr* out);
+  int ReadDir(uint64_t ino, std::vector<DirEntry>* out);
+  // The path of a new model directory (for DirPath-like routing), else nullopt.
+  std::optional<std::string> DirPath(uint64_t ino) const;
+  int Mkdir(uint64_t parent, std::string_view name, mode_t mode, NodeAttr* out);
+  int Rmdir(uint64_t parent, std::string_view name);
+  int Unlink(uint64_t parent, std::string_view name);
+  int Rename(uint64_t parent, std::string_view name, uint64_t new_parent, std::string_view new_name,
+             unsigned flags);
+  int Create(uint64_t parent, std::string_view name, mode_t mode, int flags, NodeAttr* out,
+             std::unique_ptr<DraftHandle>* handle);
+  int Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle);
+  // `size`, `mode`, `mtime_ns` (each optional) as setattr asks.
+  int SetAttr(uint64_t ino, std::optional<uint64_t> size, std::optional<mode_t> mode,
+              std::optional<int64_t> mtime_ns, NodeAttr* out);
+  int Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8_t>* out);
+  int Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data);
+  int Fsync(DraftHandle& h);
+  // Closing the last writer queues the file's encoding.
+  void Release(std::unique_ptr<DraftHandle> h);
+
+  // user.weightfs.parent (settable on an unchanged draft), .state, .error on draft dirs.
+  int GetXattr(uint64_t ino, std::string_view name, std::string* out);
+  int SetXattr(uint64_t ino, std::string_view name, std::string_view value);
+  int ListXattr(uint64_t ino, std::vector<std::string>* out);
+
+  // ---- publishing --------------------------------------------------------------------------
+  // Waits until every file of the draft is encoded and uploaded, then publishes the manifest
+  // as `as` (empty: the draft's own name). On failure the draft and its data stay.
+  Status Commit(uint64_t draft_ino, const std::string& as);
+  // Commits every draft (unmount); the first error, after trying all.
+  Status CommitAll();
+  // Drafts, pending encodes, bytes to go, errors (JSON object) for `weightfs status`.
+  std::string StatusJson();
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace weightfs

@@ -1,0 +1,244 @@
+// weightfs commit / status: publish a draft of a mount, and report on a mount's drafts.
+//
+// Both talk to the mount daemon through extended attributes (fs/fuse_server.h): setting
+// user.weightfs.commit on a draft directory publishes it, and blocks until it is published or
+// failed; the root's user.weightfs.status is a JSON report. While a commit runs, the command
+// polls the report to show the bytes left to encode and upload.
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "fs/mount_point.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace weightfs::cli {
+namespace {
+
+constexpr const char* kCommitHelp = R"(usage: weightfs commit MOUNTPOINT/MODEL@VERSION [--as NAME]
+
+Publishes a draft of a weightfs mount: waits until every file written into it is encoded
+(deltas against the draft's parent) and uploaded, then creates the version's manifest in the
+bucket (create-if-absent: if another writer took the name first, the commit fails and the draft
+stays; commit it under another name with --as). Prints the stored bytes, ratio and time.
+Files of the draft that are still open for writing make it fail: close them first.
+
+options:
+  --as NAME      publish under this version name instead of the draft's
+  -h, --help     show this help
+)";
+
+constexpr const char* kStatusHelp = R"(usage: weightfs status MOUNTPOINT [--json]
+
+Shows the drafts of a weightfs mount: their parent, files staged, files still to encode and
+upload (and their bytes), files open for writing, the last error, and the chunk cache's use.
+
+options:
+  --json         print the report as JSON
+  -h, --help     show this help
+)";
+
+// The root of the file system holding `path`: the highest ancestor on the same device.
+std::string MountRootOf(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::path(path).lexically_normal();
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) return path;
+  const dev_t dev = st.st_dev;
+  while (p.has_parent_path() && p.parent_path() != p) {
+    struct stat up {};
+    if (::stat(p.parent_path().c_str(), &up) != 0 || up.st_dev != dev) break;
+    p = p.parent_path();
+  }
+  return p.string();
+}
+
+std::optional<std::string> GetXattr(const std::string& path, const char* name) {
+  std::string value(4096, '\0');
+  for (int i = 0; i < 4; ++i) {
+    ssize_t n = ::getxattr(path.c_str(), name, value.data(), value.size());
+    if (n >= 0) {
+      value.resize(static_cast<size_t>(n));
+      return value;
+    }
+    if (errno != ERANGE) return std::nullopt;
+    ssize_t need = ::getxattr(path.c_str(), name, nullptr, 0);
+    if (need < 0) return std::nullopt;
+    value.assign(static_cast<size_t>(need) + 1024, '\0');
+  }
+  return std::nullopt;
+}
+
+std::optional<nlohmann::json> StatusOf(const std::string& root) {
+  std::optional<std::string> text = GetXattr(root, "user.weightfs.status");
+  if (!text) return std::nullopt;
+  try {
+    return nlohmann::json::parse(*text);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// Runs `op` (a blocking setxattr) on a thread; meanwhile shows what is left to upload for the
+// drafts `which` selects ("" = all) when stderr is a TTY. Returns op's errno (0 on success).
+int WithProgress(const std::string& root, const std::string& which, const std::function<int()>& op) {
+  std::atomic<bool> done{false};
+  std::atomic<int> result{0};
+  std::thread worker([&] {
+    result = op();
+    done = true;
+  });
+  const bool tty = ::isatty(STDERR_FILENO);
+  bool printed = false;
+  while (!done) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    if (!tty || done) continue;
+    std::optional<nlohmann::json> st = StatusOf(root);
+    if (!st) continue;
+    uint64_t to_go = 0, pending = 0;
+    for (const auto& d : (*st)["drafts"]) {
+      if (!which.empty() && d.value("name", "") != which) continue;
+      to_go += d.value("bytes_to_go", uint64_t{0});
+      pending += d.value("pending_files", uint64_t{0});
+    }
+    std::fprintf(stderr, "\r  encoding and uploading: %llu files, %s to go      ",
+                 static_cast<unsigned long long>(pending), FormatBytes(static_cast<double>(to_go)).c_str());
+    printed = true;
+  }
+  worker.join();
+  if (printed) std::fprintf(stderr, "\r%70s\r", "");
+  return result;
+}
+
+// The draft's name as the status report spells it ("acme/qwen@v2"), from its directory.
+std::string DraftName(const std::string& root, const std::string& dir) {
+  return std::filesystem::path(dir).lexically_normal().lexically_relative(root).string();
+}
+
+}  // namespace
+
+int CommitMain(int argc, char** argv) {
+  ArgParser args({"--as"}, {"--help", "-h"});
+  Status s = args.Parse(argc, argv, 1);
+  if (args.Has("--help") || args.Has("-h")) {
+    std::fputs(kCommitHelp, stdout);
+    return 0;
+  }
+  if (!s.ok()) return Fail(s.message());
+  if (args.positionals().size() != 1) return Fail("usage: weightfs commit MOUNTPOINT/MODEL@VERSION [--as NAME] (see --help)");
+  std::string dir = AbsolutePath(args.positionals()[0]);
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string as = args.GetOr("--as", "");
+  std::optional<std::string> state = GetXattr(dir, "user.weightfs.state");
+  if (!state) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) return Fail(dir + ": " + std::strerror(errno));
+    return Fail(dir + " is not a draft of a weightfs mount (make one with mkdir MOUNTPOINT/MODEL@VERSION)");
+  }
+  const std::string root = MountRootOf(dir);
+  const std::string name = DraftName(root, dir);
+  const auto start = std::chrono::steady_clock::now();
+  std::fprintf(stderr, "committing %s%s\n", name.c_str(), as.empty() ? "" : (" as " + as).c_str());
+  const int err = WithProgress(root, name, [&] {
+    return ::setxattr(dir.c_str(), "user.weightfs.commit", as.data(), as.size(), 0) == 0 ? 0 : errno;
+  });
+  if (err != 0) {
+    std::optional<std::string> why = GetXattr(dir, "user.weightfs.error");
+    return Fail("commit of " + name + " failed: " + (why ? *why : std::string(std::strerror(err))));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string leaf = std::filesystem::path(dir).filename().string();
+  const std::string published =
+      std::filesystem::path(dir).parent_path().string() + "/" + (as.empty() ? leaf : leaf.substr(0, leaf.rfind('@') + 1) + as);
+  uint64_t logical = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(published, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec)) logical += it->file_size(ec);
+  }
+  const std::optional<std::string> stored = GetXattr(published, "user.weightfs.stored_bytes");
+  const std::optional<std::string> changed = GetXattr(published, "user.weightfs.changed_fraction");
+  const double stored_bytes = stored ? std::atof(stored->c_str()) : 0;
+  std::printf("published %s: %s logical, %s stored (%.1fx), %.3f%% of elements changed, in %.2f s\n",
+              DraftName(root, published).c_str(), FormatBytes(static_cast<double>(logical)).c_str(),
+              FormatBytes(stored_bytes).c_str(), stored_bytes > 0 ? static_cast<double>(logical) / stored_bytes : 0.0,
+              changed ? 100 * std::atof(changed->c_str()) : 0.0, secs);
+  return 0;
+}
+
+int StatusMain(int argc, char** argv) {
+  ArgParser args({}, {"--json", "--help", "-h"});
+  Status s = args.Parse(argc, argv, 1);
+  if (args.Has("--help") || args.Has("-h")) {
+    std::fputs(kStatusHelp, stdout);
+    return 0;
+  }
+  if (!s.ok()) return Fail(s.message());
+  if (args.positionals().size() != 1) return Fail("usage: weightfs status MOUNTPOINT [--json] (see --help)");
+  const std::string root = MountRootOf(AbsolutePath(args.positionals()[0]));
+  std::optional<nlohmann::json> st = StatusOf(root);
+  if (!st) return Fail(root + " is not a weightfs mount (or its daemon does not answer)");
+  if (args.Has("--json")) {
+    std::printf("%s\n", st->dump(2).c_str());
+    return 0;
+  }
+  if (!st->value("enabled", false)) {
+    std::printf("drafts are off on this mount%s\n",
+                st->contains("disabled_reason") ? (": " + (*st)["disabled_reason"].get<std::string>()).c_str() : " (read-only)");
+  }
+  const auto& drafts = (*st)["drafts"];
+  if (drafts.empty()) std::printf("no drafts\n");
+  for (const auto& d : drafts) {
+    std::printf("%s  (parent %s)  %s\n", d.value("name", "").c_str(),
+                d["parent"].is_null() ? "none: a base" : d["parent"].get<std::string>().c_str(),
+                d.value("state", "").c_str());
+    std::printf("  files %llu, staged %llu (%s), encoded and uploaded %llu, to go %llu (%s), open for writing %llu\n",
+                static_cast<unsigned long long>(d.value("files", uint64_t{0})),
+                static_cast<unsigned long long>(d.value("staged_files", uint64_t{0})),
+                FormatBytes(static_cast<double>(d.value("staged_bytes", uint64_t{0}))).c_str(),
+                static_cast<unsigned long long>(d.value("encoded_files", uint64_t{0})),
+                static_cast<unsigned long long>(d.value("pending_files", uint64_t{0})),
+                FormatBytes(static_cast<double>(d.value("bytes_to_go", uint64_t{0}))).c_str(),
+                static_cast<unsigned long long>(d.value("open_for_writing", uint64_t{0})));
+    if (!d.value("error", "").empty()) std::printf("  last error: %s\n", d.value("error", "").c_str());
+  }
+  if (st->contains("cache")) {
+    std::printf("chunk cache: %s of %s\n", FormatBytes(static_cast<double>((*st)["cache"].value("size_bytes", uint64_t{0}))).c_str(),
+                FormatBytes(static_cast<double>((*st)["cache"].value("max_bytes", uint64_t{0}))).c_str());
+  }
+  return 0;
+}
+
+int PublishDrafts(const std::string& mountpoint) {
+  std::optional<nlohmann::json> st = StatusOf(mountpoint);
+  if (!st || (*st)["drafts"].empty()) return 0;
+  std::fprintf(stderr, "publishing %zu draft(s) of %s\n", (*st)["drafts"].size(), mountpoint.c_str());
+  const int err = WithProgress(mountpoint, "", [&] {
+    return ::setxattr(mountpoint.c_str(), "user.weightfs.commit_all", "", 0, 0) == 0 ? 0 : errno;
+  });
+  if (err == 0) return 0;
+  st = StatusOf(mountpoint);
+  if (st) {
+    for (const auto& d : (*st)["drafts"]) {
+      if (!d.value("error", "").empty()) {
+        std::fprintf(stderr, "weightfs: %s: %s\n", d.value("name", "").c_str(), d.value("error", "").c_str());
+      }
+    }
+  }
+  return err;
+}
+
+}  // namespace weightfs::cli
