@@ -281,7 +281,7 @@ struct Drafts::State {
   std::set<std::string> NewDirsInLocked(const std::string& dir_path) const {
     std::set<std::string> out;
     auto add_ancestors = [&](const std::string& path) {
-      // Every proper ancestor directory of `path` whose parent is dir_path.
+      // `path` or its ancestor directly in dir_path, if any.
       std::string p = path;
       while (!p.empty()) {
         std::string parent = ParentPath(p);
@@ -292,8 +292,8 @@ struct Drafts::State {
         p = parent;
       }
     };
-    for (const std::string& d : new_dirs) add_ancestors(d + "/x");
-    for (const auto& [name, d] : drafts) add_ancestors(d->model);
+    for (const std::string& d : new_dirs) add_ancestors(d);
+    for (const auto& [name, d] : drafts) add_ancestors(ParentPath(d->model));
     return out;
   }
 
