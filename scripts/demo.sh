@@ -2,7 +2,8 @@
 # The main job on the embedded default, in about a minute: builds weightfs, generates a small
 # sharded bf16 model with a few training versions, pushes them to a local bucket, mounts it,
 # lists the versions and reads the latest one through the mount, checking every file's SHA-256
-# against the source. Leaves the mount up for you to explore and says how to unmount it.
+# against the source, then saves one more step through the mount as a draft (mkdir + cp +
+# weightfs commit). Leaves the mount up for you to explore and says how to unmount it.
 # Environment: PARAMS (25M), VERSIONS (3 after the base), WORK (/tmp/weightfs-demo).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +21,7 @@ fi
 rm -rf "$work"
 mkdir -p "$work" "$mnt"
 echo "== generating a $params-parameter model and $versions training steps (lr 1e-6)"
-"$wfs" gen "$work/src" --params "$params" --versions "$versions" --lr 1e-6 --shard-size 20M --seed 7
+"$wfs" gen "$work/src" --params "$params" --versions "$((versions + 1))" --lr 1e-6 --shard-size 20M --seed 7
 "$wfs" init "$work/bucket"
 for ((k = 0; k <= versions; k++)); do
   "$wfs" push "$work/bucket" "demo/llama@step-$k" "$work/src/$(printf v%03d $k)" --cache-dir "$work/push-cache"
@@ -44,6 +45,20 @@ d = os.path.realpath(sys.argv[1])
 for name in os.listxattr(d):
     print(f"  {name} = {os.getxattr(d, name).decode()}")
 PY
+next=$((versions + 1))
+draft="$mnt/demo/llama@step-$next"
+echo
+echo "== saving step $next through the mount: a draft, encoded and uploaded as each file closes"
+echo "\$ mkdir $draft && cp $work/src/$(printf v%03d $next)/* $draft/"
+mkdir "$draft"
+cp "$work/src/$(printf v%03d $next)"/* "$draft/"
+echo "\$ weightfs commit $draft"
+"$wfs" commit "$draft"
+( cd "$work/src/$(printf v%03d $next)" && sha256sum * ) >"$work/expected-next.sha256"
+( cd "$draft" && sha256sum --quiet -c "$work/expected-next.sha256" ) && echo "  every file of step-$next reads back bit-exact"
+echo
+echo "\$ weightfs log $work/bucket"
+"$wfs" log "$work/bucket"
 echo
 echo "The mount stays up: explore $mnt, then unmount with:"
 echo "  $wfs unmount $mnt"
