@@ -166,6 +166,9 @@ struct DraftFile {
   std::string encoded_path;  // the path it was encoded as
   uint64_t encoded_generation = 0;
   bool journal_dirty = false;  // `present` changed since the journal was written
+  // A write failed (disk full...): the file is not what its writer meant; commit refuses it
+  // until it is truncated to zero, rewritten with O_TRUNC or removed.
+  std::string write_error;
 
   ~DraftFile() {
     if (fd >= 0) ::close(fd);
@@ -252,11 +255,15 @@ struct Drafts::State {
   void RekeyLocked(const std::string& name, const std::string& from, const std::string& to) {
     std::vector<std::pair<std::string, uint64_t>> moved;
     const std::string k = Key(Type::kItem, name, from);
+    if (auto it = inos.find(k); it != inos.end()) {
+      moved.emplace_back(to, it->second);
+      inos.erase(it);
+    }
+    // (Keys like "from-x" sort between "from" and "from/...": the children are a range of
+    // their own.)
     const std::string prefix = k + "/";
-    for (auto it = inos.lower_bound(k); it != inos.end();) {
-      if (it->first != k && !it->first.starts_with(prefix)) break;
-      const std::string rest = it->first.substr(k.size());
-      moved.emplace_back(to + rest, it->second);
+    for (auto it = inos.lower_bound(prefix); it != inos.end() && it->first.starts_with(prefix);) {
+      moved.emplace_back(to + it->first.substr(k.size()), it->second);
       it = inos.erase(it);
     }
     for (auto& [path, ino] : moved) {
@@ -383,6 +390,7 @@ struct Drafts::State {
       const bool valid = f->id != 0 && f->Encoded(path);
       e["encoded"] = valid ? f->encoded : "";
       e["encoded_path"] = valid ? f->encoded_path : "";
+      e["write_error"] = f->write_error;
       f->journal_dirty = false;
       j["files"].push_back(std::move(e));
     }
@@ -404,6 +412,11 @@ struct Drafts::State {
     if (s.ok()) d.journal_written = seq;
     if (!s.ok()) spdlog::error("draft {}: cannot write its journal: {}", d.name(), s.ToString());
     return s;
+  }
+
+  int SaveJournalErrno(Draft& d) {
+    Status st = SaveJournal(d);
+    return st.ok() ? 0 : st.kind() == ErrorKind::kResourceExhausted ? ENOSPC : EIO;
   }
 
   // ---- staging (REQUIRES mu and f.mu) ----
@@ -628,6 +641,10 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
         return Status::InvalidArgument(d->name() + "/" + path +
                                        " is still open for writing; close it, then commit");
       }
+      if (!f->write_error.empty()) {
+        return Status::InvalidArgument("a write to " + d->name() + "/" + path + " failed (" + f->write_error +
+                                       "); write the file again or remove it, then commit");
+      }
       if (f->id != 0 || f->parent_path != path) paths.push_back(path);
     }
     if (d->files.empty()) return Status::InvalidArgument("draft " + d->name() + " has no files");
@@ -842,6 +859,7 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j)
         f->present.assign(present.begin(), present.end());
         f->backing_limit = e.at("backing_limit").get<uint64_t>();
       }
+      f->write_error = e.value("write_error", std::string());
       f->encoded = e.at("encoded").get<std::string>();
       f->encoded_path = e.at("encoded_path").get<std::string>();
       if (!f->encoded.empty() && ::access(d->PartPath(f->encoded).c_str(), R_OK) != 0) f->encoded.clear();
@@ -1154,7 +1172,7 @@ int Drafts::Mkdir(uint64_t parent, std::string_view name, mode_t, NodeAttr* out)
     if (d->files.count(path) || d->dirs.count(path)) return EEXIST;
     d->dirs.insert(path);
   }
-  if (!s.SaveJournal(*d).ok()) return EIO;
+  if (int e = s.SaveJournalErrno(*d); e != 0) return e;
   std::lock_guard<std::mutex> lock(s.mu);
   return s.AttrLocked(s.InoLocked(State::Type::kItem, d->name(), path), out);
 }
@@ -1179,7 +1197,7 @@ int Drafts::Rmdir(uint64_t parent, std::string_view name) {
     }
     d->dirs.erase(path);
   }
-  return s.SaveJournal(*d).ok() ? 0 : EIO;
+  return s.SaveJournalErrno(*d);
 }
 
 int Drafts::Unlink(uint64_t parent, std::string_view name) {
@@ -1272,7 +1290,7 @@ int Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_parent, 
     std::lock_guard<std::mutex> flock(replaced->mu);
     if (replaced->id != 0) ::unlink(replaced->staging.c_str());
   }
-  return s.SaveJournal(*d).ok() ? 0 : EIO;
+  return s.SaveJournalErrno(*d);
 }
 
 namespace {
@@ -1285,6 +1303,7 @@ int Drafts::Create(uint64_t parent, std::string_view name, mode_t mode, int flag
   if (DirPath(parent)) return EPERM;  // files live in versions
   std::shared_ptr<Draft> d;
   uint64_t ino;
+  bool created = false;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     std::string dir;
@@ -1304,10 +1323,13 @@ int Drafts::Create(uint64_t parent, std::string_view name, mode_t mode, int flag
       std::lock_guard<std::mutex> flock(f->mu);
       if (int err = s.StageLocked(*d, *f, false); err != 0) return err;
       d->files[path] = f;
+      created = true;
     } else if (flags & O_EXCL) {
       return EEXIST;
     }
   }
+  // The new file is in the journal before the kernel learns of it: a crash cannot lose it.
+  if (int e = created ? s.SaveJournalErrno(*d) : 0; e != 0) return e;
   if (int err = Open(ino, flags | O_CREAT, handle); err != 0) return err;
   return GetAttr(ino, out);
 }
@@ -1339,6 +1361,8 @@ int Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle) 
         f.size = 0;
         f.backed = false;
         f.present.clear();
+        if (!f.write_error.empty()) journal = true;
+        f.write_error.clear();
       }
       if (!f.encoded.empty()) journal = true;  // the encoded part is stale from now on
       f.writers++;
@@ -1404,13 +1428,14 @@ int Drafts::SetAttr(uint64_t ino, std::optional<uint64_t> size, std::optional<mo
     std::lock_guard<std::mutex> flock(f->mu);
     if (::ftruncate(f->fd, static_cast<off_t>(*size)) != 0) return errno;
     f->size = *size;
+    if (*size == 0) f->write_error.clear();
     if (f->backed) f->backing_limit = std::min(f->backing_limit, *size);
     f->generation++;
     f->mtime_ns = mtime_ns.value_or(NowNs());
     if (f->writers == 0) s.Enqueue(d->name(), path);
   }
   if (size || mode) {
-    if (!s.SaveJournal(*d).ok()) return EIO;
+    if (int e = s.SaveJournalErrno(*d); e != 0) return e;
   }
   return GetAttr(ino, out);
 }
@@ -1508,7 +1533,10 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
   }
   std::lock_guard<std::mutex> lock(f.mu);
   if (int err = PwriteAll(f.fd, data.data(), data.size(), offset); err != 0) {
-    if (err == ENOSPC) spdlog::warn("write {}/{}: the staging disk is full ({})", h.draft->name(), h.path, f.staging);
+    spdlog::error("write {}/{} at {}: {} (staging file {}); the draft cannot be committed until the "
+                  "file is written again or removed", h.draft->name(), h.path, offset, std::strerror(err), f.staging);
+    f.write_error = std::strerror(err);
+    f.journal_dirty = true;
     return err;
   }
   f.size = std::max(f.size, end);
@@ -1629,7 +1657,7 @@ int Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view value
     }
   }
   spdlog::info("draft {}: parent is now {}", d->name(), v);
-  return s.SaveJournal(*d).ok() ? 0 : EIO;
+  return s.SaveJournalErrno(*d);
 }
 
 Status Drafts::Commit(uint64_t draft_ino, const std::string& as) {
@@ -1712,7 +1740,12 @@ std::string Drafts::StatusJson() {
     dj["bytes_to_go"] = bytes_to_go;
     dj["open_for_writing"] = writers;
     dj["state"] = d->committing ? "committing" : d->commit_requested ? "commit requested" : "draft";
-    dj["error"] = d->error;
+    std::string error = d->error;
+    for (auto& [p, f] : d->files) {
+      std::lock_guard<std::mutex> flock(f->mu);
+      if (!f->write_error.empty() && error.empty()) error = "a write to " + p + " failed: " + f->write_error;
+    }
+    dj["error"] = error;
     j["drafts"].push_back(std::move(dj));
   }
   {
