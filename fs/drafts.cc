@@ -1216,13 +1216,22 @@ int Drafts::Unlink(uint64_t parent, std::string_view name) {
     f = it->second;
     d->files.erase(it);
   }
-  Status js = s.SaveJournal(*d);
-  std::lock_guard<std::mutex> flock(f->mu);
-  if (f->id != 0) {
-    ::unlink(f->staging.c_str());  // open handles keep reading through their descriptor
-    if (!f->encoded.empty()) ::unlink(d->PartPath(f->encoded).c_str());
+  // The staging file goes first: on a full disk removing files is how space comes back, and
+  // the journal write below needs some. (A journal still naming the file after a crash is
+  // harmless: a file whose staging file is gone is dropped when the draft is loaded.)
+  {
+    std::lock_guard<std::mutex> flock(f->mu);
+    if (f->id != 0) {
+      ::unlink(f->staging.c_str());  // open handles keep reading through their descriptor
+      if (!f->encoded.empty()) ::unlink(d->PartPath(f->encoded).c_str());
+      if (f.use_count() == 1 && f->fd >= 0) {  // nobody has it open: release the space now
+        ::close(f->fd);
+        f->fd = -1;
+      }
+    }
   }
-  return js.ok() ? 0 : EIO;
+  (void)s.SaveJournal(*d);  // logs its failure; the unlink itself is done
+  return 0;
 }
 
 int Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_parent, std::string_view new_name,
