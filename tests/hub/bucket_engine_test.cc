@@ -192,6 +192,67 @@ TEST_F(BucketEngineTest, PushedChainPullsBackBitExact) {
   }
 }
 
+// What a mount's drafts do: each file encoded on its own (a one-file manifest per file, under
+// the draft's name), an untouched file inherited from the parent, the parts assembled under
+// another version name. The result stores what a push of the same files stores, with the same
+// recipes, and pulls back bit-exact.
+TEST_F(BucketEngineTest, FilesEncodedOneAtATimeAssembleIntoWhatPushMakes) {
+  auto chain = PushChain(2, nullptr);
+  ASSERT_EQ(chain.size(), 2u);
+  model_.Step(300, 0.01);
+  const std::string dir = WriteVersion(2);
+  auto pushed = Push(2, nullptr, chain[1]);
+  ASSERT_TRUE(pushed.ok()) << pushed.status().ToString();
+
+  // Only model.safetensors is "written"; sub/optimizer.bin is inherited from v1 (so its bytes
+  // are v1's, and the expected tree is v1's file there).
+  const std::string written = dir + "/model.safetensors";
+  std::vector<uint8_t> bytes = ReadFile(written);
+  VersionEncoder encoder(*bucket_, nullptr, pool_, {"acme/m", "draft"}, chain[1], options_);
+  ASSERT_TRUE(encoder.AddFile("model.safetensors", bytes, written).ok());
+  Expected<Manifest> part = encoder.Finish();
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  // A part survives serialization (drafts keep them on disk).
+  Expected<Manifest> reread = ParseManifest(SerializeManifest(*part));
+  ASSERT_TRUE(reread.ok()) << reread.status().ToString();
+
+  Manifest m;
+  m.model = "acme/m";
+  m.version = "v2b";
+  m.versions = {"v2b"};
+  m.parent = "v1";
+  m.chunk_bytes = options_.chunk_bytes;
+  AppendFileFrom(*chain[1], *chain[1]->FindFile("sub/optimizer.bin"), &m, /*src_is_dst=*/false);
+  AppendFileFrom(*reread, reread->files[0], &m, /*src_is_dst=*/true);
+  ASSERT_EQ(m.files.size(), 2u);
+  EXPECT_EQ(m.files[0].path, "model.safetensors") << "files stay sorted by path";
+  m.stats = reread->stats;
+  m.created = FormatUtc(NowMs());
+  ASSERT_TRUE(bucket_->PublishManifest(m).ok());
+  auto published = bucket_->ReadManifest("acme/m", "v2b");
+  ASSERT_TRUE(published.ok()) << published.status().ToString();
+
+  // The written file's recipes are push's: same encodings, lengths, bases (by name).
+  const ManifestFile& a = *(*published)->FindFile("model.safetensors");
+  const ManifestFile& b = *pushed->manifest->FindFile("model.safetensors");
+  ASSERT_EQ(a.chunks.size(), b.chunks.size());
+  for (size_t i = 0; i < a.chunks.size(); ++i) {
+    EXPECT_EQ(a.chunks[i].hash, b.chunks[i].hash) << i;
+    EXPECT_EQ(a.chunks[i].encoding, b.chunks[i].encoding) << i;
+    EXPECT_EQ(a.chunks[i].ref.length, b.chunks[i].ref.length) << i;
+    EXPECT_EQ((*published)->versions[a.chunks[i].origin] == "v2b",
+              pushed->manifest->versions[b.chunks[i].origin] == "v2") << i;
+  }
+  EXPECT_EQ((*published)->stats.stored_bytes + 0, reread->stats.stored_bytes);
+
+  auto cache = Cache("assembled");
+  Materializer mat(bucket_.get(), cache.get());
+  const std::string out = (root_ / "out-assembled").string();
+  ASSERT_TRUE(PullVersion(mat, pool_, **published, out).ok());
+  EXPECT_EQ(ReadFile(out + "/model.safetensors"), bytes);
+  EXPECT_EQ(ReadFile(out + "/sub/optimizer.bin"), ReadFile((root_ / "src/v1/sub/optimizer.bin").string()));
+}
+
 TEST_F(BucketEngineTest, NodeHoldingVersionNFetchesOnlyTheDeltaOfNPlus1) {
   auto chain = PushChain(4, nullptr);
   auto cache = Cache("node");
