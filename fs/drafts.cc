@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/safetensors.h"
 #include "core/thread_pool.h"
 #include "hub/lease.h"
 #include "hub/mapped_file.h"
@@ -169,6 +171,8 @@ struct DraftFile {
   // A write failed (disk full...): the file is not what its writer meant; commit refuses it
   // until it is truncated to zero, rewritten with O_TRUNC or removed.
   std::string write_error;
+  // The encoded part's element tallies (PushResult's), for the version's changed fraction.
+  std::array<uint64_t, 4> tally{};  // tensor elements, tensor changed, other elements, other changed
 
   ~DraftFile() {
     if (fd >= 0) ::close(fd);
@@ -189,7 +193,8 @@ struct Draft {
   bool commit_requested = false;
   std::string commit_as;
   bool committing = false;
-  std::string error;
+  std::string error;         // the last commit's failure (user.weightfs.error)
+  std::string encode_error;  // the last background encode's failure
   std::unique_ptr<Lease> lease;
   std::string dir;
   // Journal writes: built under State::mu, written in sequence order under journal_mu.
@@ -391,6 +396,7 @@ struct Drafts::State {
       e["encoded"] = valid ? f->encoded : "";
       e["encoded_path"] = valid ? f->encoded_path : "";
       e["write_error"] = f->write_error;
+      e["tally"] = f->tally;
       f->journal_dirty = false;
       j["files"].push_back(std::move(e));
     }
@@ -497,6 +503,10 @@ struct Drafts::State {
         f = it->second;
         std::unique_lock<std::mutex> flock(f->mu);
         if (f->Encoded(path)) return Status::Ok();
+        if (!f->write_error.empty()) {
+          return Status::InvalidArgument("a write to " + d->name() + "/" + path + " failed (" + f->write_error +
+                                         "); write the file again or remove it, then commit");
+        }
         if (f->writers > 0) {
           return Status::InvalidArgument(d->name() + "/" + path + " is still open for writing");
         }
@@ -518,7 +528,7 @@ struct Drafts::State {
     encoded_cv.notify_all();
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu);
-      d->error = s.ToString();
+      d->encode_error = s.ToString();
     }
     return s;
   }
@@ -571,6 +581,7 @@ struct Drafts::State {
         std::lock_guard<std::mutex> flock(f->mu);
         if (f->generation == generation) {
           old_part = f->encoded;
+          f->tally = {result.tensor_elements, result.tensor_changed, result.other_elements, result.other_changed};
           f->encoded = part_name;
           f->encoded_path = path;
           f->encoded_generation = generation;
@@ -588,6 +599,36 @@ struct Drafts::State {
                  d->name(), path, data.size(), part.stats.stored_bytes, result.full_chunks,
                  result.delta_chunks, result.same_chunks, secs);
     return SaveJournal(*d);
+  }
+
+  // Tensor elements and other bytes of an unchanged file, as push counts them: a safetensors
+  // file's header chunk is parsed for its tensors (it is small and usually cached).
+  Expected<std::pair<uint64_t, uint64_t>> ElementsOf(const Manifest& pm, const ManifestFile& pf) {
+    if (pf.chunks.empty() || pf.chunks[0].key.tensor != kHeaderChunkName) return std::pair<uint64_t, uint64_t>{0, pf.size};
+    WFS_ASSIGN_OR_RETURN(ByteBuffer header, materializer->Chunk(pm, pf, 0));
+    WFS_ASSIGN_OR_RETURN(SafetensorsHeader h, ParseSafetensorsHeader(header, pf.size));
+    uint64_t elements = 0;
+    for (const TensorInfo& t : h.tensors) elements += t.size() / std::max<size_t>(1, DTypeSize(t.dtype));
+    return std::pair<uint64_t, uint64_t>{elements, pf.chunks[0].length};
+  }
+
+  // Whether the published manifest of m's name has exactly m's parent and files (the same
+  // recipes): then it is this draft's own, published by a commit that was cut short.
+  bool IsOurs(const Manifest& m) {
+    Expected<std::shared_ptr<const Manifest>> there = bucket->ReadManifest(m.model, m.version);
+    if (!there.ok() || (*there)->parent != m.parent || (*there)->files.size() != m.files.size()) return false;
+    for (size_t i = 0; i < m.files.size(); ++i) {
+      const ManifestFile& a = m.files[i];
+      const ManifestFile& b = (*there)->files[i];
+      if (a.path != b.path || a.size != b.size || a.sha256 != b.sha256 || a.chunks.size() != b.chunks.size()) return false;
+      for (size_t c = 0; c < a.chunks.size(); ++c) {
+        if (a.chunks[c].hash != b.chunks[c].hash || a.chunks[c].ref.length != b.chunks[c].ref.length ||
+            m.packs[a.chunks[c].ref.pack] != (*there)->packs[b.chunks[c].ref.pack]) {
+          return false;
+        }
+      }
+    }
+    return true;
   }
 
   Status CommitDraft(const std::shared_ptr<Draft>& d, const std::string& as_in);
@@ -615,13 +656,27 @@ void Drafts::State::WorkerMain() {
     if (!d) continue;
     if (job.second.empty()) {
       Status s = CommitDraft(d, d->commit_as);
-      if (!s.ok()) spdlog::error("resuming the commit of draft {}: {}", job.first, s.ToString());
+      if (!s.ok()) {
+        spdlog::error("resuming the commit of draft {}: {}", job.first, s.ToString());
+        std::lock_guard<std::mutex> lock(mu);
+        d->error = s.ToString();
+      }
       continue;
     }
     Status s = EnsureEncoded(d, job.second);
-    if (!s.ok()) {
-      spdlog::error("draft {}: encoding {} failed (the data stays staged; commit retries): {}",
-                    job.first, job.second, s.ToString());
+    if (!s.ok() && s.kind() != ErrorKind::kInvalidArgument) {
+      // The bucket (or the disk) failed: the draft's other queued files would most likely fail
+      // the same way, one timeout after another. Commit encodes them when it runs.
+      size_t dropped = 0;
+      {
+        std::lock_guard<std::mutex> lock(queue_mu);
+        const size_t before = queue.size();
+        std::erase_if(queue, [&](const auto& j) { return j.first == job.first && !j.second.empty(); });
+        dropped = before - queue.size();
+      }
+      spdlog::error("draft {}: encoding {} failed (the data stays staged; commit retries{}): {}", job.first,
+                    job.second, dropped ? ", as it will the " + std::to_string(dropped) + " files queued after it" : "",
+                    s.ToString());
     }
   }
 }
@@ -633,8 +688,18 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   if (as == "latest") return Status::InvalidArgument("'latest' is reserved for the newest version's link");
   std::vector<std::string> paths;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    std::unique_lock<std::mutex> lock(mu);
     if (d->committing) return Status::InvalidArgument("draft " + d->name() + " is being committed already");
+    // The kernel sends RELEASE after close() has returned: a commit that follows a close at
+    // once may still see the writer. Give those a moment.
+    auto writing = [&] {
+      for (auto& [path, f] : d->files) {
+        std::lock_guard<std::mutex> flock(f->mu);
+        if (f->writers > 0) return true;
+      }
+      return false;
+    };
+    encoded_cv.wait_for(lock, std::chrono::seconds(2), [&] { return !writing(); });
     for (auto& [path, f] : d->files) {
       std::lock_guard<std::mutex> flock(f->mu);
       if (f->writers > 0) {
@@ -737,7 +802,8 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     m.versions = {as};
     m.parent = d->parent;
     m.chunk_bytes = options.push.chunk_bytes;
-    uint64_t tensor_elements = 0, tensor_changed = 0;
+    std::array<uint64_t, 4> tally{};  // as DraftFile::tally, summed over the version
+    std::vector<const ManifestFile*> inherited;
     {
       std::lock_guard<std::mutex> lock(mu);
       for (auto& [path, f] : d->files) {
@@ -745,8 +811,10 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
         if (f->id == 0) {
           AppendFileFrom(*d->parent_manifest, *f->parent_file, &m, /*src_is_dst=*/false);
           m.stats.logical_bytes += f->parent_file->size;
+          inherited.push_back(f->parent_file);
           continue;
         }
+        for (size_t i = 0; i < 4; ++i) tally[i] += f->tally[i];
         auto part = parts.find(path);
         if (part == parts.end()) {
           return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
@@ -755,16 +823,27 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
         AppendFileFrom(pm, pm.files[0], &m, /*src_is_dst=*/true);
         m.stats.logical_bytes += pm.stats.logical_bytes;
         m.stats.stored_bytes += pm.stats.stored_bytes;
-        tensor_changed += pm.stats.changed_elements;
-        tensor_elements += pm.stats.elements;
       }
     }
-    m.stats.changed_elements = tensor_changed;
-    m.stats.elements = tensor_elements;
+    // Inherited files count as unchanged, with the elements push would count for them.
+    for (const ManifestFile* pf : inherited) {
+      Expected<std::pair<uint64_t, uint64_t>> e = ElementsOf(*d->parent_manifest, *pf);
+      if (!e.ok()) return e.status().WithContext("counting the elements of " + pf->path);
+      tally[0] += e->first;
+      tally[2] += e->second;
+    }
+    const bool tensors = tally[0] > 0;
+    m.stats.elements = tensors ? tally[0] : tally[2];
+    m.stats.changed_elements = tensors ? tally[1] : tally[3];
     m.chunk_bytes = parts.empty() ? (d->parent_manifest ? d->parent_manifest->chunk_bytes : m.chunk_bytes)
                                   : parts.begin()->second.chunk_bytes;
     m.created = FormatUtc(NowMs());
     Status published = bucket->PublishManifest(m);
+    if (published.kind() == ErrorKind::kConflict && IsOurs(m)) {
+      spdlog::info("draft {}: {}@{} is already published with exactly its files (a commit interrupted "
+                   "after publishing); finishing it", d->name(), d->model, as);
+      published = Status::Ok();
+    }
     if (published.kind() == ErrorKind::kConflict) {
       return Status::Conflict("version " + d->model + "@" + as + " already exists in " + bucket->Describe() +
                               " (another writer published it); the draft is kept: commit it under another "
@@ -786,6 +865,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     retire = std::move(older);
     older = {d->dir};
     d->error.clear();
+    d->encode_error.clear();
   }
   (void)SaveJournal(*d, /*published=*/true);
   d->lease.reset();
@@ -860,6 +940,7 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j)
         f->backing_limit = e.at("backing_limit").get<uint64_t>();
       }
       f->write_error = e.value("write_error", std::string());
+      if (e.contains("tally")) f->tally = e.at("tally").get<std::array<uint64_t, 4>>();
       f->encoded = e.at("encoded").get<std::string>();
       f->encoded_path = e.at("encoded_path").get<std::string>();
       if (!f->encoded.empty() && ::access(d->PartPath(f->encoded).c_str(), R_OK) != 0) f->encoded.clear();
@@ -1569,10 +1650,12 @@ void Drafts::Release(std::unique_ptr<DraftHandle> h) {
   if (!h->write) return;
   bool last, dirty;
   {
-    std::lock_guard<std::mutex> lock(h->file->mu);
+    std::lock_guard<std::mutex> lock(state_->mu);
+    std::lock_guard<std::mutex> flock(h->file->mu);
     last = --h->file->writers == 0;
     dirty = h->file->journal_dirty;
   }
+  state_->encoded_cv.notify_all();
   if (dirty) (void)state_->SaveJournal(*h->draft);
   if (!last) return;
   // Encode under the file's path as it is now (it may have been renamed while open).
@@ -1749,7 +1832,7 @@ std::string Drafts::StatusJson() {
     dj["bytes_to_go"] = bytes_to_go;
     dj["open_for_writing"] = writers;
     dj["state"] = d->committing ? "committing" : d->commit_requested ? "commit requested" : "draft";
-    std::string error = d->error;
+    std::string error = !d->error.empty() ? d->error : d->encode_error;
     for (auto& [p, f] : d->files) {
       std::lock_guard<std::mutex> flock(f->mu);
       if (!f->write_error.empty() && error.empty()) error = "a write to " + p + " failed: " + f->write_error;

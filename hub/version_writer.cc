@@ -248,6 +248,10 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
 Expected<Manifest> VersionEncoder::Finish(PushResult* result) {
   State& st = *state_;
   Manifest& manifest = st.manifest;
+  st.result.tensor_elements = manifest.stats.elements;
+  st.result.tensor_changed = manifest.stats.changed_elements;
+  st.result.other_elements = st.other_elements;
+  st.result.other_changed = st.other_changed;
   if (manifest.stats.elements == 0) {
     manifest.stats.changed_elements = st.other_changed;
     manifest.stats.elements = st.other_elements;

@@ -53,6 +53,9 @@ struct PushResult {
   size_t packs = 0;
   uint64_t pack_bytes = 0;
   uint64_t full_chunks = 0, delta_chunks = 0, same_chunks = 0;
+  // What the changed fraction is made of: tensor elements, and bytes of other data (headers,
+  // opaque files; they count only in a version without tensors). Parts encoded separately add.
+  uint64_t tensor_elements = 0, tensor_changed = 0, other_elements = 0, other_changed = 0;
 };
 
 // The pieces PushVersion is made of, for callers that encode a version a file at a time (the

@@ -322,6 +322,33 @@ class NginxServer {
 
   void Stop() { process_.Stop(); }
 
+  // After Stop(): serves the same directory again on the same port (clients see the server
+  // come back where it was). Retries for a few seconds if the port is still held.
+  ::testing::AssertionResult Restart() {
+    if (port_ == 0) return Start();
+    process_.Stop();
+    const std::string binary = Binary();
+    const auto give_up = std::chrono::steady_clock::now() + 10s;
+    std::string log;
+    while (std::chrono::steady_clock::now() < give_up) {
+      ::testing::AssertionResult started =
+          process_.Start({binary, "-p", dir_.path(), "-c", dir_.Join("nginx.conf"), "-e", dir_.Join("error.log")},
+                         /*pipe_stdout=*/false, dir_.Join("console.log"));
+      if (!started) return started;
+      const auto deadline = std::chrono::steady_clock::now() + 10s;
+      while (std::chrono::steady_clock::now() < deadline) {
+        if (PortAccepts(port_)) return ::testing::AssertionSuccess();
+        if (process_.Exited()) break;
+        std::this_thread::sleep_for(5ms);
+      }
+      log = TailOfFile(dir_.Join("error.log")) + TailOfFile(dir_.Join("console.log"));
+      process_.Stop();
+      if (log.find("Address already in use") == std::string::npos) break;
+      std::this_thread::sleep_for(100ms);
+    }
+    return ::testing::AssertionFailure() << "nginx did not restart on 127.0.0.1:" << port_ << "; its log:\n" << log;
+  }
+
   int port() const { return port_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   // The directory nginx serves: URL path /x is file root()/x.
