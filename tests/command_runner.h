@@ -1,13 +1,19 @@
 // Runs a shell command for the tests that drive the real weightfs binary, capturing its stdout
-// (redirect stderr in the command to capture it too), exit code and wall time.
+// (redirect stderr in the command to capture it too), exit code and wall time; and reads files
+// whole for those tests.
 #pragma once
 
 #include <sys/wait.h>
 
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 namespace weightfs::test {
 
@@ -29,6 +35,16 @@ inline CommandResult RunShell(const std::string& command) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+inline std::vector<uint8_t> Slurp(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+inline std::string SlurpText(const std::filesystem::path& path) {
+  std::vector<uint8_t> b = Slurp(path);
+  return std::string(b.begin(), b.end());
 }
 
 }  // namespace weightfs::test

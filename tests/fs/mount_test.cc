@@ -57,15 +57,8 @@ Result Shell(const std::string& command) { return weightfs::test::RunShell(comma
 
 Result Cli(const std::string& args) { return Shell(std::string(WEIGHTFS_BINARY) + " " + args); }
 
-std::vector<uint8_t> Slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
-std::string SlurpText(const fs::path& path) {
-  std::vector<uint8_t> b = Slurp(path);
-  return std::string(b.begin(), b.end());
-}
+using weightfs::test::Slurp;
+using weightfs::test::SlurpText;
 
 // Polls `done` every few ms until it holds or `bound` passes.
 bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds bound) {

@@ -73,15 +73,8 @@ Json CliJson(const std::string& args) {
   return Json::parse(r.out, nullptr, /*allow_exceptions=*/false);
 }
 
-std::vector<uint8_t> Slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
-std::string SlurpText(const fs::path& path) {
-  std::vector<uint8_t> b = Slurp(path);
-  return std::string(b.begin(), b.end());
-}
+using weightfs::test::Slurp;
+using weightfs::test::SlurpText;
 
 void WriteFile(const fs::path& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
