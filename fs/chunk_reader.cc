@@ -28,15 +28,15 @@ uint64_t ChunkReader::cached_bytes() const {
   return cached_bytes_;
 }
 
-void ChunkReader::InsertLocked(const Hash128& hash, std::shared_ptr<const ByteBuffer> bytes) {
-  const uint64_t size = bytes->size();
+void ChunkReader::InsertLocked(const Hash128& hash, ChunkBytes bytes) {
+  const uint64_t size = bytes.size();
   if (size > options_.memory_limit || cache_.count(hash)) return;
   lru_.push_front(hash);
   cache_.emplace(hash, Entry{std::move(bytes), lru_.begin()});
   cached_bytes_ += size;
   while (cached_bytes_ > options_.memory_limit && !lru_.empty()) {
     auto it = cache_.find(lru_.back());
-    cached_bytes_ -= it->second.bytes->size();
+    cached_bytes_ -= it->second.bytes.size();
     cache_.erase(it);
     lru_.pop_back();
     stats_.evictions++;
@@ -45,8 +45,17 @@ void ChunkReader::InsertLocked(const Hash128& hash, std::shared_ptr<const ByteBu
 
 ChunkReader::ChunkResult ChunkReader::Chunk(const std::shared_ptr<const Manifest>& manifest,
                                             const ManifestFile& file, size_t index) {
+  BytesResult bytes = Bytes(manifest, file, index);
+  if (!bytes.ok()) return bytes.status();
+  if (bytes->buffer()) return bytes->buffer();
+  return std::shared_ptr<const ByteBuffer>(
+      std::make_shared<const ByteBuffer>(bytes->data(), bytes->data() + bytes->size()));
+}
+
+ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest>& manifest,
+                                            const ManifestFile& file, size_t index) {
   const Hash128& hash = file.chunks[index].hash;
-  std::promise<ChunkResult> promise;
+  std::promise<BytesResult> promise;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (auto it = cache_.find(hash); it != cache_.end()) {
@@ -55,7 +64,7 @@ ChunkReader::ChunkResult ChunkReader::Chunk(const std::shared_ptr<const Manifest
       return it->second.bytes;
     }
     if (auto it = inflight_.find(hash); it != inflight_.end()) {
-      std::shared_future<ChunkResult> future = it->second;
+      std::shared_future<BytesResult> future = it->second;
       lock.unlock();
       stats_.shared_waits++;
       return future.get();
@@ -69,14 +78,9 @@ ChunkReader::ChunkResult ChunkReader::Chunk(const std::shared_ptr<const Manifest
   if (spdlog::should_log(spdlog::level::debug)) {
     spdlog::debug("materializing {}", DescribeChunkOf(*manifest, file, index));
   }
-  ChunkResult result = Status::IOError("not materialized");
+  BytesResult result = Status::IOError("not materialized");
   try {
-    Expected<ByteBuffer> bytes = materializer_->Chunk(*manifest, file, index);
-    if (bytes.ok()) {
-      result = std::shared_ptr<const ByteBuffer>(std::make_shared<ByteBuffer>(std::move(bytes).value()));
-    } else {
-      result = bytes.status();
-    }
+    result = materializer_->Shared(*manifest, file, index);
   } catch (const std::bad_alloc&) {
     result = Status::ResourceExhausted("out of memory materializing " +
                                        DescribeChunkOf(*manifest, file, index));
@@ -84,10 +88,10 @@ ChunkReader::ChunkResult ChunkReader::Chunk(const std::shared_ptr<const Manifest
     result = Status::IOError(std::string("materializing ") + DescribeChunkOf(*manifest, file, index) +
                              ": " + e.what());
   }
-  if (result.ok() && (*result)->size() != file.chunks[index].length) {
+  if (result.ok() && result->size() != file.chunks[index].length) {
     // The Materializer verified the hash, so this cannot happen with a valid manifest; a
     // reply must never be built on a short buffer all the same.
-    result = Status::Corruption("materialized " + std::to_string((*result)->size()) +
+    result = Status::Corruption("materialized " + std::to_string(result->size()) +
                                 " bytes where the manifest says " +
                                 std::to_string(file.chunks[index].length) + ": " +
                                 DescribeChunkOf(*manifest, file, index));
@@ -120,7 +124,7 @@ bool ChunkReader::Prefetch(const std::shared_ptr<const Manifest>& manifest,
       queued_.erase(hash);
     }
     try {
-      ChunkResult r = Chunk(manifest, *f, index);
+      BytesResult r = Bytes(manifest, *f, index);
       if (!r.ok()) spdlog::debug("readahead: {}", r.status().ToString());
     } catch (...) {
       // Readahead is optional work: a failure here is reported by the read that needs it.
@@ -199,12 +203,12 @@ Expected<ReadResult> ChunkReader::Read(const std::shared_ptr<const Manifest>& ma
   out.chunks.reserve(last - first + 1);
   out.iov.reserve(last - first + 1);
   for (size_t i = first; i <= last; ++i) {
-    ChunkResult bytes = Chunk(manifest, file, i);
+    BytesResult bytes = Bytes(manifest, file, i);
     if (!bytes.ok()) return bytes.status();
     const ManifestChunk& c = file.chunks[i];
     const uint64_t from = std::max(offset, c.offset);
     const uint64_t to = std::min(end, c.offset + c.length);
-    out.iov.push_back({const_cast<uint8_t*>((*bytes)->data() + (from - c.offset)),
+    out.iov.push_back({const_cast<uint8_t*>(bytes->data() + (from - c.offset)),
                        static_cast<size_t>(to - from)});
     out.chunks.push_back(std::move(bytes).value());
   }

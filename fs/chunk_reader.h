@@ -6,8 +6,9 @@
 //       -> Materializer (nearest cached ancestor or keyframe, parallel range reads, verified)
 //
 // Chunks are keyed by their content hash, so identical chunks of different versions or files
-// share one entry. Buffers are handed out as shared_ptr<const ByteBuffer>: a reply can point
-// into them (fuse_reply_iov) while the cache is free to evict them; they are never copied.
+// share one entry. Bytes are handed out as ChunkBytes (hub/chunk_cache.h): a map of the chunk's
+// disk cache file, or a heap buffer when there is no disk cache. A reply can point into them
+// (fuse_reply_iov) while the cache is free to evict them; Read never copies them.
 //
 // Single flight: concurrent readers of one chunk share one materialization. The first caller
 // materializes on its own thread; the others wait on its shared_future. No lock is held across
@@ -24,7 +25,8 @@
 // chunk materializes it again and reports the error).
 //
 // Memory: at most `memory_limit` bytes of cached chunks, plus the chunks in flight (one per
-// reading thread and per readahead thread) and the buffers that replies still hold.
+// reading thread and per readahead thread) and the buffers that replies still hold. Mapped
+// chunks count like heap ones (their page cache is locked in memory while mapped).
 //
 // Thread-safe.
 #pragma once
@@ -85,7 +87,7 @@ class ReadStream {
 
 // The bytes of one read: `iov` points into `chunks`, valid while this object lives.
 struct ReadResult {
-  std::vector<std::shared_ptr<const ByteBuffer>> chunks;
+  std::vector<ChunkBytes> chunks;
   std::vector<iovec> iov;
   size_t size = 0;
 };
@@ -93,6 +95,7 @@ struct ReadResult {
 class ChunkReader {
  public:
   using ChunkResult = Expected<std::shared_ptr<const ByteBuffer>>;
+  using BytesResult = Expected<ChunkBytes>;
 
   // `materializer` must outlive the reader.
   ChunkReader(Materializer* materializer, ChunkReaderOptions options);
@@ -103,6 +106,10 @@ class ChunkReader {
 
   // Verified bytes of chunk `index` of `file` (a file of `*manifest`).
   // REQUIRES: index < file.chunks.size().
+  BytesResult Bytes(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
+                    size_t index);
+  // The same as a heap buffer: shared when the chunk is held as one, else a copy of the mapping
+  // (prefer Bytes, which never copies).
   ChunkResult Chunk(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
                     size_t index);
 
@@ -125,7 +132,7 @@ class ChunkReader {
     size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9E3779B97F4A7C15ull)); }
   };
   struct Entry {
-    std::shared_ptr<const ByteBuffer> bytes;
+    ChunkBytes bytes;
     std::list<Hash128>::iterator lru;
   };
 
@@ -134,7 +141,7 @@ class ChunkReader {
   void Readahead(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
                  uint64_t offset, uint64_t end, size_t last, ReadStream* stream);
   // REQUIRES: mu_ held.
-  void InsertLocked(const Hash128& hash, std::shared_ptr<const ByteBuffer> bytes);
+  void InsertLocked(const Hash128& hash, ChunkBytes bytes);
 
   Materializer* const materializer_;
   const ChunkReaderOptions options_;
@@ -145,7 +152,7 @@ class ChunkReader {
   std::unordered_map<Hash128, Entry, HashOf> cache_;                            // GUARDED_BY(mu_)
   std::list<Hash128> lru_;  // most recently used first                         // GUARDED_BY(mu_)
   uint64_t cached_bytes_ = 0;                                                    // GUARDED_BY(mu_)
-  std::unordered_map<Hash128, std::shared_future<ChunkResult>, HashOf> inflight_;  // GUARDED_BY(mu_)
+  std::unordered_map<Hash128, std::shared_future<BytesResult>, HashOf> inflight_;  // GUARDED_BY(mu_)
   std::unordered_set<Hash128, HashOf> queued_;  // readahead jobs not started yet  // GUARDED_BY(mu_)
 
   ChunkReaderStats stats_;

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,7 +58,59 @@ std::vector<Entry> Scan(const std::string& dir) {
   return entries;
 }
 
+// A read-only map of a chunk file, unmapped when the last ChunkBytes pointing into it goes.
+struct Mapping {
+  void* addr;
+  size_t length;
+  Mapping(void* a, size_t l) : addr(a), length(l) {}
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() { ::munmap(addr, length); }
+};
+
+// Maps bytes [0, size) of `fd` into *out, locked in memory: every page is read in now (one call
+// instead of a fault per 64 KiB when a reader first touches them) and stays resident until the
+// map goes, so bytes verified once are never read from the disk again behind our back, and a
+// later disk error cannot turn into SIGBUS in a reader. False (nothing mapped) if the map or
+// the lock fails — RLIMIT_MEMLOCK for an unprivileged process — or a page could not be read:
+// the caller then copies, as it would without maps.
+bool MapFile(int fd, size_t size, ChunkBytes* out) {
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE | MAP_LOCKED, fd, 0);
+  if (p == MAP_FAILED) {
+    if (errno == EAGAIN || errno == EPERM || errno == ENOMEM) {
+      static std::once_flag logged;
+      std::call_once(logged, [] {
+        spdlog::info("chunk cache: cannot lock maps of chunk files (RLIMIT_MEMLOCK); chunks are "
+                     "copied instead (raise `ulimit -l` for zero-copy reads)");
+      });
+    }
+    return false;
+  }
+  std::shared_ptr<const Mapping> m;
+  try {
+    m = std::make_shared<const Mapping>(p, size);
+  } catch (...) {
+    ::munmap(p, size);
+    throw;
+  }
+  // MAP_POPULATE ignores pages it fails to read (an I/O error): they must all be resident.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((size + page - 1) / page);
+  if (::mincore(p, size, resident.data()) != 0 ||
+      std::any_of(resident.begin(), resident.end(), [](unsigned char r) { return (r & 1) == 0; })) {
+    return false;  // `m` unmaps
+  }
+  *out = ChunkBytes(m, {static_cast<const uint8_t*>(p), size});
+  return true;
+}
+
 }  // namespace
+
+ChunkBytes::ChunkBytes(ByteBuffer buffer)
+    : ChunkBytes(std::make_shared<const ByteBuffer>(std::move(buffer))) {}
+
+ChunkBytes::ChunkBytes(std::shared_ptr<const ByteBuffer> buffer)
+    : owner_(buffer), buffer_(std::move(buffer)), data_(buffer_->data()), size_(buffer_->size()) {}
 
 Expected<std::unique_ptr<ChunkCache>> ChunkCache::Open(const std::string& dir, uint64_t max_bytes) {
   std::error_code ec;
@@ -169,11 +222,18 @@ Status ChunkCache::PutReference(const Hash128& hash, const std::string& path, ui
   return s;
 }
 
-bool ChunkCache::Get(const Hash128& hash, ByteBuffer* out) {
+bool ChunkCache::Get(const Hash128& hash, ByteBuffer* out) { return GetImpl(hash, out, nullptr); }
+
+bool ChunkCache::GetShared(const Hash128& hash, ChunkBytes* out) { return GetImpl(hash, nullptr, out); }
+
+bool ChunkCache::GetImpl(const Hash128& hash, ByteBuffer* out, ChunkBytes* shared) {
   const std::string path = PathOf(hash);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    if (GetReference(hash, out)) {
+    ByteBuffer local;
+    ByteBuffer* buf = out ? out : &local;
+    if (GetReference(hash, buf)) {
+      if (shared) *shared = ChunkBytes(std::move(local));
       stats_.hits++;
       return true;
     }
@@ -182,20 +242,21 @@ bool ChunkCache::Get(const Hash128& hash, ByteBuffer* out) {
   }
   struct stat st;
   bool ok = ::fstat(fd, &st) == 0;
+  ChunkBytes mapped;
+  ByteBuffer local;
+  std::span<const uint8_t> bytes;
   if (ok) {
-    out->resize(static_cast<size_t>(st.st_size));
-    size_t done = 0;
-    while (done < out->size()) {
-      ssize_t n = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
-      if (n <= 0) {
-        if (n < 0 && errno == EINTR) continue;
-        ok = false;
-        break;
-      }
-      done += static_cast<size_t>(n);
+    const size_t size = static_cast<size_t>(st.st_size);
+    if (shared && size >= kMapMinBytes && MapFile(fd, size, &mapped)) {
+      bytes = mapped.span();
+    } else {
+      ByteBuffer* buf = out ? out : &local;
+      buf->resize(size);
+      ok = PreadAll(fd, buf->data(), size, 0);
+      bytes = *buf;
     }
   }
-  if (ok && HashChunk(*out) != hash) {
+  if (ok && HashChunk(bytes) != hash) {
     spdlog::warn("cache entry {} is corrupt; dropping it", path);
     stats_.corrupt++;
     if (::unlink(path.c_str()) == 0) total_ -= std::min<uint64_t>(total_, st.st_size);
@@ -205,6 +266,7 @@ bool ChunkCache::Get(const Hash128& hash, ByteBuffer* out) {
     // LRU: refresh the mtime, at most once a minute per entry (a hot chunk must not turn
     // every read into a metadata write).
     if (st.st_mtime < ::time(nullptr) - 60) ::futimens(fd, nullptr);
+    if (shared) *shared = mapped.data() ? std::move(mapped) : ChunkBytes(std::move(local));
     stats_.hits++;
   } else {
     stats_.misses++;
@@ -213,11 +275,12 @@ bool ChunkCache::Get(const Hash128& hash, ByteBuffer* out) {
   return ok;
 }
 
-Status ChunkCache::WriteEntry(const std::string& path, std::span<const uint8_t> bytes) {
+Status ChunkCache::WriteEntry(const std::string& path, std::span<const uint8_t> bytes,
+                              ChunkBytes* mapped) {
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = dir_ + "/.tmp/" + path.substr(path.rfind('/') + 1) + "." +
                           std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), (mapped ? O_RDWR : O_WRONLY) | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Errno(errno, "cache insert " + tmp);
   size_t done = 0;
   while (done < bytes.size()) {
@@ -232,31 +295,43 @@ Status ChunkCache::WriteEntry(const std::string& path, std::span<const uint8_t> 
     done += static_cast<size_t>(n);
   }
   // No fsync: a torn entry after a crash fails verification and is dropped, which is cheaper
-  // than an fsync per chunk.
+  // than an fsync per chunk. A map of the file we have just written holds the page cache's
+  // copy of exactly these bytes (no other process writes this temporary file, and entries are
+  // never written in place once renamed).
+  if (mapped && !bytes.empty() && !MapFile(fd, bytes.size(), mapped)) *mapped = ChunkBytes();
   ::close(fd);
   std::string sub = path.substr(0, path.rfind('/'));
   ::mkdir(sub.c_str(), 0755);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
+    if (mapped) *mapped = ChunkBytes();
     return Errno(err, "cache insert " + path);
   }
   return Status::Ok();
 }
 
 Status ChunkCache::Put(const Hash128& hash, std::span<const uint8_t> bytes) {
+  return PutImpl(hash, bytes, nullptr);
+}
+
+Status ChunkCache::PutShared(const Hash128& hash, std::span<const uint8_t> bytes, ChunkBytes* mapped) {
+  return PutImpl(hash, bytes, bytes.size() >= kMapMinBytes ? mapped : nullptr);
+}
+
+Status ChunkCache::PutImpl(const Hash128& hash, std::span<const uint8_t> bytes, ChunkBytes* mapped) {
   if (bytes.size() > max_bytes_) return Status::Ok();
   if (Contains(hash)) return Status::Ok();
   if (total_.load() + bytes.size() > max_bytes_) {
     Status s = EvictTo(max_bytes_ / 10 * 9 > bytes.size() ? max_bytes_ / 10 * 9 - bytes.size() : 0);
     if (!s.ok()) spdlog::warn("cache eviction failed: {}", s.ToString());
   }
-  Status s = WriteEntry(PathOf(hash), bytes);
+  Status s = WriteEntry(PathOf(hash), bytes, mapped);
   if (s.kind() == ErrorKind::kResourceExhausted) {
     // The disk is fuller than our budget assumed: make room and try once more.
     uint64_t now = total_.load();
     (void)EvictTo(now / 2);
-    s = WriteEntry(PathOf(hash), bytes);
+    s = WriteEntry(PathOf(hash), bytes, mapped);
   }
   if (!s.ok()) {
     spdlog::warn("chunk cache: {}", s.ToString());

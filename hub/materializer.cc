@@ -1,7 +1,16 @@
 #include "hub/materializer.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
+#include <new>
 #include <thread>
+#include <utility>
+
+#include <spdlog/spdlog.h>
 
 #include "core/file_codec.h"
 
@@ -26,11 +35,6 @@ const ManifestChunk* FindByKey(const ManifestFile& file, const ChunkKey& key, si
   return i ? &file.chunks[*i] : nullptr;
 }
 
-ChunkCodec& ThreadCodec() {
-  thread_local ChunkCodec codec;
-  return codec;
-}
-
 }  // namespace
 
 std::string DescribeChunkOf(const Manifest& manifest, const ManifestFile& file, size_t index) {
@@ -44,21 +48,151 @@ Materializer::Materializer(Bucket* bucket, ChunkCache* cache, DecodeLimits limit
   limits_.verify_output = false;  // every result is checked against its Hash128 below
 }
 
-Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest,
-                                                   const ManifestFile& file, size_t index) {
+namespace {
+constexpr size_t kHugePage = 2 << 20;
+}  // namespace
+
+Materializer::Scratch::Scratch(Scratch&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      capacity_(std::exchange(other.capacity_, 0)) {}
+
+Materializer::Scratch& Materializer::Scratch::operator=(Scratch&& other) noexcept {
+  if (this != &other) {
+    if (data_) ::munmap(data_, capacity_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    capacity_ = std::exchange(other.capacity_, 0);
+  }
+  return *this;
+}
+
+Materializer::Scratch::~Scratch() {
+  if (data_) ::munmap(data_, capacity_);
+}
+
+std::span<uint8_t> Materializer::Scratch::Resize(size_t size) {
+  if (size > capacity_) {
+    const size_t capacity = (size + kHugePage - 1) / kHugePage * kHugePage;
+    // Over-map by a huge page and trim, so the region starts on a 2 MiB boundary.
+    void* p = ::mmap(nullptr, capacity + kHugePage, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t aligned = (start + kHugePage - 1) & ~static_cast<uintptr_t>(kHugePage - 1);
+    if (aligned > start) ::munmap(p, aligned - start);
+    if (start + kHugePage > aligned) {
+      ::munmap(reinterpret_cast<void*>(aligned + capacity), start + kHugePage - aligned);
+    }
+    ::madvise(reinterpret_cast<void*>(aligned), capacity, MADV_HUGEPAGE);
+    if (data_) ::munmap(data_, capacity_);
+    data_ = reinterpret_cast<uint8_t*>(aligned);
+    capacity_ = capacity;
+  }
+  size_ = size;
+  return {data_, size_};
+}
+
+Materializer::Scratch Materializer::TakeScratch() {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  if (scratch_.empty()) return {};
+  Scratch b = std::move(scratch_.back());
+  scratch_.pop_back();
+  scratch_bytes_ -= b.capacity();
+  return b;
+}
+
+void Materializer::GiveScratch(Scratch buffer) {
+  if (buffer.capacity() == 0) return;
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  if (scratch_bytes_ + buffer.capacity() > kScratchBytes) return;  // unmapped here
+  scratch_bytes_ += buffer.capacity();
+  scratch_.push_back(std::move(buffer));
+}
+
+std::unique_ptr<ChunkCodec> Materializer::TakeCodec() {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (!codecs_.empty()) {
+      std::unique_ptr<ChunkCodec> c = std::move(codecs_.back());
+      codecs_.pop_back();
+      return c;
+    }
+  }
+  return std::make_unique<ChunkCodec>();
+}
+
+void Materializer::GiveCodec(std::unique_ptr<ChunkCodec> codec) {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  if (codecs_.size() < kPooledCodecs) codecs_.push_back(std::move(codec));
+}
+
+Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest, const ManifestFile& file,
+                                         size_t index) {
   stats_.chunks++;
   auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
   if (index >= file.chunks.size()) return where(Status::InvalidArgument("no such chunk"));
-  ByteBuffer current;
-  if (cache_ && cache_->Get(file.chunks[index].hash, &current)) {
+  ByteBuffer out;
+  if (cache_ && cache_->Get(file.chunks[index].hash, &out)) {
     stats_.cache_hits++;
-    return current;
+    return out;
   }
+  WFS_TRY(Build(manifest, file, index, [&](size_t n) {
+    out.resize(n);
+    return std::span<uint8_t>(out);
+  }));
+  if (cache_ && cache_results_) (void)cache_->Put(file.chunks[index].hash, out);
+  return out;
+}
+
+Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const ManifestFile& file,
+                                          size_t index) {
+  stats_.chunks++;
+  auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
+  if (index >= file.chunks.size()) return where(Status::InvalidArgument("no such chunk"));
+  const ManifestChunk& chunk = file.chunks[index];
+  ChunkBytes hit;
+  if (cache_ && cache_->GetShared(chunk.hash, &hit)) {
+    stats_.cache_hits++;
+    return hit;
+  }
+  if (!cache_ || !cache_results_ || chunk.length < ChunkCache::kMapMinBytes) {
+    ByteBuffer out;
+    WFS_TRY(Build(manifest, file, index, [&](size_t n) {
+      out.resize(n);
+      return std::span<uint8_t>(out);
+    }));
+    if (cache_ && cache_results_) (void)cache_->Put(chunk.hash, out);
+    return ChunkBytes(std::move(out));
+  }
+  // Decode into a reused buffer, write it to the cache and hand out a map of the file written:
+  // the buffer goes back to the pool with its pages faulted in for the next chunk.
+  Scratch out = TakeScratch();
+  Status st = Build(manifest, file, index, [&](size_t n) { return out.Resize(n); });
+  ChunkBytes result;
+  if (st.ok()) {
+    (void)cache_->PutShared(chunk.hash, out.bytes(), &result);
+    if (!result.data() || result.size() != out.bytes().size()) {
+      // Not cached (full, failing, or there already): the bytes go to a heap buffer.
+      result = ChunkBytes(ByteBuffer(out.bytes().begin(), out.bytes().end()));
+    }
+  }
+  GiveScratch(std::move(out));
+  if (!st.ok()) return st;
+  return result;
+}
+
+Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, size_t index,
+                           const std::function<std::span<uint8_t>(size_t)>& output) {
+  auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
+  const bool timing = spdlog::should_log(spdlog::level::debug);
+  const auto t0 = std::chrono::steady_clock::now();
 
   // Walk back to a keyframe or a cached ancestor. Depth strictly decreases along the walk
   // (checked), so a hostile manifest cannot make it loop.
   std::vector<Step> steps;
   steps.push_back({nullptr, &manifest, &file, &file.chunks[index], {}});
+  ChunkBytes base;  // the cached ancestor's bytes
   bool have_base = false;
   while (steps.back().chunk->is_delta()) {
     const Step& s = steps.back();
@@ -78,74 +212,140 @@ Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest,
       return where(Status::Corruption("delta chain depth does not decrease at " + s.manifest->model +
                                       "@" + base_version));
     }
-    if (cache_ && cache_->Get(bc->hash, &current)) {
+    if (cache_ && cache_->GetShared(bc->hash, &base)) {
       have_base = true;
       break;
     }
     std::shared_ptr<const Manifest> holder = *bm;
     steps.push_back({holder, holder.get(), bf, bc, {}});
   }
-
-  // Fetch the payloads, several at a time.
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  Status first_error;
-  auto fetch = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < steps.size();) {
-      Step& s = steps[i];
-      const PayloadRef& ref = s.chunk->ref;
-      const std::string key = Bucket::PackKey(s.manifest->packs[ref.pack]);
-      Expected<std::vector<uint8_t>> bytes =
-          bucket_->store().Get(key, ByteRange{ref.offset, ref.length});
-      Status st;
-      if (!bytes.ok()) {
-        st = bytes.status().WithContext("fetching " + key);
-      } else if (bytes->size() != ref.length) {
-        st = Status::Corruption("pack " + key + " is truncated: " + std::to_string(bytes->size()) +
-                                " of " + std::to_string(ref.length) + " payload bytes at offset " +
-                                std::to_string(ref.offset));
-      } else {
-        stats_.payloads_fetched++;
-        stats_.payload_bytes += bytes->size();
-        s.payload = std::move(bytes).value();
-      }
-      if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (first_error.ok()) {
-          first_error = st.WithContext(DescribeChunkOf(*s.manifest, *s.file,
-                                                       static_cast<size_t>(s.chunk - s.file->chunks.data())));
-        }
-      }
-    }
-  };
-  size_t workers = std::min(steps.size(), kFetchParallelism) - 1;
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < workers; ++t) threads.emplace_back(fetch);
-  fetch();
-  for (std::thread& t : threads) t.join();
-  if (!first_error.ok()) return first_error;
-
-  // Apply oldest first.
-  ChunkCodec& codec = ThreadCodec();
-  ByteBuffer next_bytes;
-  for (size_t i = steps.size(); i-- > 0;) {
-    const Step& s = steps[i];
-    const size_t at = static_cast<size_t>(s.chunk - s.file->chunks.data());
-    if (s.chunk->is_delta() && i == steps.size() - 1 && !have_base) {
-      return where(Status::Corruption("delta chain has no keyframe"));
-    }
-    next_bytes.resize(s.chunk->length);
-    Status st = codec.Decode(s.payload, current, next_bytes, limits_);
-    if (!st.ok()) return st.WithContext(DescribeChunkOf(*s.manifest, *s.file, at));
-    if (HashChunk(next_bytes) != s.chunk->hash) {
-      return Status::Corruption("decoded bytes do not match the chunk hash")
-          .WithContext(DescribeChunkOf(*s.manifest, *s.file, at));
-    }
-    if (s.chunk->is_delta()) stats_.deltas_applied++;
-    current.swap(next_bytes);
+  if (steps.back().chunk->is_delta() && !have_base) {
+    const Step& s = steps.back();
+    return Status::Corruption("delta chain has no keyframe")
+        .WithContext(DescribeChunkOf(*s.manifest, *s.file, static_cast<size_t>(s.chunk - s.file->chunks.data())));
   }
-  if (cache_ && cache_results_) (void)cache_->Put(file.chunks[index].hash, current);
-  return current;
+
+  // Fetch the payloads, several at a time and oldest first, while this thread applies them
+  // oldest first as they arrive: the keyframe is decoded while the deltas are still in flight.
+  const size_t n = steps.size();
+  std::mutex mu;
+  std::condition_variable arrived;
+  std::vector<Status> fetched(n);     // GUARDED_BY(mu)
+  std::vector<char> done(n, 0);       // GUARDED_BY(mu)
+  std::atomic<size_t> next{0};
+  std::atomic<bool> abandon{false};   // an error: fetch nothing more
+  auto fetch_one = [&](size_t i) {
+    Step& s = steps[i];
+    const PayloadRef& ref = s.chunk->ref;
+    const std::string key = Bucket::PackKey(s.manifest->packs[ref.pack]);
+    Expected<std::vector<uint8_t>> bytes = bucket_->store().Get(key, ByteRange{ref.offset, ref.length});
+    Status st;
+    if (!bytes.ok()) {
+      st = bytes.status().WithContext("fetching " + key);
+    } else if (bytes->size() != ref.length) {
+      st = Status::Corruption("pack " + key + " is truncated: " + std::to_string(bytes->size()) +
+                              " of " + std::to_string(ref.length) + " payload bytes at offset " +
+                              std::to_string(ref.offset));
+    } else {
+      stats_.payloads_fetched++;
+      stats_.payload_bytes += bytes->size();
+      s.payload = std::move(bytes).value();
+    }
+    if (!st.ok()) {
+      st = st.WithContext(DescribeChunkOf(*s.manifest, *s.file, static_cast<size_t>(s.chunk - s.file->chunks.data())));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    fetched[i] = std::move(st);
+    done[i] = 1;
+    arrived.notify_all();
+  };
+  auto fetch = [&] {
+    for (size_t k; !abandon.load() && (k = next.fetch_add(1)) < n;) fetch_one(n - 1 - k);
+  };
+  // Waits for step i's payload; its fetch error if it failed.
+  auto wait_for = [&](size_t i) -> Status {
+    std::unique_lock<std::mutex> lock(mu);
+    arrived.wait(lock, [&] { return done[i] != 0; });
+    return fetched[i];
+  };
+  std::vector<std::thread> threads;
+  if (n == 1) {
+    fetch();
+  } else {
+    const size_t workers = std::min(n, kFetchParallelism);
+    try {
+      for (size_t t = 0; t < workers; ++t) threads.emplace_back(fetch);
+    } catch (...) {
+      if (threads.empty()) throw;  // else the threads started fetch everything
+    }
+  }
+  auto join = [&] {
+    for (std::thread& t : threads) t.join();
+    threads.clear();
+  };
+  double fetch_wait_ms = 0;
+
+  // Apply oldest first: each step decodes from the previous result (or the cached base) into
+  // whichever scratch buffer does not hold it; the last step decodes into output().
+  std::unique_ptr<ChunkCodec> codec;
+  Scratch scratch[2];
+  auto apply = [&](bool verify_each) -> Status {
+    std::span<const uint8_t> parent = have_base ? base.span() : std::span<const uint8_t>();
+    int held = -1;  // the scratch buffer holding `parent`
+    for (size_t i = steps.size(); i-- > 0;) {
+      const Step& s = steps[i];
+      const size_t at = static_cast<size_t>(s.chunk - s.file->chunks.data());
+      const auto w0 = std::chrono::steady_clock::now();
+      WFS_TRY(wait_for(i));
+      fetch_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+      std::span<uint8_t> target;
+      if (i > 0) {
+        held = held == 0 ? 1 : 0;
+        if (scratch[held].capacity() == 0) scratch[held] = TakeScratch();
+        target = scratch[held].Resize(s.chunk->length);
+      } else {
+        target = output(s.chunk->length);
+      }
+      Status st = codec->Decode(s.payload, parent, target, limits_);
+      if (!st.ok()) return st.WithContext(DescribeChunkOf(*s.manifest, *s.file, at));
+      if ((i == 0 || verify_each) && HashChunk(target) != s.chunk->hash) {
+        return Status::Corruption("decoded bytes do not match the chunk hash")
+            .WithContext(DescribeChunkOf(*s.manifest, *s.file, at));
+      }
+      parent = target;
+    }
+    return Status::Ok();
+  };
+  Status st;
+  try {
+    codec = TakeCodec();
+    st = apply(false);
+  } catch (...) {
+    abandon = true;
+    join();
+    throw;
+  }
+  if (!st.ok()) abandon = true;
+  join();
+  if (st.ok()) {
+    stats_.deltas_applied += n - (steps.back().chunk->is_delta() ? 0 : 1);
+  } else if (st.kind() == ErrorKind::kCorruption && n > 1 &&
+             std::all_of(done.begin(), done.end(), [](char d) { return d != 0; }) &&
+             std::all_of(fetched.begin(), fetched.end(), [](const Status& f) { return f.ok(); })) {
+    // Something in the chain decodes wrong: replay it checking every step, to name the first
+    // bad one.
+    Status named = apply(true);
+    if (!named.ok()) st = named;
+  }
+  GiveCodec(std::move(codec));
+  for (Scratch& b : scratch) GiveScratch(std::move(b));
+  if (timing && st.ok()) {
+    const double total = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::debug("built {}: {} payloads from {} in {:.1f} ms ({:.1f} ms waiting for fetches)",
+                  DescribeChunkOf(manifest, file, index), n,
+                  have_base ? "a cached ancestor" : "the keyframe", total, fetch_wait_ms);
+  }
+  return st;
 }
 
 }  // namespace weightfs

@@ -4,9 +4,23 @@
 // same chunk of an older version, whose manifest holds that chunk's own recipe, and so on —
 // until it reaches bytes already in the chunk cache (the nearest cached ancestor) or a
 // keyframe. Only the payloads after that point are fetched (range reads into packs, in
-// parallel), then applied forward; every intermediate result is checked against its Hash128
-// and the final bytes are inserted into the cache. A node that holds version N therefore
-// fetches only N+1's deltas.
+// parallel), then applied forward, and the final bytes are checked against their Hash128 and
+// inserted into the cache. A node that holds version N therefore fetches only N+1's deltas.
+//
+// Verification: the bytes returned always match the chunk's Hash128 (checked here, or by the
+// cache when they come from it). Intermediate results of a chain are not hashed with Hash128 —
+// the codec checks each delta's parent against the XXH3-64 in the payload before applying it,
+// and any wrong intermediate makes the final check fail; only then is the chain replayed
+// checking every step, so that the error names the chunk that is wrong.
+//
+// Memory: intermediate results live in a small pool of reused buffers (2 MiB pages), and codecs
+// are pooled too: fresh memory costs a page fault per 4 KiB (~10 us each on the 2-core benchmark
+// VM, about what decoding the page costs). Shared() hands out a map of the cache file it has
+// just written (or found), so a chunk the mount keeps in memory costs page cache that the disk
+// cache holds anyway, not a second, fresh heap buffer.
+//
+// Fetching overlaps applying: payloads are fetched oldest first, and each step is applied as
+// soon as its payload is in (the keyframe decodes while the deltas are still being fetched).
 //
 // Every failure names the version, file and chunk. Thread-safe: any number of threads may
 // materialize at once (each call uses its own codec).
@@ -16,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -43,6 +58,10 @@ class Materializer {
   // The bytes of chunk `index` of `file` in `manifest`, verified against the chunk's hash.
   Expected<ByteBuffer> Chunk(const Manifest& manifest, const ManifestFile& file,
                                        size_t index);
+  // The same bytes, shared and immutable: a map of the chunk's cache file when there is a cache
+  // (and the chunk is at least ChunkCache::kMapMinBytes), else a heap buffer. The read path of
+  // the mount keeps these in memory.
+  Expected<ChunkBytes> Shared(const Manifest& manifest, const ManifestFile& file, size_t index);
 
   const MaterializerStats& stats() const { return stats_; }
   // Whether materialized chunks are copied into the cache (default). `pull` turns it off: it
@@ -50,7 +69,44 @@ class Materializer {
   void set_cache_results(bool on) { cache_results_ = on; }
 
  private:
+  // A reusable output buffer: anonymous memory in 2 MiB-aligned regions advised MADV_HUGEPAGE,
+  // so that growing one costs a fault per 2 MiB instead of one per 4 KiB page.
+  class Scratch {
+   public:
+    Scratch() = default;
+    Scratch(Scratch&& other) noexcept;
+    Scratch& operator=(Scratch&& other) noexcept;
+    ~Scratch();
+    // Sizes the buffer to `size` bytes (contents unspecified). Throws std::bad_alloc.
+    std::span<uint8_t> Resize(size_t size);
+    std::span<const uint8_t> bytes() const { return {data_, size_}; }
+    size_t capacity() const { return capacity_; }
+
+   private:
+    uint8_t* data_ = nullptr;
+    size_t size_ = 0;
+    size_t capacity_ = 0;
+  };
+
+  // Walks the chain of chunk `index` back to a cached ancestor or a keyframe, fetches and applies
+  // it. The result goes into output(length), which returns a buffer of that many bytes. Does not
+  // look the chunk itself up in the cache nor insert it. REQUIRES: index < file.chunks.size().
+  Status Build(const Manifest& manifest, const ManifestFile& file, size_t index,
+               const std::function<std::span<uint8_t>(size_t)>& output);
+  // Reused buffers for intermediate results (at most kScratchBytes of capacity kept), and
+  // codecs (their zstd contexts and tables are warm), shared by every thread.
+  Scratch TakeScratch();
+  void GiveScratch(Scratch buffer);
+  std::unique_ptr<ChunkCodec> TakeCodec();
+  void GiveCodec(std::unique_ptr<ChunkCodec> codec);
+  static constexpr size_t kScratchBytes = 64ull << 20;
+  static constexpr size_t kPooledCodecs = 16;
+
   bool cache_results_ = true;
+  std::mutex pool_mu_;
+  std::vector<Scratch> scratch_;                      // GUARDED_BY(pool_mu_)
+  size_t scratch_bytes_ = 0;                          // GUARDED_BY(pool_mu_): capacity of scratch_
+  std::vector<std::unique_ptr<ChunkCodec>> codecs_;  // GUARDED_BY(pool_mu_)
   Bucket* bucket_;
   ChunkCache* cache_;
   DecodeLimits limits_;

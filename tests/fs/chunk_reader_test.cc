@@ -3,13 +3,18 @@
 // and errors name the chunk and are not cached.
 #include "fs/chunk_reader.h"
 
+#include <sys/mman.h>
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "core/safetensors.h"
+#include "hub/chunk_cache.h"
 #include "tests/fs/test_bucket.h"
 
 namespace weightfs {
@@ -146,6 +151,64 @@ TEST_F(ChunkReaderTest, FailuresNameTheChunkAndAreNotCached) {
   auto again = reader.Read(manifest_, *file_, 3 * kChunk + 5, 10, nullptr);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(Gather(*again), std::vector<uint8_t>(data_.begin() + 3 * kChunk + 5, data_.begin() + 3 * kChunk + 15));
+}
+
+// With a disk cache (as in a mount) the reader serves maps of the cache files: a new reader
+// over the same cache fetches nothing, a corrupted cache file is never served, and Chunk (the
+// heap-buffer interface) returns the same bytes.
+TEST_F(ChunkReaderTest, WithADiskCacheChunksAreMappedCacheFiles) {
+  const std::string dir = ::testing::TempDir() + "wfs-reader-cache-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto cache = ChunkCache::Open(dir, 1ull << 30);
+  ASSERT_TRUE(cache.ok());
+  // Maps are handed out only where they can be locked in memory (else the cache copies).
+  void* probe = ::mmap(nullptr, 16 << 20, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_LOCKED, -1, 0);
+  const bool can_lock = probe != MAP_FAILED;
+  if (can_lock) ::munmap(probe, 16 << 20);
+  auto read_all = [&](ChunkReader& reader) {
+    auto r = reader.Read(manifest_, *file_, 0, data_.size(), nullptr);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return;
+    EXPECT_EQ(Gather(*r), data_);
+    ASSERT_EQ(r->chunks.size(), file_->chunks.size());
+    for (size_t i = 0; i < r->chunks.size(); ++i) {
+      const bool mappable = file_->chunks[i].length >= ChunkCache::kMapMinBytes && can_lock;
+      EXPECT_EQ(r->chunks[i].buffer() == nullptr, mappable) << i;
+    }
+  };
+  {
+    Materializer m(&bucket_.bucket(), cache->get());
+    ChunkReader reader(&m, {.readahead_bytes = 0});
+    read_all(reader);
+  }
+  const uint64_t gets = bucket_.faults().pack_gets;
+  {
+    Materializer m(&bucket_.bucket(), cache->get());
+    ChunkReader reader(&m, {.readahead_bytes = 0});
+    read_all(reader);
+    EXPECT_EQ(bucket_.faults().pack_gets.load(), gets);
+    EXPECT_EQ(m.stats().cache_hits.load(), file_->chunks.size());
+    auto copy = reader.Chunk(manifest_, *file_, 2);
+    ASSERT_TRUE(copy.ok());
+    EXPECT_TRUE(std::equal((*copy)->begin(), (*copy)->end(), data_.begin() + 2 * kChunk));
+  }
+  // Corrupt chunk 3's cache file: a new reader drops it and materializes the chunk again.
+  const std::string hex = file_->chunks[3].hash.ToHex();
+  const std::string entry = dir + "/chunks/" + hex.substr(0, 2) + "/" + hex;
+  {
+    std::fstream f(entry, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekp(1000);
+    f.put('\x5a' ^ static_cast<char>(data_[3 * kChunk + 1000]));
+  }
+  {
+    Materializer m(&bucket_.bucket(), cache->get());
+    ChunkReader reader(&m, {.readahead_bytes = 0});
+    read_all(reader);
+    EXPECT_EQ((*cache)->stats().corrupt.load(), 1u);
+    EXPECT_GT(bucket_.faults().pack_gets.load(), gets);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(ChunkReaderTest, ReadsPastTheEndAreEmpty) {

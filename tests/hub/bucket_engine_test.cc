@@ -1,6 +1,7 @@
 // End-to-end tests of the bucket engine on a local directory bucket: push, pull, verify, the
 // cache's role in following a chain, keyframes, conflicts, corruption, gc.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -343,6 +344,16 @@ TEST_F(BucketEngineTest, FailedUploadPublishesNothing) {
   EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
 
+// Whether this process may lock memory maps: the chunk cache hands out maps of its files only
+// then (else it copies, and the tests expecting maps have nothing to check).
+bool CanLockMaps() {
+  const size_t n = 16 << 20;
+  void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_LOCKED, -1, 0);
+  if (p == MAP_FAILED) return false;
+  ::munmap(p, n);
+  return true;
+}
+
 void FlipByteIn(const fs::path& file, uint64_t offset) {
   int fd = ::open(file.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
@@ -381,6 +392,76 @@ TEST_F(BucketEngineTest, CorruptOrTruncatedPackFailsNamingTheChunkAndWritesNoFil
     }
   }
   FAIL() << "no fresh chunk in v1";
+}
+
+// The mount's read path: Shared hands out the bytes Chunk does, as maps of the cache files it
+// wrote (first pass) or found and verified (second pass, a new materializer: all cache hits).
+TEST_F(BucketEngineTest, SharedChunksAreMappedCacheFilesWithTheSameBytes) {
+  options_.chunk_bytes = 256 << 10;  // most chunks are large enough to be mapped
+  auto chain = PushChain(4, nullptr);
+  ASSERT_EQ(chain.size(), 4u);
+  auto cache = Cache("cache");
+  Materializer verifier(bucket_.get(), nullptr);
+  size_t mapped = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    Materializer mat(bucket_.get(), cache.get());
+    for (const ManifestFile& f : chain[3]->files) {
+      for (size_t i = 0; i < f.chunks.size(); ++i) {
+        Expected<ByteBuffer> want = verifier.Chunk(*chain[3], f, i);
+        Expected<ChunkBytes> got = mat.Shared(*chain[3], f, i);
+        ASSERT_TRUE(want.ok()) << want.status().ToString();
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        ASSERT_EQ(got->size(), want->size());
+        EXPECT_TRUE(std::equal(want->begin(), want->end(), got->data())) << f.path << " " << i;
+        if (f.chunks[i].length >= ChunkCache::kMapMinBytes && CanLockMaps()) {
+          EXPECT_EQ(got->buffer(), nullptr) << "a map, not a heap copy: " << f.path << " " << i;
+          mapped++;
+        } else {
+          EXPECT_NE(got->buffer(), nullptr);
+        }
+      }
+    }
+    if (pass == 1) {
+      EXPECT_EQ(mat.stats().cache_hits.load(), mat.stats().chunks.load());
+    }
+  }
+  if (CanLockMaps()) {
+    EXPECT_GT(mapped, 4u);
+  }
+}
+
+// Intermediate results of a chain are not hashed on the way (only the final one is), yet a bad
+// payload in the middle of a chain is still an error naming the version that wrote it, and
+// nothing unverified reaches the cache.
+TEST_F(BucketEngineTest, CorruptPayloadInsideAChainIsNamed) {
+  options_.chunk_bytes = 256 << 10;
+  auto chain = PushChain(3, nullptr);
+  ASSERT_EQ(chain.size(), 3u);
+  for (const ManifestFile& f2 : chain[2]->files) {
+    const ManifestFile* f1 = chain[1]->FindFile(f2.path);
+    for (size_t i = 0; f1 && i < f2.chunks.size(); ++i) {
+      // A chunk v2 wrote as a delta on v1's, which v1 wrote itself.
+      const ManifestChunk& c2 = f2.chunks[i];
+      if (c2.origin != 0 || !c2.is_delta() || chain[2]->versions[c2.base] != "v1") continue;
+      std::optional<size_t> j = f1->FindChunk(c2.key);
+      if (!j || f1->chunks[*j].origin != 0 || !f1->chunks[*j].is_delta()) continue;
+      const ManifestChunk& c1 = f1->chunks[*j];
+      FlipByteIn(root_ / "bucket" / Bucket::PackKey(chain[1]->packs[c1.ref.pack]),
+                 c1.ref.offset + c1.ref.length / 2);
+      for (bool shared : {false, true}) {
+        auto cache = Cache(shared ? "shared" : "plain");
+        Materializer mat(bucket_.get(), cache.get());
+        Status s = shared ? mat.Shared(*chain[2], f2, i).status() : mat.Chunk(*chain[2], f2, i).status();
+        ASSERT_FALSE(s.ok());
+        EXPECT_EQ(s.kind(), ErrorKind::kCorruption) << s.ToString();
+        EXPECT_NE(s.message().find("acme/m@v1 " + f2.path), std::string::npos) << s.ToString();
+        EXPECT_EQ(cache->size_bytes(), 0u);
+        EXPECT_FALSE(cache->Contains(c2.hash));
+      }
+      return;
+    }
+  }
+  FAIL() << "no chunk of v2 is a delta on a delta of v1";
 }
 
 TEST_F(BucketEngineTest, GcRemovesOrphansOnlyWhenNoPushIsLive) {
@@ -533,6 +614,64 @@ TEST(ChunkCacheTest, ReferencesServeLocalFilesUntilTheyChange) {
   WriteFile(path, file);
   EXPECT_FALSE((*cache)->Get(h, &out));
   EXPECT_FALSE((*cache)->Contains(h));
+  fs::remove_all(dir);
+}
+
+
+TEST(ChunkCacheTest, SharedEntriesAreMappedVerifiedAndOutliveEviction) {
+  fs::path dir = fs::temp_directory_path() / ("wfs-cache-shared-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto opened = ChunkCache::Open(dir.string(), 1 << 30);
+  ASSERT_TRUE(opened.ok());
+  ChunkCache& cache = **opened;
+  std::mt19937_64 rng(5);
+  std::vector<uint8_t> big(1 << 20), small(1000);
+  for (auto& b : big) b = static_cast<uint8_t>(rng());
+  for (auto& b : small) b = static_cast<uint8_t>(rng());
+  const Hash128 hb = HashChunk(big), hs = HashChunk(small);
+  auto same = [](const ChunkBytes& c, const std::vector<uint8_t>& v) {
+    return c.size() == v.size() && std::equal(v.begin(), v.end(), c.data());
+  };
+
+  if (!CanLockMaps()) GTEST_SKIP() << "this process cannot lock memory (RLIMIT_MEMLOCK)";
+  // PutShared maps the file it wrote; nothing when the entry exists or is too small to map.
+  ChunkBytes put;
+  ASSERT_TRUE(cache.PutShared(hb, big, &put).ok());
+  EXPECT_TRUE(same(put, big));
+  EXPECT_EQ(put.buffer(), nullptr);
+  ChunkBytes again, tiny;
+  ASSERT_TRUE(cache.PutShared(hb, big, &again).ok());
+  EXPECT_EQ(again.data(), nullptr);
+  ASSERT_TRUE(cache.PutShared(hs, small, &tiny).ok());
+  EXPECT_EQ(tiny.data(), nullptr);
+
+  // GetShared maps large entries, reads small ones into a heap buffer.
+  ChunkBytes got_big, got_small;
+  ASSERT_TRUE(cache.GetShared(hb, &got_big));
+  EXPECT_TRUE(same(got_big, big));
+  EXPECT_EQ(got_big.buffer(), nullptr);
+  ASSERT_TRUE(cache.GetShared(hs, &got_small));
+  EXPECT_TRUE(same(got_small, small));
+  EXPECT_NE(got_small.buffer(), nullptr);
+
+  // Eviction unlinks the files; the maps handed out keep their bytes.
+  ASSERT_TRUE(cache.EvictTo(0).ok());
+  EXPECT_FALSE(cache.Contains(hb));
+  ChunkBytes none;
+  EXPECT_FALSE(cache.GetShared(hb, &none));
+  EXPECT_TRUE(same(got_big, big));
+  EXPECT_TRUE(same(put, big));
+
+  // A corrupted entry is a miss, and is dropped.
+  ASSERT_TRUE(cache.Put(hb, big).ok());
+  std::string hex = hb.ToHex();
+  fs::path entry = dir / "chunks" / hex.substr(0, 2) / hex;
+  FlipByteIn(entry, 12345);
+  ChunkBytes bad;
+  EXPECT_FALSE(cache.GetShared(hb, &bad));
+  EXPECT_EQ(bad.data(), nullptr);
+  EXPECT_FALSE(fs::exists(entry));
+  EXPECT_EQ(cache.stats().corrupt.load(), 1u);
   fs::remove_all(dir);
 }
 
