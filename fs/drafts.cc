@@ -202,6 +202,28 @@ struct Draft {
   uint64_t journal_seq = 0, journal_written = 0;
 
   std::string name() const { return model + "@" + version; }
+  // The draft lists exactly the parent's files, unchanged (a new draft, or a new parent).
+  void InheritAll(std::shared_ptr<const Manifest> manifest) {
+    parent_manifest = std::move(manifest);
+    parent = parent_manifest->version;
+    files.clear();
+    dirs.clear();
+    for (const ManifestFile& pf : parent_manifest->files) {
+      auto f = std::make_shared<DraftFile>();
+      f->mtime_ns = parent_manifest->created_ms * 1000000;
+      f->parent_path = pf.path;
+      f->parent_file = &pf;
+      for (std::string p = ParentPath(pf.path); !p.empty(); p = ParentPath(p)) dirs.insert(p);
+      files.emplace(pf.path, std::move(f));
+    }
+  }
+  // Whether a file or directory lies inside directory `path`.
+  bool HasEntriesUnder(const std::string& path) const {
+    const std::string prefix = path + "/";
+    auto under = [&](const std::string& p) { return p.starts_with(prefix); };
+    return std::any_of(files.begin(), files.end(), [&](const auto& e) { return under(e.first); }) ||
+           std::any_of(dirs.begin(), dirs.end(), under);
+  }
   std::string StagingPath(uint64_t id_) const { return dir + "/files/" + std::to_string(id_); }
   std::string PartPath(const std::string& part) const { return dir + "/parts/" + part; }
 };
@@ -1089,22 +1111,10 @@ int Drafts::MkdirIn(const std::string& dir_path, std::string_view name, NodeAttr
   d->created_ms = NowMs();
   Expected<std::shared_ptr<const Manifest>> latest = s.bucket->Latest(model);
   if (latest.ok()) {
-    d->parent_manifest = *latest;
-    d->parent = (*latest)->version;
+    d->InheritAll(*latest);
   } else if (latest.status().kind() != ErrorKind::kNotFound) {
     spdlog::error("mkdir {}: cannot find the parent: {}", draft_name, latest.status().ToString());
     return EIO;
-  }
-  if (d->parent_manifest) {
-    for (const ManifestFile& pf : d->parent_manifest->files) {
-      auto f = std::make_shared<DraftFile>();
-      f->mode = 0644;
-      f->mtime_ns = d->parent_manifest->created_ms * 1000000;
-      f->parent_path = pf.path;
-      f->parent_file = &pf;
-      for (std::string p = ParentPath(pf.path); !p.empty(); p = ParentPath(p)) d->dirs.insert(p);
-      d->files.emplace(pf.path, std::move(f));
-    }
   }
   char id[64];
   std::snprintf(id, sizeof id, "%lld-%d-%llx", static_cast<long long>(d->created_ms), static_cast<int>(::getpid()),
@@ -1269,13 +1279,7 @@ int Drafts::Rmdir(uint64_t parent, std::string_view name) {
     const std::string path = Join(dir, name);
     if (d->files.count(path)) return ENOTDIR;
     if (!d->dirs.count(path)) return ENOENT;
-    auto under = [&](const std::string& p) { return p.starts_with(path + "/"); };
-    for (const auto& [p, f] : d->files) {
-      if (under(p)) return ENOTEMPTY;
-    }
-    for (const std::string& p : d->dirs) {
-      if (under(p)) return ENOTEMPTY;
-    }
+    if (d->HasEntriesUnder(path)) return ENOTEMPTY;
     d->dirs.erase(path);
   }
   return s.SaveJournalErrno(*d);
@@ -1350,14 +1354,7 @@ int Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_parent, 
       if (f->id != 0 && f->writers == 0 && !f->Encoded(to) && !f->encoding) s.Enqueue(d->name(), to);
     } else {
       if (to_file) return ENOTDIR;
-      if (to_dir) {
-        for (const auto& [p, f] : d->files) {
-          if (p.starts_with(to + "/")) return ENOTEMPTY;
-        }
-        for (const std::string& p : d->dirs) {
-          if (p.starts_with(to + "/")) return ENOTEMPTY;
-        }
-      }
+      if (to_dir && d->HasEntriesUnder(to)) return ENOTEMPTY;
       std::map<std::string, std::shared_ptr<DraftFile>> files;
       for (auto& [p, f] : d->files) {
         files[p.starts_with(from + "/") ? to + p.substr(from.size()) : p] = f;
@@ -1735,18 +1732,7 @@ int Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view value
   }
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    d->parent = (*pm)->version;
-    d->parent_manifest = *pm;
-    d->files.clear();
-    d->dirs.clear();
-    for (const ManifestFile& pf : (*pm)->files) {
-      auto f = std::make_shared<DraftFile>();
-      f->mtime_ns = (*pm)->created_ms * 1000000;
-      f->parent_path = pf.path;
-      f->parent_file = &pf;
-      for (std::string p = ParentPath(pf.path); !p.empty(); p = ParentPath(p)) d->dirs.insert(p);
-      d->files.emplace(pf.path, std::move(f));
-    }
+    d->InheritAll(*pm);
   }
   spdlog::info("draft {}: parent is now {}", d->name(), v);
   return s.SaveJournalErrno(*d);

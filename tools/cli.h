@@ -63,6 +63,11 @@ class Progress {
   double last_print_ = -1;
 };
 
+// Parses a subcommand's arguments (argv[0] is its name): prints `help` for --help/-h and
+// returns 0, or an error for bad options or a positional count other than `positionals` and
+// returns 2; nullopt when the command should run.
+std::optional<int> ParseArgs(ArgParser& args, int argc, char** argv, const char* help, size_t positionals);
+
 // Prints "weightfs: <message>" on stderr and returns exit code 1 (for `return Fail(...)`).
 int Fail(const std::string& message);
 inline int Fail(const Status& s) { return Fail(s.ToString()); }

@@ -132,13 +132,7 @@ std::string DraftName(const std::string& root, const std::string& dir) {
 
 int CommitMain(int argc, char** argv) {
   ArgParser args({"--as"}, {"--help", "-h"});
-  Status s = args.Parse(argc, argv, 1);
-  if (args.Has("--help") || args.Has("-h")) {
-    std::fputs(kCommitHelp, stdout);
-    return 0;
-  }
-  if (!s.ok()) return Fail(s.message());
-  if (args.positionals().size() != 1) return Fail("usage: weightfs commit MOUNTPOINT/MODEL@VERSION [--as NAME] (see --help)");
+  if (auto rc = ParseArgs(args, argc, argv, kCommitHelp, 1)) return *rc;
   std::string dir = AbsolutePath(args.positionals()[0]);
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const std::string as = args.GetOr("--as", "");
@@ -181,13 +175,7 @@ int CommitMain(int argc, char** argv) {
 
 int StatusMain(int argc, char** argv) {
   ArgParser args({}, {"--json", "--help", "-h"});
-  Status s = args.Parse(argc, argv, 1);
-  if (args.Has("--help") || args.Has("-h")) {
-    std::fputs(kStatusHelp, stdout);
-    return 0;
-  }
-  if (!s.ok()) return Fail(s.message());
-  if (args.positionals().size() != 1) return Fail("usage: weightfs status MOUNTPOINT [--json] (see --help)");
+  if (auto rc = ParseArgs(args, argc, argv, kStatusHelp, 1)) return *rc;
   const std::string root = MountRootOf(AbsolutePath(args.positionals()[0]));
   std::optional<nlohmann::json> st = StatusOf(root);
   if (!st) return Fail(root + " is not a weightfs mount (or its daemon does not answer)");

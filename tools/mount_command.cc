@@ -239,22 +239,6 @@ std::string ReadReport(int fd, std::chrono::milliseconds bound) {
   return line;
 }
 
-std::optional<int> ParseArgs(ArgParser& args, int argc, char** argv, const char* help, size_t positionals) {
-  Status s = args.Parse(argc, argv, 1);
-  if (args.Has("--help") || args.Has("-h")) {
-    std::fputs(help, stdout);
-    return 0;
-  }
-  if (!s.ok()) {
-    std::fprintf(stderr, "weightfs %s: %s\n", argv[0], s.message().c_str());
-    return 2;
-  }
-  if (args.positionals().size() != positionals) {
-    std::fprintf(stderr, "weightfs %s: wrong number of arguments (see --help)\n", argv[0]);
-    return 2;
-  }
-  return std::nullopt;
-}
 
 Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   MountConfig c;

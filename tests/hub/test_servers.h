@@ -299,23 +299,9 @@ class NginxServer {
       port_ = FreeLoopbackPort();
       if (port_ == 0) return ::testing::AssertionFailure() << "no free loopback port";
       WriteConfig();
-      ::testing::AssertionResult started =
-          process_.Start({binary, "-p", dir_.path(), "-c", dir_.Join("nginx.conf"), "-e", dir_.Join("error.log")},
-                         /*pipe_stdout=*/false, dir_.Join("console.log"));
-      if (!started) return started;
-      const auto deadline = std::chrono::steady_clock::now() + 10s;
-      while (std::chrono::steady_clock::now() < deadline) {
-        if (PortAccepts(port_)) return ::testing::AssertionSuccess();
-        if (process_.Exited()) break;
-        std::this_thread::sleep_for(5ms);
-      }
-      const std::string log = TailOfFile(dir_.Join("error.log")) + TailOfFile(dir_.Join("console.log"));
-      process_.Stop();
-      if (log.find("Address already in use") == std::string::npos) {
-        return ::testing::AssertionFailure() << "nginx (" << binary << ") did not start on 127.0.0.1:" << port_
-                                             << " within 10 s; its log:\n" << log;
-      }
-      last_error = log;  // the port was taken meanwhile: try another
+      bool port_taken = false;
+      ::testing::AssertionResult r = Launch(binary, &port_taken, &last_error);
+      if (r || !port_taken) return r;  // else the port was taken meanwhile: try another
     }
     return ::testing::AssertionFailure() << "nginx could not get a free port:\n" << last_error;
   }
@@ -331,25 +317,38 @@ class NginxServer {
     const auto give_up = std::chrono::steady_clock::now() + 10s;
     std::string log;
     while (std::chrono::steady_clock::now() < give_up) {
-      ::testing::AssertionResult started =
-          process_.Start({binary, "-p", dir_.path(), "-c", dir_.Join("nginx.conf"), "-e", dir_.Join("error.log")},
-                         /*pipe_stdout=*/false, dir_.Join("console.log"));
-      if (!started) return started;
-      const auto deadline = std::chrono::steady_clock::now() + 10s;
-      while (std::chrono::steady_clock::now() < deadline) {
-        if (PortAccepts(port_)) return ::testing::AssertionSuccess();
-        if (process_.Exited()) break;
-        std::this_thread::sleep_for(5ms);
-      }
-      log = TailOfFile(dir_.Join("error.log")) + TailOfFile(dir_.Join("console.log"));
-      process_.Stop();
-      if (log.find("Address already in use") == std::string::npos) break;
+      bool port_taken = false;
+      ::testing::AssertionResult r = Launch(binary, &port_taken, &log);
+      if (r || !port_taken) return r;
       std::this_thread::sleep_for(100ms);
     }
     return ::testing::AssertionFailure() << "nginx did not restart on 127.0.0.1:" << port_ << "; its log:\n" << log;
   }
 
   int port() const { return port_; }
+
+ private:
+  // Runs nginx on port_ (configured) and waits up to 10 s until it accepts. On failure it is
+  // stopped, *log holds the tail of its logs and *port_taken says whether the port was in use.
+  ::testing::AssertionResult Launch(const std::string& binary, bool* port_taken, std::string* log) {
+    ::testing::AssertionResult started =
+        process_.Start({binary, "-p", dir_.path(), "-c", dir_.Join("nginx.conf"), "-e", dir_.Join("error.log")},
+                       /*pipe_stdout=*/false, dir_.Join("console.log"));
+    if (!started) return started;
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (PortAccepts(port_)) return ::testing::AssertionSuccess();
+      if (process_.Exited()) break;
+      std::this_thread::sleep_for(5ms);
+    }
+    *log = TailOfFile(dir_.Join("error.log")) + TailOfFile(dir_.Join("console.log"));
+    process_.Stop();
+    *port_taken = log->find("Address already in use") != std::string::npos;
+    return ::testing::AssertionFailure() << "nginx (" << binary << ") did not start on 127.0.0.1:" << port_
+                                         << " within 10 s; its log:\n" << *log;
+  }
+
+ public:
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   // The directory nginx serves: URL path /x is file root()/x.
   std::string root() const { return dir_.Join("root"); }
