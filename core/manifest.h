@@ -97,6 +97,9 @@ struct Manifest {
   std::vector<Hash128> packs;
   ManifestStats stats;
   std::vector<ManifestFile> files;  // sorted by path
+  // Not serialized. Set on manifests a DerivedVersions made (hub/derived_versions.h): chunk
+  // hashes are identifiers, not content hashes, and sha256 may be empty (unknown).
+  bool derived = false;
 
   const ManifestFile* FindFile(std::string_view path) const;
   // Index of `name` in versions, adding it if absent.

@@ -628,7 +628,7 @@ Expected<std::string> Namespace::GetXattr(uint64_t ino, std::string_view name) {
   } else if (n->kind == Kind::kFile) {
     const Manifest& m = *n->manifest;
     if (name == kXattrParent && m.parent) return m.model + "@" + *m.parent;
-    if (name == kXattrSha256) return n->file->sha256;
+    if (name == kXattrSha256 && !n->file->sha256.empty()) return n->file->sha256;
     if (name == kXattrStoredBytes) {
       // Payload bytes this version wrote for the file (chunks it inherited cost nothing).
       uint64_t stored = 0;

@@ -50,11 +50,19 @@ Expected<std::unique_ptr<Bucket>> Bucket::Open(std::shared_ptr<Store> store) {
   return std::unique_ptr<Bucket>(new Bucket(std::move(store)));
 }
 
+std::unique_ptr<Bucket> Bucket::FromDerived(std::shared_ptr<Store> store,
+                                           std::shared_ptr<DerivedVersions> derived) {
+  std::unique_ptr<Bucket> b(new Bucket(std::move(store)));
+  b->derived_ = std::move(derived);
+  return b;
+}
+
 std::string Bucket::ManifestKey(std::string_view model, std::string_view version) {
   return "models/" + std::string(model) + "/versions/" + std::string(version) + ".json";
 }
 
 Expected<std::vector<VersionInfo>> Bucket::ListVersions(std::string_view model) {
+  if (derived_) return derived_->ListVersions(model);
   std::string prefix = "models/";
   if (!model.empty()) {
     WFS_TRY(ValidateModelName(model));
@@ -84,6 +92,7 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
                                                                std::string_view version) {
   WFS_TRY(ValidateModelName(model));
   WFS_TRY(ValidateVersionName(version));
+  if (derived_) return derived_->ReadManifest(model, version);
   const std::string key = ManifestKey(model, version);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -120,6 +129,11 @@ void Bucket::Forget(std::string_view model, std::string_view version) {
 }
 
 Status Bucket::PublishManifest(const Manifest& manifest) {
+  if (derived_) {
+    return Status::Unsupported("bucket " + store_->Describe() +
+                               " is not a weightfs bucket (its versions are derived from another "
+                               "layout) and is read-only; `weightfs import` it into one");
+  }
   std::vector<uint8_t> bytes = SerializeManifest(manifest);
   Status s = store_->Put(ManifestKey(manifest.model, manifest.version), bytes,
                          PutMode::kCreateIfAbsent);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/manifest.h"
+#include "hub/derived_versions.h"
 #include "hub/store.h"
 
 namespace weightfs {
@@ -35,6 +36,12 @@ class Bucket {
   static Status Init(Store& store);
   // Checks weightfs.json; a bucket without one gets an error that says to run `weightfs init`.
   static Expected<std::unique_ptr<Bucket>> Open(std::shared_ptr<Store> store);
+  // A read-only bucket whose versions `derived` makes from another layout (a TRL delta-sync
+  // bucket): listing and manifests come from it, publishing is Unsupported.
+  static std::unique_ptr<Bucket> FromDerived(std::shared_ptr<Store> store,
+                                             std::shared_ptr<DerivedVersions> derived);
+  // Non-null for a bucket made by FromDerived.
+  DerivedVersions* derived() const { return derived_.get(); }
 
   Store& store() { return *store_; }
   std::string Describe() const { return store_->Describe(); }
@@ -61,6 +68,7 @@ class Bucket {
   explicit Bucket(std::shared_ptr<Store> store) : store_(std::move(store)) {}
 
   std::shared_ptr<Store> store_;
+  std::shared_ptr<DerivedVersions> derived_;
   std::mutex mu_;  // guards the manifest cache; never held across store calls
   std::map<std::string, std::shared_ptr<const Manifest>> manifests_;
   std::list<std::string> manifest_order_;  // insertion order, for bounding the cache

@@ -133,6 +133,13 @@ Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest, const Manifes
   auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
   if (index >= file.chunks.size()) return where(Status::InvalidArgument("no such chunk"));
   ByteBuffer out;
+  if (manifest.derived) {
+    WFS_TRY(BuildDerived(manifest, file, index, [&](size_t n) {
+      out.resize(n);
+      return std::span<uint8_t>(out);
+    }));
+    return out;
+  }
   if (cache_ && cache_->Get(file.chunks[index].hash, &out)) {
     stats_.cache_hits++;
     return out;
@@ -151,6 +158,14 @@ Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const Manife
   auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
   if (index >= file.chunks.size()) return where(Status::InvalidArgument("no such chunk"));
   const ManifestChunk& chunk = file.chunks[index];
+  if (manifest.derived) {
+    ByteBuffer out;
+    WFS_TRY(BuildDerived(manifest, file, index, [&](size_t n) {
+      out.resize(n);
+      return std::span<uint8_t>(out);
+    }));
+    return ChunkBytes(std::move(out));
+  }
   ChunkBytes hit;
   if (cache_ && cache_->GetShared(chunk.hash, &hit)) {
     stats_.cache_hits++;
@@ -180,6 +195,16 @@ Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const Manife
   GiveScratch(std::move(out));
   if (!st.ok()) return st;
   return result;
+}
+
+Status Materializer::BuildDerived(const Manifest& manifest, const ManifestFile& file, size_t index,
+                                  const std::function<std::span<uint8_t>(size_t)>& output) {
+  DerivedVersions* derived = bucket_->derived();
+  if (!derived) {
+    return Status::InvalidArgument("a derived version's manifest given to a weightfs bucket")
+        .WithContext(DescribeChunkOf(manifest, file, index));
+  }
+  return derived->Materialize(manifest, file, index, output(file.chunks[index].length));
 }
 
 Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, size_t index,

@@ -93,6 +93,10 @@ class Materializer {
   // look the chunk itself up in the cache nor insert it. REQUIRES: index < file.chunks.size().
   Status Build(const Manifest& manifest, const ManifestFile& file, size_t index,
                const std::function<std::span<uint8_t>(size_t)>& output);
+  // A chunk of a derived version (Manifest::derived): the bucket's DerivedVersions makes it;
+  // neither verified nor cached here (its hash is an identifier).
+  Status BuildDerived(const Manifest& manifest, const ManifestFile& file, size_t index,
+                      const std::function<std::span<uint8_t>(size_t)>& output);
   // Reused buffers for intermediate results (at most kScratchBytes of capacity kept), and
   // codecs (their zstd contexts and tables are warm), shared by every thread.
   Scratch TakeScratch();
