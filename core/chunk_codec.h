@@ -51,6 +51,9 @@ enum class ChunkEncoding : uint8_t {
   kDense = 3,
   kPatch = 4,
   kRaw = 5,
+  // Manifest-only, never in a payload header: the chunk is the raw bytes of a range of a file
+  // outside the bucket (hub/external_source.h), e.g. a base model in a Hugging Face repo.
+  kExternal = 6,
 };
 std::string_view ChunkEncodingName(ChunkEncoding e);
 

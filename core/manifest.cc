@@ -122,17 +122,26 @@ Status ParseChunkRow(const json& row, const Manifest& m, ManifestChunk* c) {
   WFS_ASSIGN_OR_RETURN(c->chain_bytes, U64(row[12], "chunk chain bytes"));
   WFS_ASSIGN_OR_RETURN(c->keyframe_bytes, U64(row[13], "chunk keyframe bytes"));
   if (c->key.tensor.size() > 4096) return Status::Corruption("tensor name longer than 4096 bytes");
-  if (enc < 1 || enc > 5) return Status::Corruption("unknown chunk encoding " + std::to_string(enc));
+  if (enc < 1 || enc > 6) return Status::Corruption("unknown chunk encoding " + std::to_string(enc));
   c->encoding = static_cast<ChunkEncoding>(enc);
   if (c->length == 0 || c->length > kMaxChunkBytes) {
     return Status::Corruption("chunk length " + std::to_string(c->length) + " out of range");
   }
-  if (pack >= m.packs.size()) return Status::Corruption("chunk names pack " + std::to_string(pack) + " of " + std::to_string(m.packs.size()));
-  c->ref.pack = static_cast<uint32_t>(pack);
-  if (c->ref.length < kPayloadHeaderBytes || c->ref.length > kMaxPayloadBytes ||
-      c->ref.offset > (1ull << 48)) {
-    return Status::Corruption("chunk payload range out of bounds");
+  if (c->is_external()) {
+    if (pack >= m.sources.size()) {
+      return Status::Corruption("chunk names source " + std::to_string(pack) + " of " + std::to_string(m.sources.size()));
+    }
+    if (c->ref.length != c->length || c->ref.offset > kMaxFileSize) {
+      return Status::Corruption("external chunk's source range out of bounds");
+    }
+  } else {
+    if (pack >= m.packs.size()) return Status::Corruption("chunk names pack " + std::to_string(pack) + " of " + std::to_string(m.packs.size()));
+    if (c->ref.length < kPayloadHeaderBytes || c->ref.length > kMaxPayloadBytes ||
+        c->ref.offset > (1ull << 48)) {
+      return Status::Corruption("chunk payload range out of bounds");
+    }
   }
+  c->ref.pack = static_cast<uint32_t>(pack);
   if (origin >= m.versions.size()) return Status::Corruption("chunk origin out of range");
   if (depth > kMaxDepth) return Status::Corruption("chunk chain depth out of range");
   // No chain holds more than kMaxDepth payloads of kMaxPayloadBytes; larger counts would wrap
@@ -222,6 +231,14 @@ uint32_t Manifest::VersionIndex(const std::string& name) {
   return static_cast<uint32_t>(versions.size() - 1);
 }
 
+uint32_t Manifest::SourceIndex(const std::string& source) {
+  for (size_t i = sources.size(); i-- > 0;) {
+    if (sources[i] == source) return static_cast<uint32_t>(i);
+  }
+  sources.push_back(source);
+  return static_cast<uint32_t>(sources.size() - 1);
+}
+
 uint32_t Manifest::PackIndex(const Hash128& pack) {
   for (size_t i = packs.size(); i-- > 0;) {
     if (packs[i] == pack) return static_cast<uint32_t>(i);
@@ -242,6 +259,7 @@ std::vector<uint8_t> SerializeManifest(const Manifest& m) {
   json packs = json::array();
   for (const Hash128& p : m.packs) packs.push_back(p.ToHex());
   j["packs"] = std::move(packs);
+  if (!m.sources.empty()) j["sources"] = m.sources;
   j["stats"] = {{"logical_bytes", m.stats.logical_bytes},
                 {"stored_bytes", m.stats.stored_bytes},
                 {"changed_elements", m.stats.changed_elements},
@@ -336,6 +354,17 @@ Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes, std::string_vie
     if (!hex.ok() || !IsHex(*hex, 32)) return ctx(Status::Corruption("pack name is not 32 hex digits"));
     m.packs.push_back(*Hash128::FromHex(*hex));
   }
+  if (const json* sources = Field(j, "sources")) {
+    if (!sources->is_array() || sources->size() > 1000000) return ctx(Status::Corruption("sources is not an array"));
+    std::set<std::string> seen_sources;
+    for (const json& src : *sources) {
+      Expected<std::string> name = Str(src, "source");
+      if (!name.ok()) return ctx(name.status());
+      WFS_TRY(ctx(AsCorruption(ValidateSourceName(*name))));
+      if (!seen_sources.insert(*name).second) return ctx(Status::Corruption("duplicate entry in sources"));
+      m.sources.push_back(*name);
+    }
+  }
   if (const json* st = Field(j, "stats"); st && st->is_object()) {
     auto get = [&](const char* name, uint64_t* out) {
       if (const json* v = Field(*st, name)) {
@@ -378,6 +407,29 @@ Status ValidateVersionName(std::string_view version) {
 
 Status ValidateFilePath(std::string_view path) {
   return ValidateComponents("file path", path, 1024, /*path=*/true, /*allow_slash=*/true);
+}
+
+Status ValidateSourceName(std::string_view source) {
+  constexpr std::string_view kScheme = "hf://";
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("source '" + std::string(source.substr(0, 200)) + "': " + why);
+  };
+  if (!source.starts_with(kScheme)) return bad("does not start with hf://");
+  std::string_view rest = source.substr(kScheme.size());
+  const size_t at = rest.find('@');
+  if (at == std::string_view::npos) return bad("names no @COMMIT");
+  std::string_view repo = rest.substr(0, at);
+  if (repo.starts_with("buckets/") || repo.starts_with("datasets/") || repo.starts_with("spaces/")) {
+    return bad("is not a model repo");
+  }
+  if (std::count(repo.begin(), repo.end(), '/') > 1) return bad("repo id has more than ORG/NAME");
+  if (Status s = ValidateModelName(repo); !s.ok()) return bad(s.message());
+  std::string_view after = rest.substr(at + 1);
+  if (after.size() < 42 || after[40] != '/' || !IsHex(after.substr(0, 40), 40)) {
+    return bad("commit is not 40 lowercase hex digits followed by /PATH");
+  }
+  if (Status s = ValidateFilePath(after.substr(41)); !s.ok()) return bad(s.message());
+  return Status::Ok();
 }
 
 Expected<VersionRef> ParseVersionRef(std::string_view text, bool version_required) {

@@ -53,12 +53,15 @@ struct ManifestChunk {
   uint64_t length = 0;
   Hash128 hash;         // of the materialized bytes
   ChunkEncoding encoding = ChunkEncoding::kFull;  // of the payload; never kSame here
+  // kExternal: ref.pack indexes Manifest::sources, ref.offset/length is the byte range there
+  // (length == the chunk's length). Otherwise a payload in a pack.
   PayloadRef ref;
   uint32_t origin = 0;  // version (index into versions) that wrote the payload; 0 = this one
   uint32_t base = 0;    // for deltas: version holding the base chunk (same path and key)
   uint32_t depth = 0;   // deltas since the keyframe (0 for FULL/RAW)
   uint64_t chain_bytes = 0;     // payload bytes of those deltas, this one included
   uint64_t keyframe_bytes = 0;  // payload bytes of the keyframe the chain starts at
+  bool is_external() const { return encoding == ChunkEncoding::kExternal; }
   bool is_delta() const {
     return encoding == ChunkEncoding::kSparse || encoding == ChunkEncoding::kDense ||
            encoding == ChunkEncoding::kPatch;
@@ -95,6 +98,10 @@ struct Manifest {
   uint64_t chunk_bytes = kDefaultChunkBytes;
   std::vector<std::string> versions;  // [0] == version
   std::vector<Hash128> packs;
+  // Files outside the bucket that kExternal recipes read ("hf://ORG/REPO@COMMIT/PATH", see
+  // hub/external_source.h); for those recipes ref.pack indexes this table. Serialized only
+  // when non-empty.
+  std::vector<std::string> sources;
   ManifestStats stats;
   std::vector<ManifestFile> files;  // sorted by path
   // Not serialized. Set on manifests a DerivedVersions made (hub/derived_versions.h): chunk
@@ -105,6 +112,7 @@ struct Manifest {
   // Index of `name` in versions, adding it if absent.
   uint32_t VersionIndex(const std::string& name);
   uint32_t PackIndex(const Hash128& pack);
+  uint32_t SourceIndex(const std::string& source);
 };
 
 // Serialized manifest bytes (compressed with zstd when the JSON exceeds 64 KiB).
@@ -121,6 +129,9 @@ Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes,
 Status ValidateModelName(std::string_view model);
 Status ValidateVersionName(std::string_view version);
 Status ValidateFilePath(std::string_view path);
+// A manifest source string: "hf://" + a repo id (NAME or ORG/NAME, model-name rules) + "@" + a
+// 40-hex commit + "/" + a file path. InvalidArgument naming the rule, or OK.
+Status ValidateSourceName(std::string_view source);
 
 // "model@version" split at the last '@'; validated.
 struct VersionRef {

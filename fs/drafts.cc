@@ -644,10 +644,12 @@ struct Drafts::State {
       const ManifestFile& b = (*there)->files[i];
       if (a.path != b.path || a.size != b.size || a.sha256 != b.sha256 || a.chunks.size() != b.chunks.size()) return false;
       for (size_t c = 0; c < a.chunks.size(); ++c) {
-        if (a.chunks[c].hash != b.chunks[c].hash || a.chunks[c].ref.length != b.chunks[c].ref.length ||
-            m.packs[a.chunks[c].ref.pack] != (*there)->packs[b.chunks[c].ref.pack]) {
-          return false;
-        }
+        const ManifestChunk& x = a.chunks[c];
+        const ManifestChunk& y = b.chunks[c];
+        if (x.hash != y.hash || x.ref.length != y.ref.length || x.is_external() != y.is_external()) return false;
+        const bool same_place = x.is_external() ? m.sources[x.ref.pack] == (*there)->sources[y.ref.pack]
+                                                : m.packs[x.ref.pack] == (*there)->packs[y.ref.pack];
+        if (!same_place) return false;
       }
     }
     return true;
@@ -796,7 +798,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     for (auto& [path, pm] : parts) {
       std::set<uint32_t> own;
       for (const ManifestChunk& c : pm.files[0].chunks) {
-        if (c.origin == 0) own.insert(c.ref.pack);
+        if (c.origin == 0 && !c.is_external()) own.insert(c.ref.pack);
       }
       for (uint32_t p : own) {
         Expected<ObjectInfo> h = bucket->store().Head(Bucket::PackKey(pm.packs[p]));

@@ -620,7 +620,14 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char*, mode_t, dev_t) {
 void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   Serve(req, "mkdir", [&] {
     Impl& s = Server(req);
-    if (!s.drafts) return WriteDenied("mkdir", parent);
+    if (!s.drafts) {
+      if (s.parts.bucket->derived()) {
+        spdlog::warn("mkdir {}: the bucket's versions are derived from another layout (a TRL delta-sync "
+                     "bucket) and it takes no new versions; `weightfs import` it into a weightfs bucket",
+                     name);
+      }
+      return WriteDenied("mkdir", parent);
+    }
     NodeAttr a;
     int err;
     if (Drafts::Owns(parent)) {

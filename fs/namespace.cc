@@ -633,7 +633,7 @@ Expected<std::string> Namespace::GetXattr(uint64_t ino, std::string_view name) {
       // Payload bytes this version wrote for the file (chunks it inherited cost nothing).
       uint64_t stored = 0;
       for (const ManifestChunk& c : n->file->chunks) {
-        if (c.origin == 0) stored += c.ref.length;
+        if (c.origin == 0 && !c.is_external()) stored += c.ref.length;
       }
       return std::to_string(stored);
     }

@@ -21,6 +21,7 @@
 
 #include "core/manifest.h"
 #include "hub/derived_versions.h"
+#include "hub/external_source.h"
 #include "hub/store.h"
 
 namespace weightfs {
@@ -42,6 +43,10 @@ class Bucket {
                                              std::shared_ptr<DerivedVersions> derived);
   // Non-null for a bucket made by FromDerived.
   DerivedVersions* derived() const { return derived_.get(); }
+  // Where kExternal recipes read from (a base model in a Hugging Face repo). Set once, before
+  // the bucket is shared between threads; null: such recipes fail with a clear error.
+  void set_external_sources(std::shared_ptr<ExternalSources> sources) { external_ = std::move(sources); }
+  ExternalSources* external_sources() const { return external_.get(); }
 
   Store& store() { return *store_; }
   std::string Describe() const { return store_->Describe(); }
@@ -69,6 +74,7 @@ class Bucket {
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<DerivedVersions> derived_;
+  std::shared_ptr<ExternalSources> external_;
   std::mutex mu_;  // guards the manifest cache; never held across store calls
   std::map<std::string, std::shared_ptr<const Manifest>> manifests_;
   std::list<std::string> manifest_order_;  // insertion order, for bounding the cache

@@ -502,6 +502,11 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
         last_error = HttpStatusError(status, what, body);
         retryable = true;
         if (status == 429 || status == 503) retry_after = ParseRetryAfter(response.Header("retry-after"));
+        if (status == 429 && !retry_after) {
+          if (auto reset = ParseRateLimitReset(response.Header("ratelimit"))) {
+            retry_after = milliseconds(static_cast<int64_t>(std::min<uint64_t>(*reset, 3600)) * 1000);
+          }
+        }
       } else {
         std::string detail = errbuf[0] != '\0' ? std::string(errbuf.data()) : curl_easy_strerror(rc);
         while (!detail.empty() && (detail.back() == '\n' || detail.back() == '\r')) detail.pop_back();
@@ -551,6 +556,28 @@ Status HttpStatusError(long status, std::string_view what, std::string_view serv
   if (status == 409 || status == 412) return Status::Conflict(std::move(m));
   if (status == 408 || status == 504) return Status::Timeout(std::move(m));
   return Status::IOError(std::move(m));
+}
+
+std::optional<uint64_t> ParseRateLimitReset(std::string_view header) {
+  // Parameters are ';'-separated after the policy name; t is a non-negative integer.
+  size_t pos = 0;
+  while (pos < header.size()) {
+    size_t end = header.find_first_of(";,", pos);
+    if (end == std::string_view::npos) end = header.size();
+    std::string_view item = Trim(header.substr(pos, end - pos));
+    if (item.size() > 2 && (item[0] == 't' || item[0] == 'T') && item[1] == '=') {
+      item.remove_prefix(2);
+      uint64_t v = 0;
+      bool ok = !item.empty() && item.size() <= 12;
+      for (char c : item) {
+        if (c < '0' || c > '9') ok = false;
+        else v = v * 10 + static_cast<uint64_t>(c - '0');
+      }
+      if (ok) return v;
+    }
+    pos = end + 1;
+  }
+  return std::nullopt;
 }
 
 std::string UrlEncode(std::string_view s, bool keep_slash) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -124,6 +125,11 @@ class HttpClient {
 // Maps a final HTTP status to a Status kind: 404 -> NotFound, 401/403 -> Auth, 409/412 ->
 // Conflict, 408/504 -> Timeout, other >= 400 -> IOError. `what` names the operation and key.
 Status HttpStatusError(long status, std::string_view what, std::string_view server_message);
+
+// Seconds until a rate-limit window resets, from the IETF RateLimit header (draft v9, which the
+// Hugging Face Hub sends: `"api";r=0;t=55`): the first `t=` parameter. nullopt if there is none.
+// Send uses it as the delay before retrying a 429 that has no Retry-After.
+std::optional<uint64_t> ParseRateLimitReset(std::string_view header);
 
 // Percent-encodes everything outside RFC 3986's unreserved set; '/' is kept when keep_slash.
 std::string UrlEncode(std::string_view s, bool keep_slash);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <condition_variable>
 #include <mutex>
 #include <new>
@@ -262,13 +263,25 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   auto fetch_one = [&](size_t i) {
     Step& s = steps[i];
     const PayloadRef& ref = s.chunk->ref;
-    const std::string key = Bucket::PackKey(s.manifest->packs[ref.pack]);
-    Expected<std::vector<uint8_t>> bytes = bucket_->store().Get(key, ByteRange{ref.offset, ref.length});
+    std::string key;
+    Expected<std::vector<uint8_t>> bytes = std::vector<uint8_t>();
+    if (s.chunk->is_external()) {
+      key = s.manifest->sources[ref.pack];
+      ExternalSources* external = bucket_->external_sources();
+      if (!external) {
+        bytes = Status::Unsupported("this weightfs cannot read external sources");
+      } else {
+        bytes = external->Read(key, ref.offset, ref.length);
+      }
+    } else {
+      key = Bucket::PackKey(s.manifest->packs[ref.pack]);
+      bytes = bucket_->store().Get(key, ByteRange{ref.offset, ref.length});
+    }
     Status st;
     if (!bytes.ok()) {
       st = bytes.status().WithContext("fetching " + key);
     } else if (bytes->size() != ref.length) {
-      st = Status::Corruption("pack " + key + " is truncated: " + std::to_string(bytes->size()) +
+      st = Status::Corruption(std::string(s.chunk->is_external() ? "source " : "pack ") + key + " is truncated: " + std::to_string(bytes->size()) +
                               " of " + std::to_string(ref.length) + " payload bytes at offset " +
                               std::to_string(ref.offset));
     } else {
@@ -331,8 +344,17 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
       } else {
         target = output(s.chunk->length);
       }
-      Status st = codec->Decode(s.payload, parent, target, limits_);
-      if (!st.ok()) return st.WithContext(DescribeChunkOf(*s.manifest, *s.file, at));
+      if (s.chunk->is_external()) {
+        // Raw bytes of the source's range (the walk stops at it: it is a keyframe).
+        if (s.payload.size() != target.size()) {
+          return Status::Corruption("external source returned the wrong length")
+              .WithContext(DescribeChunkOf(*s.manifest, *s.file, at));
+        }
+        std::memcpy(target.data(), s.payload.data(), target.size());
+      } else {
+        Status st = codec->Decode(s.payload, parent, target, limits_);
+        if (!st.ok()) return st.WithContext(DescribeChunkOf(*s.manifest, *s.file, at));
+      }
       if ((i == 0 || verify_each) && HashChunk(target) != s.chunk->hash) {
         return Status::Corruption("decoded bytes do not match the chunk hash")
             .WithContext(DescribeChunkOf(*s.manifest, *s.file, at));

@@ -1,5 +1,7 @@
 #include "hub/open_store.h"
 
+#include "hub/hf_bucket_store.h"
+#include "hub/hf_hub.h"
 #include "hub/local_store.h"
 #include "hub/s3_store.h"
 #include "hub/webdav_store.h"
@@ -18,9 +20,20 @@ Expected<OpenedStore> OpenStore(std::string_view url, const StoreOptions& option
     s3.endpoint = options.s3_endpoint;
     s3.region = options.s3_region;
     WFS_ASSIGN_OR_RETURN(inner, OpenS3Store(url, s3, out.http));
+  } else if (url.starts_with("hf://buckets/")) {
+    out.http = std::make_shared<HttpClient>(options.http);
+    WFS_ASSIGN_OR_RETURN(HfConfig config, LoadHfConfig());
+    HfBucketOptions hf;
+    hf.s3_endpoint = options.s3_endpoint;  // --endpoint: the S3 gateway's base
+    hf.s3.region = options.s3_region;
+    WFS_ASSIGN_OR_RETURN(inner, OpenHfBucketStore(url, config, hf, out.http));
+  } else if (url.starts_with("hf://")) {
+    return Status::InvalidArgument("'" + std::string(url.substr(0, 200)) +
+                                   "' is a Hugging Face model repo, not a bucket; a bucket is "
+                                   "hf://buckets/NAMESPACE/NAME[/PREFIX]");
   } else if (url.find("://") != std::string_view::npos && !url.starts_with("file://")) {
     return Status::InvalidArgument("unsupported bucket URL '" + std::string(url) +
-                                   "' (use a path, file://, http(s):// or s3://)");
+                                   "' (use a path, file://, http(s)://, s3:// or hf://buckets/)");
   } else {
     std::string path(url.starts_with("file://") ? url.substr(7) : url);
     if (path.empty()) return Status::InvalidArgument("empty bucket path");

@@ -264,6 +264,10 @@ Expected<Manifest> VersionEncoder::Finish(PushResult* result) {
   std::map<Hash128, uint32_t> pack_index;
   for (ManifestFile& f : manifest.files) {
     for (ManifestChunk& c : f.chunks) {
+      if (c.is_external()) {  // inherited from the parent: its index into the parent's sources
+        c.ref.pack = manifest.SourceIndex(st.parent->sources[c.ref.pack]);
+        continue;
+      }
       const Hash128& h = c.origin == 0 ? st.packs.PackHash(c.ref.pack) : st.parent->packs[c.ref.pack];
       auto [it, inserted] = pack_index.emplace(h, static_cast<uint32_t>(manifest.packs.size()));
       if (inserted) manifest.packs.push_back(h);
@@ -285,7 +289,8 @@ void AppendFileFrom(const Manifest& src, const ManifestFile& file, Manifest* dst
     return (src_is_dst && i == 0) ? 0 : dst->VersionIndex(src.versions[i]);
   };
   for (ManifestChunk& c : out.chunks) {
-    c.ref.pack = dst->PackIndex(src.packs[c.ref.pack]);
+    c.ref.pack = c.is_external() ? dst->SourceIndex(src.sources[c.ref.pack])
+                                 : dst->PackIndex(src.packs[c.ref.pack]);
     c.origin = version(c.origin);
     c.base = c.is_delta() ? version(c.base) : 0;
   }

@@ -18,10 +18,12 @@
 #include "hub/chunk_cache.h"
 #include "hub/gc.h"
 #include "hub/materializer.h"
+#include "hub/open_bucket.h"
 #include "hub/open_store.h"
 #include "hub/version_reader.h"
 #include "hub/version_writer.h"
 #include "tools/cli.h"
+#include "tools/hf_base.h"
 #include "tools/commands.h"
 #include "tools/store_args.h"
 
@@ -30,9 +32,13 @@ namespace {
 
 constexpr const char* kBucketHelp = R"(
 BUCKET is a directory (path or file:///path), a WebDAV server (http://host:port/prefix,
-https://...) or an S3 bucket (s3://bucket/prefix; endpoint from --endpoint or
+https://...), an S3 bucket (s3://bucket/prefix; endpoint from --endpoint or
 AWS_ENDPOINT_URL, credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN
-or ~/.aws/credentials with AWS_PROFILE, region from --region or AWS_REGION).
+or ~/.aws/credentials with AWS_PROFILE, region from --region or AWS_REGION), or a Hugging
+Face Storage Bucket (hf://buckets/NAMESPACE/NAME/prefix: reads from HF_ENDPOINT
+[https://huggingface.co] with HF_TOKEN or the token file under HF_HOME; writes through the
+Hub's S3 gateway (--endpoint or HF_S3_ENDPOINT [https://s3.hf.co]) with an HFAK... key pair
+made on the Hub, in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY).
 
 common options:
   --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
@@ -105,14 +111,20 @@ Status SetLogLevel(const ArgParser& args) {
   return Status::Ok();
 }
 
+// `any_layout`: the read commands also open a TRL delta-sync bucket (read-only versions,
+// hub/open_bucket.h); push and gc need a weightfs bucket.
 Expected<Context> OpenContext(const ArgParser& args, const std::string& url, bool open_bucket,
-                              bool with_cache) {
+                              bool with_cache, bool any_layout = false) {
   WFS_TRY(SetLogLevel(args));
   WFS_ASSIGN_OR_RETURN(StoreOptions so, StoreOptionsFromArgs(args));
   Context ctx;
   WFS_ASSIGN_OR_RETURN(ctx.opened, OpenStore(url, so));
   if (open_bucket) {
-    WFS_ASSIGN_OR_RETURN(ctx.bucket, Bucket::Open(ctx.opened.store));
+    if (any_layout) {
+      WFS_ASSIGN_OR_RETURN(ctx.bucket, OpenBucketAnyLayout(ctx.opened.store, url));
+    } else {
+      WFS_ASSIGN_OR_RETURN(ctx.bucket, Bucket::Open(ctx.opened.store));
+    }
   }
   if (with_cache && !args.Has("--no-cache")) {
     uint64_t size = 20ull << 30;
@@ -149,6 +161,12 @@ std::optional<int> ParseOrHelp(ArgParser& args, int argc, char** argv, const std
   return std::nullopt;
 }
 
+// A usage error after parsing: prints it (exit code 2, like ParseOrHelp's).
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "weightfs: %s\n", message.c_str());
+  return 2;
+}
+
 std::function<void(uint64_t, uint64_t)> ProgressFn(const std::string& label,
                                                    std::shared_ptr<Progress>* holder) {
   *holder = std::make_shared<Progress>(label, 0);
@@ -172,7 +190,7 @@ int InitMain(int argc, char** argv) {
                      kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 1)) return *rc;
   const std::string url = args.positionals()[0];
-  if (!url.starts_with("http") && !url.starts_with("s3://")) {
+  if (url.find("://") == std::string::npos || url.starts_with("file://")) {
     std::string path = url.starts_with("file://") ? url.substr(7) : url;
     std::error_code ec;
     std::filesystem::create_directories(path, ec);
@@ -188,11 +206,20 @@ int InitMain(int argc, char** argv) {
 // ---- push -------------------------------------------------------------------------------------
 
 int PushMain(int argc, char** argv) {
+  // `--base hf://ORG/REPO[@REV]` takes a value; a bare `--base` is a flag. Tell them apart here.
+  std::vector<std::string> argv_copy(argv, argv + argc);
+  for (size_t i = 0; i + 1 < argv_copy.size(); ++i) {
+    if (argv_copy[i] == "--base" && argv_copy[i + 1].starts_with("hf://")) argv_copy[i] = "--base-repo";
+  }
+  std::vector<char*> argv_ptrs;
+  for (std::string& a : argv_copy) argv_ptrs.push_back(a.data());
+  argv = argv_ptrs.data();
   ArgParser args(Concat(kCommonValues, {"--parent", "--cache-dir", "--cache-size", "--threads",
                                         "--chunk-size", "--pack-size", "--keyframe-ratio",
-                                        "--keyframe-depth", "--json"}),
+                                        "--keyframe-depth", "--json", "--base-repo", "--base-name"}),
                  Concat(kCommonFlags, {"--no-cache", "--stats", "--base"}));
   std::string help = std::string(R"(usage: weightfs push BUCKET MODEL@VERSION PATH... [options]
+       weightfs push BUCKET MODEL@VERSION [PATH...] --base hf://ORG/REPO[@REVISION]
 
 Encodes the files (PATH: files, or directories pushed with their relative paths) as a new
 version and publishes it. Each chunk is stored as a delta against the same chunk of the parent
@@ -204,14 +231,26 @@ wins.
 options:
   --parent VERSION     version to delta against     [the model's latest; none for a new model]
   --base               push as a base (no parent) even if the model has versions
+  --base hf://ORG/REPO[@REVISION]
+                       the parent is a model repo on the Hugging Face Hub (HF_ENDPOINT,
+                       HF_TOKEN or the token file under HF_HOME) at REVISION's commit [main]:
+                       it is registered once as MODEL@hf-<commit> (a manifest only; the bytes
+                       stay in the repo, read from the local HF cache when there) and VERSION
+                       is pushed as deltas against it. Without PATH only the base is registered.
+  --base-name NAME     version name of that base                     [hf-<commit>]
   --chunk-size BYTES   chunk size                                           [4MiB]
   --pack-size BYTES    target pack size                                      [32MiB]
   --keyframe-ratio X   store a chunk FULL once its delta chain would exceed X times its FULL
                        size                                                  [1.0]
   --keyframe-depth N   ... or N deltas                                       [64]
 )") + kCacheHelp + kBucketHelp;
-  if (auto rc = ParseOrHelp(args, argc, argv, help, 3, 1u << 20)) return *rc;
+  if (auto rc = ParseOrHelp(args, argc, argv, help, 2, 1u << 20)) return *rc;
   const auto& pos = args.positionals();
+  const std::optional<std::string> base_repo = args.Get("--base-repo");
+  if (pos.size() < 3 && !base_repo) return Usage("push needs BUCKET MODEL@VERSION PATH...; see --help");
+  if (base_repo && (args.Has("--base") || args.Has("--parent"))) {
+    return Usage("--base hf://... names the parent; it cannot go with --parent or a bare --base");
+  }
   Expected<VersionRef> target = ParseVersionRef(pos[1], /*version_required=*/true);
   if (!target.ok()) return Fail(target.status());
   std::vector<PushFile> files;
@@ -250,7 +289,21 @@ options:
   Expected<Context> ctx = OpenContext(args, pos[0], true, true);
   if (!ctx.ok()) return Fail(ctx.status());
   std::shared_ptr<const Manifest> parent;
-  if (auto p = args.Get("--parent")) {
+  if (base_repo) {
+    std::shared_ptr<Progress> base_progress;
+    auto fn = ProgressFn("register " + *base_repo, &base_progress);
+    Expected<HfBaseResult> base = EnsureHfBase(*ctx->bucket, *ctx->pool, ctx->opened.http, target->model,
+                                               *base_repo, args.GetOr("--base-name", ""), opts.chunk_bytes, fn);
+    base_progress->Finish();
+    if (!base.ok()) return Fail(base.status());
+    parent = base->manifest;
+    std::printf("%s %s@%s: %s at commit %s, %zu files, %s (stored in the bucket: the manifest only)\n",
+                base->created ? "registered" : "using", target->model.c_str(), parent->version.c_str(),
+                base->repo.c_str(), base->commit.c_str(), parent->files.size(),
+                FormatBytes(static_cast<double>(parent->stats.logical_bytes)).c_str());
+    if (pos.size() < 3) return 0;
+    if (target->version == parent->version) return Usage("VERSION must differ from the base's name");
+  } else if (auto p = args.Get("--parent")) {
     Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(target->model, *p);
     if (!m.ok()) return Fail(m.status());
     parent = *m;
@@ -298,7 +351,7 @@ options:
   const auto& pos = args.positionals();
   Expected<VersionRef> ref = ParseVersionRef(pos[1], true);
   if (!ref.ok()) return Fail(ref.status());
-  Expected<Context> ctx = OpenContext(args, pos[0], true, true);
+  Expected<Context> ctx = OpenContext(args, pos[0], true, true, /*any_layout=*/true);
   if (!ctx.ok()) return Fail(ctx.status());
   Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(ref->model, ref->version);
   if (!m.ok()) return Fail(m.status());
@@ -337,7 +390,7 @@ options:
   const auto& pos = args.positionals();
   Expected<VersionRef> ref = ParseVersionRef(pos[1], true);
   if (!ref.ok()) return Fail(ref.status());
-  Expected<Context> ctx = OpenContext(args, pos[0], true, false);
+  Expected<Context> ctx = OpenContext(args, pos[0], true, false, /*any_layout=*/true);
   if (!ctx.ok()) return Fail(ctx.status());
   Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(ref->model, ref->version);
   if (!m.ok()) return Fail(m.status());
@@ -386,7 +439,7 @@ options:
     if (!l.ok()) return Fail(l.status());
     length = *l;
   }
-  Expected<Context> ctx = OpenContext(args, pos[0], true, true);
+  Expected<Context> ctx = OpenContext(args, pos[0], true, true, /*any_layout=*/true);
   if (!ctx.ok()) return Fail(ctx.status());
   Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(ref->model, ref->version);
   if (!m.ok()) return Fail(m.status());
@@ -416,7 +469,7 @@ bytes the version stored, ratio, and the fraction of elements that changed vs th
 )") + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 2)) return *rc;
   const auto& pos = args.positionals();
-  Expected<Context> ctx = OpenContext(args, pos[0], true, false);
+  Expected<Context> ctx = OpenContext(args, pos[0], true, false, /*any_layout=*/true);
   if (!ctx.ok()) return Fail(ctx.status());
   Expected<std::vector<VersionInfo>> versions =
       ctx->bucket->ListVersions(pos.size() > 1 ? pos[1] : "");

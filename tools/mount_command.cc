@@ -41,6 +41,7 @@
 #include "hub/bucket.h"
 #include "hub/chunk_cache.h"
 #include "hub/materializer.h"
+#include "hub/open_bucket.h"
 #include "hub/open_store.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
@@ -160,7 +161,8 @@ struct Opened {
 Expected<Opened> OpenAll(const MountConfig& c) {
   Opened o;
   WFS_ASSIGN_OR_RETURN(o.store, OpenStore(c.url, c.store));
-  WFS_ASSIGN_OR_RETURN(o.bucket, Bucket::Open(o.store.store));
+  // A weightfs bucket, or a TRL delta-sync bucket shown read-only (hub/open_bucket.h).
+  WFS_ASSIGN_OR_RETURN(o.bucket, OpenBucketAnyLayout(o.store.store, c.url));
   WFS_ASSIGN_OR_RETURN(o.cache, ChunkCache::Open(c.cache_dir, c.cache_size));
   return o;
 }
@@ -187,7 +189,15 @@ int Serve(const MountConfig& c, int notify_fd, bool daemon) {
   }
   Materializer materializer(opened->bucket.get(), opened->cache.get());
   ServerParts parts{opened->bucket.get(), &materializer, opened->cache.get(), opened->store.store.get()};
-  FuseServer server(parts, c.mount);
+  MountOptions mount_options = c.mount;
+  if (opened->bucket->derived()) {
+    // Versions derived from another layout (TRL) cannot take new versions: no drafts, so mkdir
+    // gets EROFS with a log line saying why (the mount itself stays rw so that it reaches us).
+    mount_options.drafts.state_dir.clear();
+    spdlog::info("{} is a TRL delta-sync bucket: its steps are read-only versions; `weightfs import` it "
+                 "into a weightfs bucket to write new versions", opened->bucket->Describe());
+  }
+  FuseServer server(parts, mount_options);
   Status s = server.Mount();
   if (!s.ok()) {
     spdlog::error("{}", s.ToString());

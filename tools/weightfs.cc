@@ -21,6 +21,7 @@ commands:
   log          list versions: parent, size, stored bytes, ratio, % changed
   verify       re-derive every chunk of a version from the bucket and check every hash
   gc           remove unreferenced packs; retire old versions
+  import       turn a TRL delta-sync bucket's steps into weightfs versions (shows the size difference)
   mount        show every version of a bucket as directories (FUSE); mkdir writes new ones
   unmount      publish a mount's drafts, unmount it and wait for its daemon to exit
   commit       publish a draft (a new version directory written on a mount)
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (int rc = weightfs::cli::BucketMain(cmd, argc - 1, argv + 1); rc >= 0) return rc;
+  if (cmd == "import") return weightfs::cli::ImportMain(argc - 1, argv + 1);
   if (cmd == "gen") return weightfs::cli::GenMain(argc - 1, argv + 1);
   if (cmd == "mount") return weightfs::cli::MountMain(argc - 1, argv + 1);
   if (cmd == "unmount" || cmd == "umount") return weightfs::cli::UnmountMain(argc - 1, argv + 1);

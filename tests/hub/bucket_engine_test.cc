@@ -15,6 +15,7 @@
 #include "core/safetensors.h"
 #include "hub/bucket.h"
 #include "hub/chunk_cache.h"
+#include "hub/external_base.h"
 #include "hub/gc.h"
 #include "hub/lease.h"
 #include "hub/local_store.h"
@@ -559,6 +560,147 @@ TEST_F(BucketEngineTest, HeaderChangeKeepsDeltasAndPullsExactly) {
   Materializer mat(bucket_.get(), cache.get());
   ASSERT_TRUE(PullVersion(mat, pool_, *r->manifest, (root_ / "out").string()).ok());
   ExpectSameTree((root_ / "src/v2").string(), (root_ / "out").string());
+}
+
+// An ExternalSources over local files ("hf://acme/base@<commit>/<path>" -> dir/<path>) that
+// counts what it reads and can be told to return wrong bytes.
+class LocalSources : public ExternalSources {
+ public:
+  explicit LocalSources(std::string dir) : dir_(std::move(dir)) {}
+  Expected<std::vector<uint8_t>> Read(std::string_view source, uint64_t offset, uint64_t length) override {
+    const std::string path = dir_ + "/" + std::string(source.substr(source.find('/', 5 + 11) + 1));
+    std::vector<uint8_t> all = ReadFile(path);
+    if (offset + length > all.size()) return Status::IOError("short read of " + std::string(source));
+    reads++;
+    bytes += length;
+    std::vector<uint8_t> out(all.begin() + static_cast<std::ptrdiff_t>(offset),
+                             all.begin() + static_cast<std::ptrdiff_t>(offset + length));
+    if (corrupt && !out.empty()) out[0] ^= 1;
+    return out;
+  }
+  std::atomic<uint64_t> reads{0}, bytes{0};
+  std::atomic<bool> corrupt{false};
+
+ private:
+  std::string dir_;
+};
+
+constexpr const char* kCommit = "0123456789abcdef0123456789abcdef01234567";
+
+Expected<Manifest> ExternalBaseOf(const std::string& dir, ThreadPool& pool, uint64_t chunk_bytes) {
+  std::vector<ExternalBaseFile> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    ExternalBaseFile f;
+    f.path = fs::relative(e.path(), dir).string();
+    f.source = std::string("hf://acme/base@") + kCommit + "/" + f.path;
+    f.size = e.file_size();
+    const std::string local = e.path().string();
+    f.read = [local](uint64_t offset, uint64_t length) -> Expected<std::vector<uint8_t>> {
+      std::vector<uint8_t> all = ReadFile(local);
+      if (offset + length > all.size()) return Status::IOError("short");
+      return std::vector<uint8_t>(all.begin() + static_cast<std::ptrdiff_t>(offset),
+                                  all.begin() + static_cast<std::ptrdiff_t>(offset + length));
+    };
+    files.push_back(std::move(f));
+  }
+  return BuildExternalBase({"acme/m", "hf-base"}, std::move(files), pool, chunk_bytes);
+}
+
+TEST_F(BucketEngineTest, ExternalBaseIsReadFromItsSourceOnlyWhereNeeded) {
+  const std::string base_dir = WriteVersion(0);
+  auto sources = std::make_shared<LocalSources>(base_dir);
+  bucket_->set_external_sources(sources);
+  Expected<Manifest> base = ExternalBaseOf(base_dir, pool_, options_.chunk_bytes);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  EXPECT_TRUE(base->packs.empty());
+  EXPECT_EQ(base->sources.size(), 2u);
+  EXPECT_EQ(base->stats.stored_bytes, 0u);
+  ASSERT_TRUE(bucket_->PublishManifest(*base).ok());
+  const uint64_t bucket_bytes_before = store_->counters().bytes_sent.load();
+  auto base_m = bucket_->ReadManifest("acme/m", "hf-base");
+  ASSERT_TRUE(base_m.ok()) << base_m.status().ToString();
+
+  // A version on top stores only deltas; unchanged chunks keep reading the source.
+  model_.Step(7, 0.01);
+  Expected<PushResult> v1 = Push(1, nullptr, *base_m);
+  ASSERT_TRUE(v1.ok()) << v1.status().ToString();
+  EXPECT_GT(v1->delta_chunks, 0u);
+  EXPECT_EQ(v1->full_chunks, 0u);
+  EXPECT_LT(store_->counters().bytes_sent.load() - bucket_bytes_before, 200000u);
+  EXPECT_FALSE(v1->manifest->sources.empty());  // inherited external recipes
+
+  // Cold pulls of both are bit-exact.
+  {
+    Materializer mat(bucket_.get(), nullptr);
+    ASSERT_TRUE(PullVersion(mat, pool_, **base_m, (root_ / "out0").string()).ok());
+    ExpectSameTree(base_dir, (root_ / "out0").string());
+    auto reread = bucket_->ReadManifest("acme/m", "v1");
+    ASSERT_TRUE(reread.ok());
+    ASSERT_TRUE(PullVersion(mat, pool_, **reread, (root_ / "out1").string()).ok());
+    ExpectSameTree((root_ / "src/v1").string(), (root_ / "out1").string());
+  }
+
+  // One chunk of one tensor reads exactly that chunk's bytes from the source.
+  sources->bytes = 0;
+  sources->reads = 0;
+  const ManifestFile* f = (*base_m)->FindFile("model.safetensors");
+  ASSERT_NE(f, nullptr);
+  const size_t idx = f->chunks.size() / 2;
+  Materializer mat(bucket_.get(), nullptr);
+  auto chunk = mat.Chunk(**base_m, *f, idx);
+  ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+  EXPECT_EQ(sources->reads.load(), 1u);
+  EXPECT_EQ(sources->bytes.load(), f->chunks[idx].length);
+
+  // Wrong bytes from the source are refused, naming the chunk.
+  sources->corrupt = true;
+  auto bad = mat.Chunk(**base_m, *f, idx);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().kind(), ErrorKind::kCorruption);
+  EXPECT_NE(bad.status().ToString().find("acme/m@hf-base model.safetensors"), std::string::npos)
+      << bad.status().ToString();
+
+  // Without a way to read sources the error says so.
+  bucket_->set_external_sources(nullptr);
+  auto none = mat.Chunk(**base_m, *f, idx);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().ToString().find("external"), std::string::npos) << none.status().ToString();
+}
+
+TEST_F(BucketEngineTest, ExternalBaseChecksTheSha256ItIsGiven) {
+  const std::string base_dir = WriteVersion(0);
+  std::vector<ExternalBaseFile> files(1);
+  files[0].path = "model.safetensors";
+  files[0].source = std::string("hf://acme/base@") + kCommit + "/model.safetensors";
+  const std::vector<uint8_t> bytes = ReadFile(base_dir + "/model.safetensors");
+  files[0].size = bytes.size();
+  files[0].sha256 = std::string(64, 'a');
+  files[0].read = [&](uint64_t o, uint64_t n) -> Expected<std::vector<uint8_t>> {
+    return std::vector<uint8_t>(bytes.begin() + static_cast<std::ptrdiff_t>(o),
+                                bytes.begin() + static_cast<std::ptrdiff_t>(o + n));
+  };
+  Expected<Manifest> m = BuildExternalBase({"acme/m", "b"}, files, pool_, 64 << 10);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().kind(), ErrorKind::kCorruption);
+  files[0].sha256 = Sha256Hex(bytes);
+  m = BuildExternalBase({"acme/m", "b"}, files, pool_, 64 << 10);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->files[0].sha256, files[0].sha256);
+}
+
+TEST(ExternalSourceNameTest, RefusesHostileSources) {
+  const std::string c = kCommit;
+  EXPECT_TRUE(ValidateSourceName("hf://acme/base@" + c + "/model.safetensors").ok());
+  EXPECT_TRUE(ValidateSourceName("hf://gpt2@" + c + "/sub/model.safetensors").ok());
+  for (const std::string& bad : std::vector<std::string>{
+           std::string("s3://x@") + c + "/a", "hf://acme/base@main/model.safetensors",
+        "hf://acme/base@" + c + "/../etc/passwd", "hf://acme/base@" + c + "/",
+        "hf://acme/base@" + c, "hf://buckets/acme/b@" + c + "/a", "hf://a/b/c@" + c + "/x",
+        "hf://acme/base@" + c.substr(0, 39) + "G/a", "hf://../x@" + c + "/a",
+        "hf://acme/base@" + c + "//a"}) {
+    EXPECT_FALSE(ValidateSourceName(bad).ok()) << bad;
+  }
 }
 
 TEST(ChunkCacheTest, EvictsLeastRecentlyUsedAndDropsCorruptEntries) {

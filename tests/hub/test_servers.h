@@ -518,4 +518,109 @@ class FaultProxy {
   int port_ = 0;
 };
 
+// tests/hub/fake_hub.py: a local fake of the Hugging Face Hub (model repos from `repos_dir`,
+// buckets backed by an S3 server, a second "CDN" listener on another host that records any
+// Authorization header it gets). See the script's docstring for what it serves and simplifies.
+//   FakeHub hub;
+//   ASSERT_TRUE(hub.Start({.repos_dir = dir, .s3 = s3rver.endpoint(), .token = "hf_x"}));
+//   HF_ENDPOINT = hub.endpoint(); ... hub.Stats()["bytes"]["org/repo/model.safetensors"]
+class FakeHub {
+ public:
+  struct Options {
+    std::string repos_dir;          // ORG/REPO/<files>; "" for none
+    std::string s3;                 // S3 server for buckets (http://127.0.0.1:port); "" for none
+    std::string token;              // required token; "" for public
+    std::vector<std::string> gated;  // ORG/REPO answering 403 GatedRepo
+    int page_size = 1000;           // tree entries per page
+    int lfs_threshold = 10 * 1024;  // larger files redirect to the CDN listener
+  };
+
+  FakeHub() = default;
+  ~FakeHub() { Stop(); }
+  FakeHub(const FakeHub&) = delete;
+  FakeHub& operator=(const FakeHub&) = delete;
+
+  static std::string Script() { return (std::filesystem::path(__FILE__).parent_path() / "fake_hub.py").string(); }
+
+  ::testing::AssertionResult Start(const Options& o) {
+    const std::string python = FindExecutable("python3");
+    if (python.empty()) return ::testing::AssertionFailure() << "python3 not found; run scripts/setup.sh";
+    if (::access(Script().c_str(), R_OK) != 0) return ::testing::AssertionFailure() << Script() << " not found";
+    std::vector<std::string> argv = {python, "-u", Script(), "--listen-port", "0",
+                                     "--page-size", std::to_string(o.page_size),
+                                     "--lfs-threshold", std::to_string(o.lfs_threshold)};
+    if (!o.repos_dir.empty()) argv.insert(argv.end(), {"--repos", o.repos_dir});
+    if (!o.s3.empty()) argv.insert(argv.end(), {"--s3", o.s3});
+    if (!o.token.empty()) argv.insert(argv.end(), {"--token", o.token});
+    for (const auto& g : o.gated) argv.insert(argv.end(), {"--gated", g});
+    ::testing::AssertionResult started = process_.Start(argv, /*pipe_stdout=*/true);
+    if (!started) return started;
+    const std::optional<std::string> line = process_.ReadLine(10s);
+    if (!line || line->rfind("PORT ", 0) != 0) {
+      process_.Stop();
+      return ::testing::AssertionFailure() << "fake_hub.py did not report its port within 10 s (got '"
+                                           << line.value_or("<nothing>") << "')";
+    }
+    std::istringstream in(line->substr(5));
+    in >> port_ >> cdn_url_;
+    if (port_ <= 0 || cdn_url_.empty()) return ::testing::AssertionFailure() << "bad fake_hub line: " << *line;
+    return ::testing::AssertionSuccess();
+  }
+
+  void Stop() { process_.Stop(); }
+
+  // HF_ENDPOINT for clients.
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  // Base URL of the CDN listener (another host than endpoint()).
+  const std::string& cdn_url() const { return cdn_url_; }
+  int port() const { return port_; }
+
+  // The fake's counters (see fake_hub.py: requests, cdn_requests, rate_limited, bytes{...},
+  // cdn_authorization[...], hub_authorized, log[...]); a null json when unreachable.
+  nlohmann::json Stats() const {
+    const std::string body = Request("GET", "/.fake-hub/stats");
+    return nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  }
+  // Body bytes the fake served for `file` ("ORG/REPO/PATH" or "buckets/NS/NAME/KEY").
+  uint64_t BytesServed(const std::string& file) const {
+    const nlohmann::json s = Stats();
+    if (!s.is_object() || !s["bytes"].contains(file)) return 0;
+    return s["bytes"][file].get<uint64_t>();
+  }
+  // "rate_limit_every=3&retry_after=0"
+  bool Control(const std::string& query) const {
+    return Request("POST", "/.fake-hub/control?" + query).find("\"ok\"") != std::string::npos;
+  }
+  bool Reset() const { return Request("POST", "/.fake-hub/reset").find("\"ok\"") != std::string::npos; }
+
+ private:
+  // One HTTP/1.0 request to the hub listener; the body of the answer ("" on failure).
+  std::string Request(const std::string& method, const std::string& path) const {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return "";
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    std::string response;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      const std::string req = method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n";
+      if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+        char buf[8192];
+        ssize_t n;
+        while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, static_cast<size_t>(n));
+      }
+    }
+    ::close(fd);
+    const size_t body = response.find("\r\n\r\n");
+    return body == std::string::npos ? "" : response.substr(body + 4);
+  }
+
+  ChildProcess process_;
+  int port_ = 0;
+  std::string cdn_url_;
+};
+
 }  // namespace weightfs::test

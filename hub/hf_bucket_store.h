@@ -1,0 +1,74 @@
+// HfBucketStore: a Hugging Face Storage Bucket as a weightfs Store —
+// `hf://buckets/NAMESPACE/NAME[/PREFIX]`.
+//
+// Reads go to the Hub's HTTP API (hub/hf_hub.h: token only to the Hub's own origin, redirects
+// followed by us without it, clear 401/403/404 messages):
+//   Get     GET {endpoint}/buckets/NS/NAME/resolve/PREFIX/KEY with `Range: bytes=a-b`, following
+//           the redirect to the CDN; a 206 is checked against Content-Range, a 200 to a ranged
+//           request is sliced here (HfApi::ReadRange).
+//   Head    HEAD of the same URL: X-Linked-Size, else Content-Length of a non-redirect answer.
+//   List    GET {endpoint}/api/buckets/NS/NAME/tree/DIR?recursive=true&limit=1000, following
+//           `Link: <...>; rel="next"`, where DIR is the directory part of PREFIX/prefix; entries
+//           are filtered to the prefix (the Hub matches a tree path by directory), sorted, and
+//           paged by our own contract: the continuation is the last key returned (see
+//           tests/hub/store_conformance.h). The Hub has no "start after", so one listing of the
+//           whole directory is fetched and kept for up to 30 s to serve the following pages of
+//           the same prefix (a continuation request may see objects up to 30 s old; a listing
+//           that starts without a continuation is always fresh). Keys that ValidateKey refuses
+//           (written by other tools) are skipped. A missing directory lists as empty.
+// Writes go through the Hub's S3-compatible gateway with our S3Store (SigV4), which the Hub
+// documents for buckets:
+//   endpoint  HfBucketOptions::s3_endpoint (the CLI's --endpoint), else $HF_S3_ENDPOINT (a
+//             weightfs variable), else https://s3.hf.co — the gateway's base; "/NAMESPACE" is
+//             appended and requests are path-style (…/NAMESPACE/NAME/PREFIX/KEY), region
+//             us-east-1, as the Hub's S3 documentation says.
+//   credentials  the usual AWS chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws/credentials
+//             with AWS_PROFILE): the gateway takes the "HFAK..." access key pair generated for a
+//             token on the Hub's token settings page ("Generate S3 credentials"), not the token.
+//   Put       S3 PUT (create-if-absent: HEAD, then If-None-Match: *, which the gateway honours on
+//             PutObject — see S3Store).
+//   Delete    S3 HEAD + DELETE.
+//
+// Thread-safe: any number of threads may call any method concurrently (the listing snapshot is
+// guarded by a mutex that is never held across I/O).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "hub/aws_credentials.h"
+#include "hub/hf_hub.h"
+#include "hub/http_client.h"
+#include "hub/s3_store.h"
+#include "hub/store.h"
+
+namespace weightfs {
+
+inline constexpr const char* kHfDefaultS3Endpoint = "https://s3.hf.co";
+
+struct HfBucketUrl {
+  std::string ns;      // namespace: a user or organization
+  std::string name;    // the bucket
+  std::string prefix;  // "" or a valid key (no leading/trailing '/')
+  std::string id() const { return ns + "/" + name; }
+};
+
+// Parses `hf://buckets/NAMESPACE/NAME[/PREFIX]`. Namespace and name: 1-96 characters of
+// [A-Za-z0-9._-], not starting or ending with '.' or '-', without "--" or ".."; PREFIX obeys
+// ValidateKey. InvalidArgument naming the rule otherwise.
+Expected<HfBucketUrl> ParseHfBucketUrl(std::string_view url);
+
+struct HfBucketOptions {
+  std::string s3_endpoint;  // gateway base; empty: $HF_S3_ENDPOINT, else kHfDefaultS3Endpoint
+  // For the S3 side: credentials (nullopt: the AWS chain from `env`), part sizes.
+  S3Options s3;
+};
+
+// Opens the bucket. No request is made: a missing bucket or a bad token shows up in the first
+// operation's error. `http` may be shared (nullptr: a new client); `config.endpoint` is the Hub.
+Expected<std::unique_ptr<Store>> OpenHfBucketStore(std::string_view url, const HfConfig& config,
+                                                   const HfBucketOptions& options,
+                                                   std::shared_ptr<HttpClient> http);
+
+}  // namespace weightfs

@@ -1,0 +1,599 @@
+// The Hugging Face side: HfConfig from the environment, hf:// URL parsing (hostile ones too),
+// HfBucketStore against the store contract (tests/hub/fake_hub.py for the Hub endpoints, s3rver
+// behind the S3 gateway path, s3_precondition_proxy.py for atomic create-if-absent), and HfRepo /
+// HfSources / OpenHfRepoVersions against fake model repos: revision resolution, tree pagination,
+// ranged reads measured at the server, the local HF cache, offline mode, the token never sent to
+// the CDN listener nor shown in errors, 401/403/404 messages, 429 retries.
+#include "hub/hf_repo.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/hash.h"
+#include "core/manifest.h"
+#include "hub/bucket.h"
+#include "hub/hf_bucket_store.h"
+#include "hub/hf_hub.h"
+#include "tests/hub/s3_test_server.h"
+#include "tests/hub/store_conformance.h"
+#include "tests/hub/test_servers.h"
+
+namespace weightfs {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kToken = "hf_TestSecretToken0123456789";
+
+HfEnvLookup MapEnv(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
+    auto it = vars.find(std::string(name));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
+  std::vector<uint8_t> out(n);
+  std::mt19937 rng(seed);
+  for (auto& b : out) b = static_cast<uint8_t>(rng());
+  return out;
+}
+
+void WriteFile(const std::string& path, const std::vector<uint8_t>& data) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+}
+
+std::vector<uint8_t> Slice(const std::vector<uint8_t>& v, uint64_t off, uint64_t n) {
+  return {v.begin() + static_cast<ptrdiff_t>(off), v.begin() + static_cast<ptrdiff_t>(off + n)};
+}
+
+HttpOptions FastRetries() {
+  HttpOptions o;
+  o.max_attempts = 6;
+  o.backoff_base = std::chrono::milliseconds(5);
+  o.backoff_max = std::chrono::milliseconds(200);
+  o.total_timeout = std::chrono::milliseconds(30'000);
+  o.stall_timeout = std::chrono::milliseconds(10'000);
+  return o;
+}
+
+// ---- configuration ------------------------------------------------------------------------------
+
+TEST(HfConfigTest, DefaultsFollowHuggingFaceConventions) {
+  auto c = LoadHfConfig(MapEnv({{"HOME", "/home/u"}}));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->endpoint, "https://huggingface.co");
+  EXPECT_EQ(c->home, "/home/u/.cache/huggingface");
+  EXPECT_EQ(c->hub_cache, "/home/u/.cache/huggingface/hub");
+  EXPECT_TRUE(c->token.empty());
+  EXPECT_FALSE(c->offline);
+
+  c = LoadHfConfig(MapEnv({{"HOME", "/home/u"}, {"XDG_CACHE_HOME", "/xdg"}, {"HF_ENDPOINT", "http://hub.local:8080/"},
+                           {"HF_HUB_OFFLINE", "yes"}}));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->endpoint, "http://hub.local:8080");
+  EXPECT_EQ(c->home, "/xdg/huggingface");
+  EXPECT_EQ(c->hub_cache, "/xdg/huggingface/hub");
+  EXPECT_TRUE(c->offline);
+
+  c = LoadHfConfig(MapEnv({{"HF_HOME", "/hf"}, {"HF_HUB_CACHE", "/cache"}, {"TRANSFORMERS_OFFLINE", "1"}}));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->home, "/hf");
+  EXPECT_EQ(c->hub_cache, "/cache");
+  EXPECT_TRUE(c->offline);
+  EXPECT_EQ(LoadHfConfig(MapEnv({{"HF_HOME", "/hf"}, {"HUGGINGFACE_HUB_CACHE", "/legacy"}}))->hub_cache, "/legacy");
+  EXPECT_FALSE(LoadHfConfig(MapEnv({{"HF_HUB_OFFLINE", "0"}}))->offline);
+}
+
+TEST(HfConfigTest, TokenPrecedenceEnvThenLegacyEnvThenTokenFile) {
+  test::TempDir dir("hfcfg");
+  WriteFile(dir.Join("home/token"), {'h', 'f', '_', 'f', 'i', 'l', 'e', '\n'});
+  WriteFile(dir.Join("other-token"), {' ', 'h', 'f', '_', 'p', 'a', 't', 'h', '\r', '\n'});
+  const std::string home = dir.Join("home");
+
+  auto c = LoadHfConfig(MapEnv({{"HF_HOME", home}, {"HF_TOKEN", "hf_env"}, {"HUGGING_FACE_HUB_TOKEN", "hf_legacy"}}));
+  EXPECT_EQ(c->token, "hf_env");
+  EXPECT_EQ(c->token_source, "HF_TOKEN");
+  c = LoadHfConfig(MapEnv({{"HF_HOME", home}, {"HUGGING_FACE_HUB_TOKEN", "hf_legacy"}}));
+  EXPECT_EQ(c->token, "hf_legacy");
+  c = LoadHfConfig(MapEnv({{"HF_HOME", home}}));
+  EXPECT_EQ(c->token, "hf_file");
+  EXPECT_NE(c->token_source.find("token file"), std::string::npos);
+  c = LoadHfConfig(MapEnv({{"HF_HOME", home}, {"HF_TOKEN_PATH", dir.Join("other-token")}}));
+  EXPECT_EQ(c->token, "hf_path");
+  c = LoadHfConfig(MapEnv({{"HF_HOME", home}, {"HF_HUB_DISABLE_IMPLICIT_TOKEN", "1"}}));
+  EXPECT_TRUE(c->token.empty());
+  c = LoadHfConfig(MapEnv({{"HF_HOME", dir.Join("nowhere")}}));
+  EXPECT_TRUE(c->token.empty());
+  // An empty HF_TOKEN does not hide the file.
+  c = LoadHfConfig(MapEnv({{"HF_HOME", home}, {"HF_TOKEN", ""}}));
+  EXPECT_EQ(c->token, "hf_file");
+}
+
+TEST(HfConfigTest, RefusesBadEndpointsAndTokensWithoutEchoingSecrets) {
+  for (const char* bad : {"ftp://x", "huggingface.co", "https://user:pw@hub", "https://hub/?q=1", "https://"}) {
+    auto c = LoadHfConfig(MapEnv({{"HF_ENDPOINT", bad}}));
+    EXPECT_EQ(c.status().kind(), ErrorKind::kInvalidArgument) << bad;
+    EXPECT_EQ(c.status().message().find("pw@"), std::string::npos);
+  }
+  auto c = LoadHfConfig(MapEnv({{"HF_TOKEN", "hf_abc\ndef"}}));
+  EXPECT_EQ(c.status().kind(), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(c.status().message().find("hf_abc"), std::string::npos);
+}
+
+// ---- parsing ------------------------------------------------------------------------------------
+
+TEST(HfUrlTest, ParsesRepoUrls) {
+  auto r = ParseHfRepoUrl("hf://Qwen/Qwen3-8B");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->repo, "Qwen/Qwen3-8B");
+  EXPECT_EQ(r->revision, "main");
+  r = ParseHfRepoUrl("hf://org/m_1.5@v1.0");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->revision, "v1.0");
+  r = ParseHfRepoUrl("hf://org/m@refs/pr/12");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->revision, "refs/pr/12");
+  r = ParseHfRepoUrl("hf://gpt2@0123456789abcdef0123456789abcdef01234567");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->repo, "gpt2");
+  for (const std::string& bad : std::vector<std::string>{
+           "hf://", "hf://buckets/ns/b", "s3://org/m", "hf://org/m@", "hf://org/m@../x", "hf://org/../m",
+        "hf://a/b/c", "hf://org/m@a//b", "hf://org/m@/abs", "hf://org/m?x=1", "hf://org/m#f", "hf://-org/m",
+        "hf://org/m--x", "hf://org/m@x y", "hf://org/m@main\n", std::string("hf://org/m\0x", 11), "hf://org/m@%2e%2e",
+        "hf://org/" + std::string(200, 'a')}) {
+    EXPECT_FALSE(ParseHfRepoUrl(bad).ok()) << bad;
+  }
+}
+
+TEST(HfUrlTest, ParsesBucketUrls) {
+  auto b = ParseHfBucketUrl("hf://buckets/acme/runs");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->ns, "acme");
+  EXPECT_EQ(b->name, "runs");
+  EXPECT_EQ(b->prefix, "");
+  b = ParseHfBucketUrl("hf://buckets/acme/runs/exp-1/weights/");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->prefix, "exp-1/weights");
+  for (const char* bad : {"hf://buckets/", "hf://buckets/acme", "hf://buckets/acme/", "hf://buckets/a/b/../c",
+                          "hf://buckets/a/b//c", "hf://buckets/a/b?x", "hf://buckets/a b/c", "hf://buckets/../b",
+                          "hf://acme/runs", "hf://buckets/a/.hidden"}) {
+    EXPECT_FALSE(ParseHfBucketUrl(bad).ok()) << bad;
+  }
+}
+
+TEST(HfUrlTest, SourceStringsAreCheckedStrictly) {
+  const std::string commit(40, 'a');
+  auto p = HfSources::ParseSource("hf://org/m@" + commit + "/dir/model.safetensors");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->repo, "org/m");
+  EXPECT_EQ(p->commit, commit);
+  EXPECT_EQ(p->path, "dir/model.safetensors");
+  for (const std::string& bad : std::vector<std::string>{"hf://org/m@main/x", "hf://org/m@" + commit, "hf://org/m@" + commit + "/",
+                                "hf://org/m@" + commit + "/../etc/passwd", "hf://org/m@" + commit + "//x",
+                                "hf://org/m@" + std::string(40, 'A') + "/x", "hf://../m@" + commit + "/x",
+                                "http://org/m@" + commit + "/x", "hf://org/m@" + commit + "/a\\b"}) {
+    EXPECT_FALSE(HfSources::ParseSource(bad).ok()) << bad;
+  }
+  // Hostile sources are refused before any request: there is no server here at all.
+  HfConfig config;
+  config.endpoint = "http://127.0.0.1:1";
+  HfSources sources(config, nullptr);
+  EXPECT_EQ(sources.Read("hf://org/m@" + commit + "/../x", 0, 1).status().kind(), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(sources.Read("hf://org/m@" + commit + "/x", 0, kMaxChunkBytes + 1).status().kind(),
+            ErrorKind::kInvalidArgument);
+  EXPECT_EQ(sources.requests(), 0u);
+}
+
+TEST(HfUrlTest, LinkOriginAndRedirectHelpers) {
+  EXPECT_EQ(hf::ParseLinkNext("<https://hf.co/api/x?cursor=2>; rel=\"next\""), "https://hf.co/api/x?cursor=2");
+  EXPECT_EQ(hf::ParseLinkNext("<https://a/1>; rel=\"prev\", <https://a/3>; rel=\"next\""), "https://a/3");
+  EXPECT_EQ(hf::ParseLinkNext("<https://a/1>; rel=\"last\""), "");
+  EXPECT_EQ(hf::ParseLinkNext(""), "");
+  EXPECT_EQ(ParseRateLimitReset("\"api\";r=0;t=55"), std::optional<uint64_t>(55));
+  EXPECT_EQ(ParseRateLimitReset("\"resolvers\"; r=10; t=3"), std::optional<uint64_t>(3));
+  EXPECT_EQ(ParseRateLimitReset("\"api\";r=0"), std::nullopt);
+  EXPECT_EQ(hf::UrlOrigin("https://HuggingFace.co/x"), "https://huggingface.co:443");
+  EXPECT_EQ(hf::UrlOrigin("http://h:80/x"), "http://h:80");
+  EXPECT_EQ(hf::UrlOrigin("https://user@h/x"), "");
+  EXPECT_EQ(hf::ResolveUrl("https://h/a/b?q", "/c"), "https://h/c");
+  EXPECT_EQ(hf::ResolveUrl("https://h/a/b", "c"), "https://h/a/c");
+  EXPECT_EQ(hf::ResolveUrl("https://h/a/b", "//cdn/x"), "https://cdn/x");
+  EXPECT_EQ(hf::ResolveUrl("https://h/a/b", "http://cdn/x"), "http://cdn/x");
+  EXPECT_EQ(hf::ResolveUrl("https://h/a/b", "file:///etc/passwd"), "");
+  HfConfig c;
+  c.endpoint = "https://huggingface.co";
+  HfApi api(c, nullptr);
+  EXPECT_TRUE(api.IsHubOrigin("https://huggingface.co:443/api"));
+  EXPECT_FALSE(api.IsHubOrigin("http://huggingface.co/api"));
+  EXPECT_FALSE(api.IsHubOrigin("https://huggingface.co.evil.com/api"));
+  EXPECT_FALSE(api.IsHubOrigin("https://cdn-lfs.huggingface.co/x"));
+  EXPECT_FALSE(api.IsHubOrigin("https://huggingface.co:8443/x"));
+}
+
+// ---- buckets: the store contract ----------------------------------------------------------------
+
+class HfBucketStoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    s3_ = new test::S3rverServer("wfs-test");  // the bucket namespace is the S3 bucket there
+    start_ = s3_->Start();
+    if (start_) {
+      proxy_ = new test::S3PreconditionProxy();
+      start_ = proxy_->Start(s3_->endpoint());
+    }
+    if (start_) {
+      hub_ = new test::FakeHub();
+      test::FakeHub::Options o;
+      o.s3 = s3_->endpoint();
+      o.token = kToken;
+      o.page_size = 3;
+      start_ = hub_->Start(o);
+    }
+  }
+  static void TearDownTestSuite() {
+    delete hub_;
+    delete proxy_;
+    delete s3_;
+    hub_ = nullptr;
+    proxy_ = nullptr;
+    s3_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(start_) << start_.message(); }
+
+  std::unique_ptr<Store> Open(const std::string& url, const std::string& token = kToken) {
+    HfConfig config;
+    config.endpoint = hub_->endpoint();
+    config.token = token;
+    config.token_source = "HF_TOKEN";
+    HfBucketOptions o;
+    o.s3_endpoint = proxy_->endpoint();
+    o.s3.credentials = test::S3rverServer::Credentials();
+    o.s3.env = MapEnv({});
+    auto s = OpenHfBucketStore(url, config, o, std::make_shared<HttpClient>(FastRetries()));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  static test::S3rverServer* s3_;
+  static test::S3PreconditionProxy* proxy_;
+  static test::FakeHub* hub_;
+  static ::testing::AssertionResult start_;
+};
+
+test::S3rverServer* HfBucketStoreTest::s3_ = nullptr;
+test::S3PreconditionProxy* HfBucketStoreTest::proxy_ = nullptr;
+test::FakeHub* HfBucketStoreTest::hub_ = nullptr;
+::testing::AssertionResult HfBucketStoreTest::start_ = ::testing::AssertionFailure() << "not started";
+
+TEST_F(HfBucketStoreTest, MeetsTheStoreContract) {
+  auto store = Open("hf://buckets/wfs-test/runs/exp-1");
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(store->Put("conformance-neighbour/x", test::ConformanceBytes("keep")).ok());
+  test::RunStoreConformance(*store, "conformance");
+  EXPECT_EQ(*store->Get("conformance-neighbour/x"), test::ConformanceBytes("keep"));
+  // Reads went through the Hub endpoints with the token, and the CDN never saw it.
+  const auto stats = hub_->Stats();
+  ASSERT_TRUE(stats.is_object());
+  EXPECT_GT(stats["hub_authorized"].get<uint64_t>(), 0u);
+  EXPECT_GT(stats["cdn_requests"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(stats["cdn_authorization"].empty()) << stats["cdn_authorization"].dump();
+  EXPECT_EQ(store->Describe().find(kToken), std::string::npos);
+}
+
+TEST_F(HfBucketStoreTest, WritesThroughTheGatewayAreReadableThroughTheHubAndListedAcrossPages) {
+  auto store = Open("hf://buckets/wfs-test/runs");
+  ASSERT_TRUE(store);
+  const auto big = RandomBytes(300'000, 7);
+  ASSERT_TRUE(store->Put("pages/big.bin", big).ok());
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(store->Put("pages/k" + std::to_string(i), std::vector<uint8_t>{uint8_t(i)}).ok());
+  ASSERT_TRUE(hub_->Reset());
+  auto got = store->Get("pages/big.bin", ByteRange{1000, 5000});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Slice(big, 1000, 5000));
+  // Only the range crossed the wire.
+  EXPECT_EQ(hub_->BytesServed("buckets/wfs-test/runs/pages/big.bin"), 5000u);
+  auto head = store->Head("pages/big.bin");
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(head->size, big.size());
+  const auto all = test::ConformanceListAll(*store, "pages/", 1000);
+  EXPECT_EQ(all.size(), 8u);  // one List call, three server pages of 3
+  auto prefixed = Open("hf://buckets/wfs-test/runs/pages");
+  ASSERT_TRUE(prefixed);
+  EXPECT_EQ(*prefixed->Get("k3"), std::vector<uint8_t>{3});
+  for (const auto& o : all) ASSERT_TRUE(store->Delete(o.key).ok());
+}
+
+TEST_F(HfBucketStoreTest, ErrorsSayWhichOfTokenNameOrPermissionIsWrong) {
+  auto anonymous = Open("hf://buckets/wfs-test/runs", "");
+  ASSERT_TRUE(anonymous);
+  Status s = anonymous->Get("any").status();
+  EXPECT_EQ(s.kind(), ErrorKind::kAuth);
+  EXPECT_NE(s.message().find("set HF_TOKEN or run `hf auth login`"), std::string::npos) << s.ToString();
+  auto wrong = Open("hf://buckets/wfs-test/runs", "hf_wrong_token_value");
+  s = wrong->List("").status();
+  EXPECT_EQ(s.kind(), ErrorKind::kAuth);
+  EXPECT_NE(s.message().find("invalid or expired"), std::string::npos) << s.ToString();
+  EXPECT_EQ(s.message().find("hf_wrong_token_value"), std::string::npos);
+  auto good = Open("hf://buckets/wfs-test/runs");
+  s = good->Get("no/such/key").status();
+  EXPECT_EQ(s.kind(), ErrorKind::kNotFound) << s.ToString();
+  EXPECT_EQ(s.message().find(kToken), std::string::npos);
+}
+
+// ---- model repos --------------------------------------------------------------------------------
+
+class HfRepoTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir("hfrepo");
+    files_ = new std::map<std::string, std::vector<uint8_t>>{
+        {"model-00001-of-00002.safetensors", RandomBytes(9 << 20, 1)},  // 3 chunks of 4 MiB
+        {"model-00002-of-00002.safetensors", RandomBytes(100'000, 2)},
+        {"config.json", {'{', '}', '\n'}},
+        {"tokenizer/vocab.txt", RandomBytes(2000, 3)},
+        {"tokenizer/big.bin", RandomBytes(50'000, 4)},
+    };
+    for (const auto& [path, data] : *files_) WriteFile(dir_->Join("repos/org/model/" + path), data);
+    WriteFile(dir_->Join("repos/org/gated-model/x.bin"), RandomBytes(100, 5));
+    hub_ = new test::FakeHub();
+    test::FakeHub::Options o;
+    o.repos_dir = dir_->Join("repos");
+    o.token = kToken;
+    o.gated = {"org/gated-model"};
+    o.page_size = 2;
+    start_ = hub_->Start(o);
+  }
+  static void TearDownTestSuite() {
+    delete hub_;
+    delete files_;
+    delete dir_;
+    hub_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(start_) << start_.message();
+    ASSERT_TRUE(hub_->Control("rate_limit_every=0"));
+    ASSERT_TRUE(hub_->Reset());
+  }
+
+  HfConfig Config(const std::string& token = kToken) const {
+    HfConfig c;
+    c.endpoint = hub_->endpoint();
+    c.token = token;
+    c.token_source = "HF_TOKEN";
+    c.hub_cache = dir_->Join("hf-cache-" + std::to_string(++cache_n_));
+    return c;
+  }
+  static std::shared_ptr<HttpClient> Http() { return std::make_shared<HttpClient>(FastRetries()); }
+  static const std::vector<uint8_t>& File(const std::string& p) { return files_->at(p); }
+  uint64_t HubRequests() const {
+    auto s = hub_->Stats();
+    return s["requests"].get<uint64_t>() + s["cdn_requests"].get<uint64_t>();
+  }
+
+  static test::TempDir* dir_;
+  static std::map<std::string, std::vector<uint8_t>>* files_;
+  static test::FakeHub* hub_;
+  static ::testing::AssertionResult start_;
+  static inline int cache_n_ = 0;  // every Config() gets a cache directory of its own
+};
+
+test::TempDir* HfRepoTest::dir_ = nullptr;
+std::map<std::string, std::vector<uint8_t>>* HfRepoTest::files_ = nullptr;
+test::FakeHub* HfRepoTest::hub_ = nullptr;
+::testing::AssertionResult HfRepoTest::start_ = ::testing::AssertionFailure() << "not started";
+
+TEST_F(HfRepoTest, ResolvesTheRevisionAndListsEveryPageOfTheTree) {
+  auto repo = HfRepo::Open(Config(), Http(), "org/model", "main");
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  const std::string commit = (*repo)->commit();
+  EXPECT_TRUE(hf::IsCommitSha(commit)) << commit;
+  EXPECT_GT((*repo)->commit_time_ms(), 0);
+  auto files = (*repo)->ListFiles();
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  ASSERT_EQ(files->size(), files_->size());
+  for (const auto& f : *files) {
+    ASSERT_TRUE(files_->count(f.path)) << f.path;
+    EXPECT_EQ(f.size, File(f.path).size()) << f.path;
+    const bool lfs = f.path.ends_with(".safetensors") || f.path.ends_with(".bin");
+    EXPECT_EQ(f.sha256, lfs ? Sha256Hex(File(f.path)) : "") << f.path;
+  }
+  // 5 entries in pages of 2: three tree requests plus the revision call.
+  EXPECT_EQ(hub_->Stats()["requests"].get<uint64_t>(), 4u);
+  // A commit revision is taken as is, without a request.
+  const uint64_t before = HubRequests();
+  auto pinned = HfRepo::Open(Config(), Http(), "org/model", commit);
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_EQ((*pinned)->commit(), commit);
+  EXPECT_EQ(HubRequests(), before);
+}
+
+TEST_F(HfRepoTest, RangedReadsFetchOnlyTheRangeAndNeverSendTheTokenToTheCdn) {
+  auto repo = HfRepo::Open(Config(), Http(), "org/model", "main");
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  const std::string big = "model-00001-of-00002.safetensors";
+  auto got = (*repo)->Read(big, 5'000'000, 123'456);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Slice(File(big), 5'000'000, 123'456));
+  got = (*repo)->Read("config.json", 1, 2);  // a small file, served by the Hub itself
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Slice(File("config.json"), 1, 2));
+  EXPECT_EQ((*repo)->Read(big, File(big).size() - 10, 11).status().kind(), ErrorKind::kCorruption);
+
+  const auto stats = hub_->Stats();
+  EXPECT_EQ(stats["bytes"]["org/model/" + big].get<uint64_t>(), 123'456u + 10u);
+  EXPECT_GT(stats["cdn_requests"].get<uint64_t>(), 0u);
+  EXPECT_GT(stats["hub_authorized"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(stats["cdn_authorization"].empty()) << stats["cdn_authorization"].dump();
+  EXPECT_EQ((*repo)->stats().bytes_fetched.load(), 123'456u + 2u + 10u);
+}
+
+TEST_F(HfRepoTest, ReadsFromTheLocalHuggingFaceCacheWithoutTouchingTheServer) {
+  HfConfig config = Config();
+  auto repo = HfRepo::Open(config, Http(), "org/model", "main");
+  ASSERT_TRUE(repo.ok());
+  const std::string commit = (*repo)->commit();
+  // The huggingface_hub layout: snapshots/COMMIT/PATH -> ../../blobs/<sha256>.
+  const std::string root = config.hub_cache + "/models--org--model";
+  const std::string big = "model-00001-of-00002.safetensors";
+  const std::string sha = Sha256Hex(File(big));
+  WriteFile(root + "/blobs/" + sha, File(big));
+  fs::create_directories(root + "/snapshots/" + commit);
+  fs::create_symlink("../../blobs/" + sha, root + "/snapshots/" + commit + "/" + big);
+  WriteFile(root + "/refs/main", std::vector<uint8_t>(commit.begin(), commit.end()));
+
+  ASSERT_TRUE(hub_->Reset());
+  auto got = (*repo)->Read(big, 4'000'000, 1'000'000);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Slice(File(big), 4'000'000, 1'000'000));
+  EXPECT_EQ(HubRequests(), 0u) << hub_->Stats().dump();
+  EXPECT_EQ((*repo)->stats().cache_bytes.load(), 1'000'000u);
+
+  // Offline: the revision comes from refs/main, files from the snapshot; still no request.
+  config.offline = true;
+  auto offline = HfRepo::Open(config, Http(), "org/model", "main");
+  ASSERT_TRUE(offline.ok()) << offline.status().ToString();
+  EXPECT_EQ((*offline)->commit(), commit);
+  auto files = (*offline)->ListFiles();
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  ASSERT_EQ(files->size(), 1u);
+  EXPECT_EQ((*files)[0].sha256, sha);
+  EXPECT_EQ((*offline)->Read("config.json", 0, 1).status().kind(), ErrorKind::kNotFound);
+  EXPECT_EQ(HfRepo::Open(config, Http(), "org/model", "v2").status().kind(), ErrorKind::kNotFound);
+  EXPECT_EQ(HubRequests(), 0u);
+}
+
+TEST_F(HfRepoTest, FallsBackToTheCachedRefWhenTheHubIsUnreachable) {
+  HfConfig config = Config();
+  const std::string commit(40, 'c');
+  WriteFile(config.hub_cache + "/models--org--model/refs/main", std::vector<uint8_t>(commit.begin(), commit.end()));
+  config.endpoint = "http://127.0.0.1:" + std::to_string(test::FreeLoopbackPort());
+  HttpOptions o = FastRetries();
+  o.max_attempts = 2;
+  auto repo = HfRepo::Open(config, std::make_shared<HttpClient>(o), "org/model", "main");
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  EXPECT_EQ((*repo)->commit(), commit);
+}
+
+TEST_F(HfRepoTest, ErrorsSayWhichOfTokenNameOrPermissionIsWrongAndNeverShowTheToken) {
+  auto no_token = HfRepo::Open(Config(""), Http(), "org/model", "main");
+  EXPECT_EQ(no_token.status().kind(), ErrorKind::kAuth);
+  EXPECT_NE(no_token.status().message().find("set HF_TOKEN or run `hf auth login`"), std::string::npos)
+      << no_token.status().ToString();
+
+  auto bad_token = HfRepo::Open(Config("hf_not_the_right_one"), Http(), "org/model", "main");
+  EXPECT_EQ(bad_token.status().kind(), ErrorKind::kAuth);
+  EXPECT_NE(bad_token.status().message().find("invalid or expired"), std::string::npos) << bad_token.status().ToString();
+  EXPECT_EQ(bad_token.status().message().find("hf_not_the_right_one"), std::string::npos);
+
+  auto missing = HfRepo::Open(Config(), Http(), "org/no-such-model", "main");
+  EXPECT_EQ(missing.status().kind(), ErrorKind::kNotFound);
+  EXPECT_NE(missing.status().message().find("repo 'org/no-such-model' does not exist"), std::string::npos)
+      << missing.status().ToString();
+
+  auto no_rev = HfRepo::Open(Config(), Http(), "org/model", "v9");
+  EXPECT_EQ(no_rev.status().kind(), ErrorKind::kNotFound);
+  EXPECT_NE(no_rev.status().message().find("revision 'v9' does not exist"), std::string::npos)
+      << no_rev.status().ToString();
+
+  auto repo = HfRepo::Open(Config(), Http(), "org/model", "main");
+  ASSERT_TRUE(repo.ok());
+  auto no_file = (*repo)->Read("nope.bin", 0, 1);
+  EXPECT_EQ(no_file.status().kind(), ErrorKind::kNotFound);
+  EXPECT_NE(no_file.status().message().find("'nope.bin' does not exist"), std::string::npos)
+      << no_file.status().ToString();
+
+  auto gated = HfRepo::Open(Config(), Http(), "org/gated-model", "main");
+  ASSERT_TRUE(gated.ok()) << gated.status().ToString();
+  auto denied = (*gated)->Read("x.bin", 0, 10);
+  EXPECT_EQ(denied.status().kind(), ErrorKind::kAuth);
+  EXPECT_NE(denied.status().message().find("is gated: accept its conditions"), std::string::npos)
+      << denied.status().ToString();
+
+  for (const Status& s : {no_token.status(), bad_token.status(), missing.status(), no_rev.status(),
+                          no_file.status(), denied.status()}) {
+    EXPECT_EQ(s.message().find(kToken), std::string::npos) << s.ToString();
+  }
+  EXPECT_TRUE(hub_->Stats()["cdn_authorization"].empty());
+}
+
+TEST_F(HfRepoTest, RetriesRateLimitedRequestsWithRetryAfterOrTheRateLimitHeader) {
+  ASSERT_TRUE(hub_->Control("rate_limit_every=2&retry_after=0"));
+  auto repo = HfRepo::Open(Config(), Http(), "org/model", "main");
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  auto files = (*repo)->ListFiles();
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  EXPECT_EQ(files->size(), files_->size());
+  // Only the IETF header this time (t=0), no Retry-After.
+  ASSERT_TRUE(hub_->Control("rate_limit_every=2&ratelimit_header=1"));
+  auto got = (*repo)->Read("tokenizer/vocab.txt", 10, 100);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Slice(File("tokenizer/vocab.txt"), 10, 100));
+  EXPECT_GE(hub_->Stats()["rate_limited"].get<uint64_t>(), 2u);
+}
+
+TEST_F(HfRepoTest, SourcesReadPinnedCommitsLazily) {
+  auto repo = HfRepo::Open(Config(), Http(), "org/model", "main");
+  ASSERT_TRUE(repo.ok());
+  HfSources sources(Config(), Http());
+  const std::string src = "hf://org/model@" + (*repo)->commit() + "/model-00002-of-00002.safetensors";
+  ASSERT_TRUE(hub_->Reset());
+  auto got = sources.Read(src, 100, 4000);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Slice(File("model-00002-of-00002.safetensors"), 100, 4000));
+  EXPECT_EQ(sources.bytes_fetched(), 4000u);
+  EXPECT_EQ(hub_->BytesServed("org/model/model-00002-of-00002.safetensors"), 4000u);
+  auto missing = sources.Read("hf://org/model@" + std::string(40, 'd') + "/config.json", 0, 1);
+  EXPECT_EQ(missing.status().kind(), ErrorKind::kNotFound) << missing.status().ToString();
+}
+
+TEST_F(HfRepoTest, ARevisionIsOneDerivedVersion) {
+  auto versions = OpenHfRepoVersions(Config(), Http(), "org/model", "main");
+  ASSERT_TRUE(versions.ok()) << versions.status().ToString();
+  auto list = (*versions)->ListVersions("");
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].model, "org/model");
+  EXPECT_EQ((*list)[0].version, "main");
+  EXPECT_EQ((*versions)->ReadManifest("org/model", "other").status().kind(), ErrorKind::kNotFound);
+  auto manifest = (*versions)->ReadManifest("org/model", "main");
+  ASSERT_TRUE(manifest.ok());
+  const Manifest& m = **manifest;
+  EXPECT_TRUE(m.derived);
+  ASSERT_EQ(m.files.size(), files_->size());
+  const std::string big = "model-00001-of-00002.safetensors";
+  const ManifestFile* f = m.FindFile(big);
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(f->chunks.size(), 3u);
+  EXPECT_EQ(f->sha256, Sha256Hex(File(big)));
+  ASSERT_TRUE(hub_->Reset());
+  std::vector<uint8_t> out(f->chunks[2].length);
+  ASSERT_TRUE((*versions)->Materialize(m, *f, 2, out).ok());
+  EXPECT_EQ(out, Slice(File(big), f->chunks[2].offset, f->chunks[2].length));
+  EXPECT_EQ(hub_->BytesServed("org/model/" + big), f->chunks[2].length) << hub_->Stats().dump();
+  // Chunk identifiers are unique.
+  std::set<Hash128> ids;
+  for (const auto& file : m.files) {
+    for (const auto& c : file.chunks) EXPECT_TRUE(ids.insert(c.hash).second);
+  }
+  // A revision that is no version name (a commit is one; "refs/pr/1" is not) shows as the commit.
+  const std::string commit = HfRepo::Open(Config(), Http(), "org/model", "main").value()->commit();
+  auto pinned = OpenHfRepoVersions(Config(), Http(), "org/model", commit);
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  EXPECT_EQ((*pinned)->ListVersions("org/model")->at(0).version, commit);
+  EXPECT_EQ(HfRepoModelName("org/model"), "org/model");
+  EXPECT_EQ(HfRepoModelName("org/m+x"), "org/m_x");
+}
+
+}  // namespace
+}  // namespace weightfs
