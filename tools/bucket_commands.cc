@@ -118,13 +118,12 @@ Expected<Context> OpenContext(const ArgParser& args, const std::string& url, boo
   WFS_TRY(SetLogLevel(args));
   WFS_ASSIGN_OR_RETURN(StoreOptions so, StoreOptionsFromArgs(args));
   Context ctx;
-  WFS_ASSIGN_OR_RETURN(ctx.opened, OpenStore(url, so));
   if (open_bucket) {
-    if (any_layout) {
-      WFS_ASSIGN_OR_RETURN(ctx.bucket, OpenBucketAnyLayout(ctx.opened.store, url));
-    } else {
-      WFS_ASSIGN_OR_RETURN(ctx.bucket, Bucket::Open(ctx.opened.store));
-    }
+    WFS_ASSIGN_OR_RETURN(OpenedBucket ob, OpenBucketUrl(url, so, any_layout));
+    ctx.opened = std::move(ob.store);
+    ctx.bucket = std::move(ob.bucket);
+  } else {
+    WFS_ASSIGN_OR_RETURN(ctx.opened, OpenStore(url, so));
   }
   if (with_cache && !args.Has("--no-cache")) {
     uint64_t size = 20ull << 30;

@@ -60,6 +60,19 @@ local chunk cache, else from the nearest cached ancestor plus the deltas after i
 published elsewhere appear within --refresh seconds. Runs as a daemon unless --foreground;
 returns once the mount answers. `weightfs unmount MOUNTPOINT` (or fusermount3 -u) unmounts.
 
+BUCKET: a directory, http(s)://host/prefix (WebDAV), s3://bucket/prefix, or a Hugging Face
+Storage Bucket hf://buckets/NAMESPACE/NAME[/prefix] (see `weightfs push --help` for
+credentials). hf://ORG/REPO[@REVISION] mounts a model repo on the Hub read-only as
+ORG/REPO@REVISION, fetching only the byte ranges readers touch (files already in the local
+Hugging Face cache, HF_HUB_CACHE, are read from there). Versions whose base is a Hub repo
+(`weightfs push --base hf://...`) read the base's bytes the same way.
+
+A TRL delta-sync bucket (anchors/step_NNNNNN.safetensors and deltas/step_NNNNNN.safetensors
+as TRL's async GRPO weight sync writes them; no weightfs.json) is shown read-only: every step
+as MODEL@step-N (MODEL: the bucket's last path component) holding one model.safetensors, the
+newest anchor patched by the deltas after it, read lazily by ranges. `weightfs import` turns
+such a bucket into weightfs versions.
+
 Writing new versions (drafts):
   mkdir MOUNTPOINT/acme/qwen@v2      a draft; its parent is acme/qwen's latest version (set
                                      another with setfattr -n user.weightfs.parent -v V1 on
@@ -160,9 +173,10 @@ struct Opened {
 
 Expected<Opened> OpenAll(const MountConfig& c) {
   Opened o;
-  WFS_ASSIGN_OR_RETURN(o.store, OpenStore(c.url, c.store));
-  // A weightfs bucket, or a TRL delta-sync bucket shown read-only (hub/open_bucket.h).
-  WFS_ASSIGN_OR_RETURN(o.bucket, OpenBucketAnyLayout(o.store.store, c.url));
+  // A weightfs bucket, a TRL delta-sync bucket or a Hugging Face model repo (both read-only).
+  WFS_ASSIGN_OR_RETURN(OpenedBucket ob, OpenBucketUrl(c.url, c.store, /*any_layout=*/true));
+  o.store = std::move(ob.store);
+  o.bucket = std::move(ob.bucket);
   WFS_ASSIGN_OR_RETURN(o.cache, ChunkCache::Open(c.cache_dir, c.cache_size));
   return o;
 }
