@@ -694,13 +694,33 @@ TEST(ManifestTest, RejectsChainByteCountsNoChainCanHave) {
 }
 
 TEST(ManifestTest, RejectsUnknownEncodings) {
-  for (uint64_t enc : {uint64_t{0}, uint64_t{6}, uint64_t{255}, uint64_t{256 + 1}, UINT64_MAX}) {
+  for (uint64_t enc : {uint64_t{0}, uint64_t{7}, uint64_t{255}, uint64_t{256 + 1}, UINT64_MAX}) {
     SCOPED_TRACE(enc);
     ExpectRejected([&](json& j) { Row(j, 3)[kEncoding] = enc; }, "unknown chunk encoding");
   }
   // Every real encoding is accepted where its other fields fit.
   ExpectAccepted([](json& j) { Row(j, 3)[kEncoding] = 1; });
   ExpectAccepted([](json& j) { Row(j, 2)[kEncoding] = 4; });
+}
+
+// kExternal (6): ref.pack indexes `sources`, and the range is exactly the chunk.
+TEST(ManifestTest, ExternalChunksNeedASourceAndTheirOwnLength) {
+  const std::string src = "hf://acme/base@0123456789abcdef0123456789abcdef01234567/model.safetensors";
+  auto external = [&](json& j, size_t row) {
+    j["sources"] = json::array({src});
+    json& r = Row(j, row);
+    r[kEncoding] = 6;
+    r[kPack] = 0;
+    r[kPackLength] = r[kLength];
+    r[kBase] = 0;
+    r[kDepth] = 0;
+  };
+  ExpectAccepted([&](json& j) { external(j, 3); });
+  ExpectRejected([&](json& j) { external(j, 3); j.erase("sources"); }, "chunk names source 0 of 0");
+  ExpectRejected([&](json& j) { external(j, 3); Row(j, 3)[kPackLength] = 1; }, "source range out of bounds");
+  ExpectRejected([&](json& j) { external(j, 3); j["sources"] = json::array({"hf://x@main/a"}); }, "source");
+  ExpectRejected([&](json& j) { external(j, 3); j["sources"] = json::array({src, src}); }, "duplicate entry in sources");
+  ExpectRejected([&](json& j) { external(j, 3); j["sources"] = "x"; }, "sources is not an array");
 }
 
 TEST(ManifestTest, RejectsDuplicateChunkKeys) {
