@@ -1,6 +1,7 @@
 #include "hub/trl_bucket.h"
 
 #include <algorithm>
+#include <chrono>
 #include <charconv>
 #include <cstring>
 #include <functional>
@@ -277,7 +278,9 @@ class TrlVersionsImpl final : public TrlVersions {
     m->version = TrlVersionName(*step);
     auto it = l->steps.find(*step);
     if (it != l->steps.begin() && l->IsVersion(std::prev(it)->first)) m->parent = TrlVersionName(std::prev(it)->first);
-    m->created_ms = static_cast<int64_t>(std::min<uint64_t>(*step, uint64_t{1} << 50));
+    // TRL files carry no time the listing gives us; the versions are shown as created when the
+    // bucket was opened, one millisecond apart in step order (so name@latest is the last step).
+    m->created_ms = opened_ms_ + static_cast<int64_t>(std::min<uint64_t>(*step, uint64_t{1} << 40));
     m->created = FormatUtc(m->created_ms);
     m->chunk_bytes = options_.chunk_bytes;
     m->versions = {m->version};
@@ -629,6 +632,9 @@ class TrlVersionsImpl final : public TrlVersions {
   std::shared_ptr<Store> store_;
   const std::string model_;
   const TrlOptions options_;
+  const int64_t opened_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count() / 1000 * 1000;
   TrlStats stats_;
   SharedLru<DeltaHeader> delta_headers_;  // cost 1 each: bounded by count
   SharedLru<Patch> patches_;              // bounded by bytes
