@@ -110,28 +110,7 @@ Expected<std::vector<ObjectInfo>> HfBucketStore::ListAll(const std::string& full
   std::vector<ObjectInfo> out;
   size_t skipped = 0;
   auto on_page = [&](const nlohmann::json& page) -> Status {
-    for (const auto& e : page) {
-      if (!e.is_object()) return Status::Corruption("bucket tree entry is not an object");
-      const auto type = e.find("type");
-      const auto path = e.find("path");
-      if (type == e.end() || !type->is_string() || path == e.end() || !path->is_string()) {
-        return Status::Corruption("bucket tree entry without type or path");
-      }
-      if (type->get_ref<const std::string&>() != "file") continue;
-      const std::string& p = path->get_ref<const std::string&>();
-      if (!p.starts_with(full_prefix) || !p.starts_with(strip)) continue;
-      const std::string key = p.substr(strip.size());
-      if (!ValidateKey(key).ok()) {
-        ++skipped;
-        continue;
-      }
-      const auto size = e.find("size");
-      if (size == e.end() || !size->is_number_unsigned()) {
-        return Status::Corruption("bucket tree entry '" + key.substr(0, 200) + "' has no valid size");
-      }
-      out.push_back(ObjectInfo{key, size->get<uint64_t>()});
-    }
-    return Status::Ok();
+    return AppendHfBucketTreePage(page, full_prefix, strip, &out, &skipped);
   };
   auto on_not_found = [&](const HttpResponse& r) -> Status {
     // A directory that does not exist lists as empty; a missing bucket is an error.
@@ -179,6 +158,33 @@ Expected<ListPage> HfBucketStore::List(std::string_view prefix, std::string_view
 }
 
 }  // namespace
+
+Status AppendHfBucketTreePage(const nlohmann::json& page, std::string_view full_prefix, std::string_view strip,
+                              std::vector<ObjectInfo>* out, size_t* skipped) {
+  if (!page.is_array()) return Status::Corruption("bucket tree page is not a JSON array");
+  for (const auto& e : page) {
+    if (!e.is_object()) return Status::Corruption("bucket tree entry is not an object");
+    const auto type = e.find("type");
+    const auto path = e.find("path");
+    if (type == e.end() || !type->is_string() || path == e.end() || !path->is_string()) {
+      return Status::Corruption("bucket tree entry without type or path");
+    }
+    if (type->get_ref<const std::string&>() != "file") continue;
+    const std::string& p = path->get_ref<const std::string&>();
+    if (!p.starts_with(full_prefix) || !p.starts_with(strip)) continue;
+    const std::string key = p.substr(strip.size());
+    if (!ValidateKey(key).ok()) {
+      ++*skipped;
+      continue;
+    }
+    const auto size = e.find("size");
+    if (size == e.end() || !size->is_number_unsigned()) {
+      return Status::Corruption("bucket tree entry '" + key.substr(0, 200) + "' has no valid size");
+    }
+    out->push_back(ObjectInfo{key, size->get<uint64_t>()});
+  }
+  return Status::Ok();
+}
 
 Expected<HfBucketUrl> ParseHfBucketUrl(std::string_view url) {
   constexpr std::string_view kScheme = "hf://buckets/";

@@ -36,6 +36,9 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "hub/aws_credentials.h"
 #include "hub/hf_hub.h"
@@ -58,6 +61,16 @@ struct HfBucketUrl {
 // [A-Za-z0-9._-], not starting or ending with '.' or '-', without "--" or ".."; PREFIX obeys
 // ValidateKey. InvalidArgument naming the rule otherwise.
 Expected<HfBucketUrl> ParseHfBucketUrl(std::string_view url);
+
+// One page of the Hub's bucket tree listing (GET /api/buckets/NS/NAME/tree/DIR: a JSON array
+// of {"type": "file"|"directory", "path": "...", "size": N, ...}). Appends to `out` each file
+// whose path starts with `full_prefix` (the listed prefix, bucket-relative) and with `strip`
+// (the URL's prefix + "/", or ""), keyed by its path without `strip`; keys ValidateKey refuses
+// are counted in `*skipped` and left out; directories are ignored. Corruption when the page is
+// not an array, an entry is not an object or lacks a string type or path, or a file has no
+// unsigned size. Pure: exposed for tests and the hf_json fuzzer.
+Status AppendHfBucketTreePage(const nlohmann::json& page, std::string_view full_prefix, std::string_view strip,
+                              std::vector<ObjectInfo>* out, size_t* skipped);
 
 struct HfBucketOptions {
   std::string s3_endpoint;  // gateway base; empty: $HF_S3_ENDPOINT, else kHfDefaultS3Endpoint

@@ -159,12 +159,17 @@ std::string ResolveUrl(std::string_view base, std::string_view location) {
   const size_t bsep = base.find("://");
   if (bsep == std::string_view::npos) return "";
   const std::string scheme(base.substr(0, bsep));
+  // The result takes the base's scheme, so the base must be http(s) too.
+  if (Lower(scheme) != "http" && Lower(scheme) != "https") return "";
   if (location.starts_with("//")) return scheme + ":" + std::string(location);
-  const size_t path_start = base.find('/', bsep + 3);
+  // The base's authority ends at its path, query or fragment.
+  const size_t path_start = base.find_first_of("/?#", bsep + 3);
   const std::string origin(base.substr(0, path_start));
   if (location.front() == '/') return origin + std::string(location);
   // Relative path: replace the last segment of the base path (query dropped).
-  std::string path = path_start == std::string_view::npos ? "/" : RedactQuery(base.substr(path_start));
+  std::string path = path_start == std::string_view::npos || base[path_start] != '/'
+                         ? "/"
+                         : RedactQuery(base.substr(path_start));
   path = path.substr(0, path.rfind('/') + 1);
   return origin + path + std::string(location);
 }

@@ -142,6 +142,49 @@ Expected<HfRepoRef> ParseHfRepoUrl(std::string_view url) {
   return out;
 }
 
+Expected<HfRevisionInfo> ParseHfRevisionInfo(const nlohmann::json& info, std::string_view where) {
+  const auto sha = info.is_object() ? info.find("sha") : info.end();
+  if (sha == info.end() || !sha->is_string() || !hf::IsCommitSha(sha->get_ref<const std::string&>())) {
+    return Status::Corruption(std::string(where) + ": the revision API answered without a 40-hex \"sha\"");
+  }
+  HfRevisionInfo out;
+  out.commit = sha->get<std::string>();
+  if (auto lm = info.find("lastModified"); lm != info.end() && lm->is_string()) {
+    if (auto parsed = ParseUtc(lm->get_ref<const std::string&>()); parsed.ok()) out.time_ms = *parsed;
+  }
+  return out;
+}
+
+Status AppendHfRepoTreePage(const nlohmann::json& page, std::string_view where, std::vector<HfRepoFile>* out) {
+  if (!page.is_array()) return Status::Corruption("repo tree page is not a JSON array");
+  for (const auto& e : page) {
+    if (!e.is_object()) return Status::Corruption("repo tree entry is not an object");
+    const auto type = e.find("type"), path = e.find("path");
+    if (type == e.end() || !type->is_string() || path == e.end() || !path->is_string()) {
+      return Status::Corruption("repo tree entry without type or path");
+    }
+    if (type->get_ref<const std::string&>() != "file") continue;
+    HfRepoFile f;
+    f.path = path->get<std::string>();
+    if (!ValidateRepoPath(f.path).ok()) {
+      spdlog::warn("{}: skipping file '{}' (not a path weightfs can show)", where, f.path.substr(0, 200));
+      continue;
+    }
+    const auto size = e.find("size");
+    if (size != e.end() && size->is_number_unsigned()) f.size = size->get<uint64_t>();
+    if (auto lfs = e.find("lfs"); lfs != e.end() && lfs->is_object()) {
+      if (auto ls = lfs->find("size"); ls != lfs->end() && ls->is_number_unsigned()) f.size = ls->get<uint64_t>();
+      if (auto oid = lfs->find("oid"); oid != lfs->end() && oid->is_string() && IsSha256Hex(oid->get<std::string>())) {
+        f.sha256 = oid->get<std::string>();
+      }
+    } else if (size == e.end() || !size->is_number_unsigned()) {
+      return Status::Corruption("repo tree entry '" + f.path.substr(0, 200) + "' has no valid size");
+    }
+    out->push_back(std::move(f));
+  }
+  return Status::Ok();
+}
+
 // ---- HfRepo -------------------------------------------------------------------------------------
 
 HfRepo::HfRepo(std::shared_ptr<HfApi> api, std::string repo, std::string revision, std::string commit,
@@ -181,15 +224,8 @@ Expected<std::shared_ptr<HfRepo>> HfRepo::Open(const HfConfig& config, std::shar
     }
     return info.status().WithContext(where);
   }
-  const auto sha = info->find("sha");
-  if (!info->is_object() || sha == info->end() || !sha->is_string() || !hf::IsCommitSha(sha->get<std::string>())) {
-    return Status::Corruption(where + ": the revision API answered without a 40-hex \"sha\"");
-  }
-  int64_t ms = 0;
-  if (auto lm = info->find("lastModified"); lm != info->end() && lm->is_string()) {
-    if (auto parsed = ParseUtc(lm->get<std::string>()); parsed.ok()) ms = *parsed;
-  }
-  return make(sha->get<std::string>(), ms);
+  WFS_ASSIGN_OR_RETURN(HfRevisionInfo rev, ParseHfRevisionInfo(*info, where));
+  return make(std::move(rev.commit), rev.time_ms);
 }
 
 std::string HfRepo::SnapshotDir() const { return CacheRepoDir(api_->config(), repo_) + "/snapshots/" + commit_; }
@@ -236,35 +272,8 @@ Expected<std::vector<HfRepoFile>> HfRepo::ListFiles() {
     HfTarget target{HfTarget::Kind::kRepo, repo_, revision_, ""};
     const std::string url = api_->Url("/api/models/" + repo_ + "/tree/" + commit_ +
                                       "?recursive=true&expand=false&limit=" + std::to_string(kTreePageLimit));
-    auto on_page = [&](const nlohmann::json& page) -> Status {
-      for (const auto& e : page) {
-        if (!e.is_object()) return Status::Corruption("repo tree entry is not an object");
-        const auto type = e.find("type"), path = e.find("path");
-        if (type == e.end() || !type->is_string() || path == e.end() || !path->is_string()) {
-          return Status::Corruption("repo tree entry without type or path");
-        }
-        if (type->get_ref<const std::string&>() != "file") continue;
-        HfRepoFile f;
-        f.path = path->get<std::string>();
-        if (!ValidateRepoPath(f.path).ok()) {
-          spdlog::warn("hf://{}@{}: skipping file '{}' (not a path weightfs can show)", repo_, revision_,
-                       f.path.substr(0, 200));
-          continue;
-        }
-        const auto size = e.find("size");
-        if (size != e.end() && size->is_number_unsigned()) f.size = size->get<uint64_t>();
-        if (auto lfs = e.find("lfs"); lfs != e.end() && lfs->is_object()) {
-          if (auto ls = lfs->find("size"); ls != lfs->end() && ls->is_number_unsigned()) f.size = ls->get<uint64_t>();
-          if (auto oid = lfs->find("oid"); oid != lfs->end() && oid->is_string() && IsSha256Hex(oid->get<std::string>())) {
-            f.sha256 = oid->get<std::string>();
-          }
-        } else if (size == e.end() || !size->is_number_unsigned()) {
-          return Status::Corruption("repo tree entry '" + f.path.substr(0, 200) + "' has no valid size");
-        }
-        out.push_back(std::move(f));
-      }
-      return Status::Ok();
-    };
+    const std::string where = "hf://" + repo_ + "@" + revision_;
+    auto on_page = [&](const nlohmann::json& page) -> Status { return AppendHfRepoTreePage(page, where, &out); };
     Status s = api_->GetJsonPages(url, target, on_page);
     stats_.requests.store(api_->stats().hub_requests + api_->stats().other_requests);
     if (!s.ok()) {
@@ -451,28 +460,54 @@ class HfRepoVersions final : public DerivedVersions {
 
 }  // namespace
 
-Expected<std::shared_ptr<DerivedVersions>> OpenHfRepoVersions(const HfConfig& config, std::shared_ptr<HttpClient> http,
-                                                               std::string_view repo_id, std::string_view revision) {
-  WFS_ASSIGN_OR_RETURN(std::shared_ptr<HfRepo> repo, HfRepo::Open(config, std::move(http), repo_id, revision));
-  WFS_ASSIGN_OR_RETURN(std::vector<HfRepoFile> files, repo->ListFiles());
+Expected<std::shared_ptr<const Manifest>> BuildHfRepoManifest(std::string_view repo_id, std::string_view revision,
+                                                              std::string_view commit, int64_t created_ms,
+                                                              std::vector<HfRepoFile> files, uint64_t max_bytes) {
+  const std::string where = "hf://" + std::string(repo_id) + "@" + std::string(revision);
   auto m = std::make_shared<Manifest>();
   m->model = HfRepoModelName(repo_id);
   WFS_TRY(ValidateModelName(m->model));
-  m->version = ValidateVersionName(revision).ok() ? std::string(revision) : repo->commit();
-  const int64_t now_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
-  m->created_ms = repo->commit_time_ms() > 0 ? repo->commit_time_ms() : now_ms;
+  m->version = ValidateVersionName(revision).ok() ? std::string(revision) : std::string(commit);
+  m->created_ms = created_ms;
   m->created = FormatUtc(m->created_ms);
   m->chunk_bytes = kDefaultChunkBytes;
   m->versions = {m->version};
   m->derived = true;
+  std::sort(files.begin(), files.end(), [](const HfRepoFile& a, const HfRepoFile& b) { return a.path < b.path; });
+  // The listing is the server's word: a path twice, or a file that is also a directory, would
+  // make a tree no filesystem can show; sizes are bounded before any chunk is planned.
+  uint64_t total = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const HfRepoFile& f = files[i];
+    if (i > 0 && files[i - 1].path == f.path) {
+      return Status::Corruption(where + ": the Hub lists '" + f.path.substr(0, 200) + "' twice");
+    }
+    for (size_t slash = f.path.find('/'); slash != std::string::npos; slash = f.path.find('/', slash + 1)) {
+      const auto dir = std::lower_bound(files.begin(), files.end(), f.path.substr(0, slash),
+                                        [](const HfRepoFile& a, const std::string& p) { return a.path < p; });
+      if (dir != files.end() && dir->path == f.path.substr(0, slash)) {
+        return Status::Corruption(where + ": the Hub lists '" + dir->path.substr(0, 200) +
+                                  "' as a file and as a directory");
+      }
+    }
+    if (f.size > kMaxHfRepoFileBytes) {
+      return Status::Corruption(where + ": the Hub says '" + f.path.substr(0, 200) + "' has " +
+                                std::to_string(f.size) + " bytes, more than " + std::to_string(kMaxHfRepoFileBytes) +
+                                " (no Hub file is that large)");
+    }
+    total += f.size;
+    if (total > max_bytes) {
+      return Status::ResourceExhausted(where + ": the repo's files add up to more than " + std::to_string(max_bytes) +
+                                       " bytes");
+    }
+  }
+  const std::string source_prefix = "hf://" + std::string(repo_id) + "@" + std::string(commit) + "/";
   for (const HfRepoFile& f : files) {
     ManifestFile mf;
     mf.path = f.path;
     mf.size = f.size;
     mf.sha256 = f.sha256;
-    const std::string source = "hf://" + repo->repo() + "@" + repo->commit() + "/" + f.path;
+    const std::string source = source_prefix + f.path;
     const uint32_t source_index = m->SourceIndex(source);
     for (uint64_t off = 0, i = 0; off < f.size; off += kDefaultChunkBytes, ++i) {
       ManifestChunk c;
@@ -489,7 +524,20 @@ Expected<std::shared_ptr<DerivedVersions>> OpenHfRepoVersions(const HfConfig& co
     m->stats.elements += f.size;
     m->files.push_back(std::move(mf));
   }
-  std::sort(m->files.begin(), m->files.end(), [](const ManifestFile& a, const ManifestFile& b) { return a.path < b.path; });
+  return std::shared_ptr<const Manifest>(std::move(m));
+}
+
+Expected<std::shared_ptr<DerivedVersions>> OpenHfRepoVersions(const HfConfig& config, std::shared_ptr<HttpClient> http,
+                                                               std::string_view repo_id, std::string_view revision) {
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<HfRepo> repo, HfRepo::Open(config, std::move(http), repo_id, revision));
+  WFS_ASSIGN_OR_RETURN(std::vector<HfRepoFile> files, repo->ListFiles());
+  const int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m,
+                       BuildHfRepoManifest(repo->repo(), revision, repo->commit(),
+                                           repo->commit_time_ms() > 0 ? repo->commit_time_ms() : now_ms,
+                                           std::move(files)));
   return std::shared_ptr<DerivedVersions>(std::make_shared<HfRepoVersions>(std::move(repo), std::move(m)));
 }
 

@@ -57,6 +57,24 @@ struct HfRepoFile {
   std::string sha256;  // the LFS oid (64 hex), "" for files kept in git
 };
 
+// The Hub's JSON answers, parsed without I/O (exposed for tests and the hf_json fuzzer):
+//
+// One page of a model repo's tree listing (GET /api/models/REPO/tree/COMMIT: a JSON array of
+// {"type": "file"|"directory", "path", "size", "lfs": {"oid", "size"}}): appends every file to
+// `out`, size = lfs.size when present, sha256 = lfs.oid when it is 64 lowercase hex. Paths
+// ValidateFilePath refuses are skipped with a warning naming `where`; directories are ignored.
+// Corruption when the page is not an array, an entry is not an object or lacks a string type or
+// path, or a file without "lfs" has no unsigned size.
+Status AppendHfRepoTreePage(const nlohmann::json& page, std::string_view where, std::vector<HfRepoFile>* out);
+
+// The revision API's answer (GET /api/models/REPO/revision/REV): "sha" (40 lowercase hex) and
+// "lastModified" (Unix ms; 0 when absent or unparsable). Corruption naming `where` without a sha.
+struct HfRevisionInfo {
+  std::string commit;
+  int64_t time_ms = 0;
+};
+Expected<HfRevisionInfo> ParseHfRevisionInfo(const nlohmann::json& info, std::string_view where);
+
 struct HfRepoStats {
   std::atomic<uint64_t> requests{0};       // HTTP requests made (redirect hops included)
   std::atomic<uint64_t> bytes_fetched{0};  // bytes of file ranges fetched over HTTP
@@ -133,6 +151,20 @@ class HfSources final : public ExternalSources {
 Expected<std::shared_ptr<DerivedVersions>> OpenHfRepoVersions(const HfConfig& config,
                                                                std::shared_ptr<HttpClient> http,
                                                                std::string_view repo, std::string_view revision);
+
+// Bounds on what a tree listing may claim (the Hub stores at most 50 GB per LFS file): a
+// derived manifest plans one chunk per kDefaultChunkBytes, so a claimed size is memory.
+inline constexpr uint64_t kMaxHfRepoFileBytes = 1ull << 40;  // 1 TiB
+inline constexpr uint64_t kMaxHfRepoBytes = 4ull << 40;      // 4 TiB in all: 1M chunks
+
+// The manifest OpenHfRepoVersions shows for `files` (a tree listing) of `repo_id` at `commit`,
+// as described above, files sorted by path. Pure (exposed for tests and the hf_json fuzzer).
+// Corruption naming the repo when a path is listed twice, a file is also a directory of another,
+// or a file is larger than kMaxHfRepoFileBytes; ResourceExhausted past `max_bytes` in all.
+Expected<std::shared_ptr<const Manifest>> BuildHfRepoManifest(std::string_view repo_id, std::string_view revision,
+                                                              std::string_view commit, int64_t created_ms,
+                                                              std::vector<HfRepoFile> files,
+                                                              uint64_t max_bytes = kMaxHfRepoBytes);
 
 // The model name OpenHfRepoVersions uses for `repo`.
 std::string HfRepoModelName(std::string_view repo);

@@ -128,6 +128,44 @@ void Materializer::GiveCodec(std::unique_ptr<ChunkCodec> codec) {
   if (codecs_.size() < kPooledCodecs) codecs_.push_back(std::move(codec));
 }
 
+void Materializer::Warm(size_t builds, uint64_t chunk_bytes) {
+  chunk_bytes = std::min<uint64_t>(chunk_bytes, kMaxChunkBytes) & ~uint64_t{1};
+  if (builds == 0 || chunk_bytes == 0) return;
+  // A bf16 chunk and a child with ~1% of its elements moved by one unit, like a training step.
+  std::vector<uint8_t> parent(chunk_bytes), child;
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < parent.size(); i += 2) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    const uint16_t v = static_cast<uint16_t>(0x3C00 + (x & 0x03FF));  // small positive values
+    std::memcpy(&parent[i], &v, 2);
+  }
+  child = parent;
+  for (size_t i = 0; i < child.size(); i += 200) child[i] ^= 1;
+  std::vector<uint8_t> full, sparse;
+  {
+    ChunkCodec encoder;
+    encoder.EncodeFull(DType::kBF16, parent, &full);
+    (void)encoder.EncodeDelta(DType::kBF16, parent, child, &sparse);
+  }
+  std::vector<std::unique_ptr<ChunkCodec>> codecs;
+  std::vector<Scratch> buffers;
+  for (size_t b = 0; b < builds; ++b) {
+    std::unique_ptr<ChunkCodec> codec = TakeCodec();
+    // Two intermediate buffers per build and one output (Shared's).
+    Scratch s[3];
+    for (Scratch& one : s) {
+      one = TakeScratch();
+      std::memset(one.Resize(chunk_bytes).data(), 0, chunk_bytes);
+    }
+    (void)codec->Decode(full, {}, s[0].Resize(chunk_bytes), limits_);
+    (void)codec->Decode(sparse, s[0].bytes(), s[1].Resize(chunk_bytes), limits_);
+    codecs.push_back(std::move(codec));
+    for (Scratch& one : s) buffers.push_back(std::move(one));
+  }
+  for (auto& c : codecs) GiveCodec(std::move(c));
+  for (Scratch& b : buffers) GiveScratch(std::move(b));
+}
+
 Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest, const ManifestFile& file,
                                          size_t index) {
   stats_.chunks++;

@@ -222,7 +222,10 @@ int Serve(const MountConfig& c, int notify_fd, bool daemon) {
                c.mountpoint, ::getpid(), c.cache_dir, FormatBytes(static_cast<double>(c.cache_size)),
                FormatBytes(static_cast<double>(c.mount.reader.memory_limit)));
   notify("OK");
+  // Warm the decoders while the mount waits for its first reader (hub/materializer.h).
+  std::thread warm([&materializer] { materializer.Warm(2, kDefaultChunkBytes); });
   s = server.Run();
+  warm.join();
   if (!s.ok()) {
     spdlog::error("{}", s.ToString());
     return 1;

@@ -221,6 +221,111 @@ TEST(HfUrlTest, LinkOriginAndRedirectHelpers) {
   EXPECT_FALSE(api.IsHubOrigin("https://huggingface.co:8443/x"));
 }
 
+// Found by tests/fuzz/hf_json_fuzz: a relative Location resolved against a base that is not
+// http(s) came back as a URL of that scheme ("hdtp://cdn/x"), and a base whose authority ended
+// in a query ("https://h?q") kept the query in front of the path.
+TEST(HfUrlTest, ResolveUrlGivesOnlyHttpUrlsAndEndsTheAuthorityAtAQuery) {
+  EXPECT_EQ(hf::ResolveUrl("hdtp://[::10:808]/a", "//cdn.e"), "");
+  EXPECT_EQ(hf::ResolveUrl("file:///etc/passwd", "/x"), "");
+  EXPECT_EQ(hf::ResolveUrl("ftp://h/a/b", "c"), "");
+  EXPECT_EQ(hf::ResolveUrl("HTTPS://h/a/b", "//cdn/x"), "HTTPS://cdn/x");
+  EXPECT_EQ(hf::ResolveUrl("https://h?q=/z", "/c"), "https://h/c");
+  EXPECT_EQ(hf::ResolveUrl("https://h#f", "c"), "https://h/c");
+  EXPECT_EQ(hf::ResolveUrl("https://h/a/b?q=/z", "c"), "https://h/a/c");
+}
+
+TEST(HfJsonTest, BucketTreePagesKeepFilesUnderThePrefixWithValidKeysAndSizes) {
+  const auto page = nlohmann::json::parse(R"([
+    {"type": "file", "path": "p/anchors/step_000001.safetensors", "size": 10},
+    {"type": "directory", "path": "p/anchors"},
+    {"type": "file", "path": "p/deltas/step_000002.safetensors", "size": 3},
+    {"type": "file", "path": "p/anchors/../x", "size": 1},
+    {"type": "file", "path": "q/anchors/other", "size": 1}
+  ])");
+  std::vector<ObjectInfo> out;
+  size_t skipped = 0;
+  ASSERT_TRUE(AppendHfBucketTreePage(page, "p/anchors/", "p/", &out, &skipped).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].key, "anchors/step_000001.safetensors");
+  EXPECT_EQ(out[0].size, 10u);
+  EXPECT_EQ(skipped, 1u);  // "anchors/../x"
+  for (const char* bad : {R"({"type": "file"})", R"([1])", R"([{"type": "file", "path": 3}])",
+                          R"([{"type": "file", "path": "a"}])", R"([{"type": "file", "path": "a", "size": -1}])",
+                          R"([{"type": "file", "path": "a", "size": 1.5}])"}) {
+    out.clear();
+    EXPECT_EQ(AppendHfBucketTreePage(nlohmann::json::parse(bad), "", "", &out, &skipped).kind(),
+              ErrorKind::kCorruption)
+        << bad;
+  }
+}
+
+TEST(HfJsonTest, RepoTreePagesTakeLfsSizesAndOidsAndSkipUnsafePaths) {
+  const std::string oid(64, 'a');
+  const auto page = nlohmann::json::parse(R"([
+    {"type": "file", "path": "config.json", "size": 10, "oid": "abc"},
+    {"type": "file", "path": "model.safetensors", "size": 134, "lfs": {"oid": ")" + oid + R"(", "size": 1000}},
+    {"type": "file", "path": "w.bin", "lfs": {"oid": "NOTHEX", "size": 5}},
+    {"type": "directory", "path": "sub"},
+    {"type": "file", "path": "../evil", "size": 1}
+  ])");
+  std::vector<HfRepoFile> out;
+  ASSERT_TRUE(AppendHfRepoTreePage(page, "hf://org/x@main", &out).ok());
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].path, "config.json");
+  EXPECT_EQ(out[0].size, 10u);
+  EXPECT_EQ(out[0].sha256, "");
+  EXPECT_EQ(out[1].size, 1000u);
+  EXPECT_EQ(out[1].sha256, oid);
+  EXPECT_EQ(out[2].size, 5u);
+  EXPECT_EQ(out[2].sha256, "");
+  for (const char* bad : {R"({})", R"(["x"])", R"([{"path": "a", "size": 1}])", R"([{"type": "file", "path": "a"}])"}) {
+    EXPECT_EQ(AppendHfRepoTreePage(nlohmann::json::parse(bad), "hf://org/x@main", &out).kind(),
+              ErrorKind::kCorruption)
+        << bad;
+  }
+}
+
+TEST(HfJsonTest, RevisionAnswersNeedA40HexSha) {
+  const std::string sha = "0123456789abcdef0123456789abcdef01234567";
+  auto info = ParseHfRevisionInfo(nlohmann::json::parse(R"({"sha": ")" + sha +
+                                                        R"(", "lastModified": "2024-05-01T12:00:00.000Z"})"),
+                                  "hf://org/x@main");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->commit, sha);
+  EXPECT_GT(info->time_ms, 0);
+  for (const char* bad : {R"([])", R"("x")", R"({"sha": 1})", R"({"sha": "ABC"})", R"({})"}) {
+    auto r = ParseHfRevisionInfo(nlohmann::json::parse(bad), "hf://org/x@main");
+    EXPECT_EQ(r.status().kind(), ErrorKind::kCorruption) << bad;
+    EXPECT_NE(r.status().message().find("hf://org/x@main"), std::string::npos);
+  }
+}
+
+// A hostile tree listing once made OpenHfRepoVersions plan 2^41 chunks for one claimed
+// 2^63-byte file (out of memory), and passed duplicate paths and file/directory clashes on to the
+// filesystem.
+TEST(HfJsonTest, RepoManifestsRefuseClaimedSizesAndTreesNoFilesystemCanShow) {
+  const std::string commit = "0123456789abcdef0123456789abcdef01234567";
+  auto build = [&](std::vector<HfRepoFile> files) { return BuildHfRepoManifest("org/x", "main", commit, 1, files); };
+  auto ok = build({{"b/w.safetensors", 9ull << 20, ""}, {"a.json", 3, ""}});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_EQ((*ok)->files.size(), 2u);
+  EXPECT_EQ((*ok)->files[0].path, "a.json");
+  EXPECT_EQ((*ok)->files[1].chunks.size(), 3u);  // 4 + 4 + 1 MiB
+  EXPECT_EQ((*ok)->version, "main");
+
+  auto huge = build({{"w.bin", uint64_t{1} << 63, ""}});
+  EXPECT_EQ(huge.status().kind(), ErrorKind::kCorruption);
+  EXPECT_NE(huge.status().message().find("'w.bin'"), std::string::npos) << huge.status().message();
+  std::vector<HfRepoFile> many;
+  for (int i = 0; i < 5; ++i) many.push_back({"w" + std::to_string(i) + ".bin", kMaxHfRepoFileBytes, ""});
+  EXPECT_EQ(build(many).status().kind(), ErrorKind::kResourceExhausted);
+  EXPECT_EQ(build({{"a", 1, ""}, {"a", 2, ""}}).status().kind(), ErrorKind::kCorruption);
+  EXPECT_EQ(build({{"a/b", 1, ""}, {"a", 2, ""}}).status().kind(), ErrorKind::kCorruption);
+  EXPECT_EQ(build({{"a/b/c", 1, ""}, {"a.b", 1, ""}, {"a/b", 2, ""}}).status().kind(), ErrorKind::kCorruption);
+  EXPECT_EQ(build({{"a/b", 1, ""}, {"a-c", 1, ""}, {"a", 2, ""}}).status().kind(), ErrorKind::kCorruption);
+  EXPECT_TRUE(build({{"a.b", 1, ""}, {"a", 2, ""}, {"a-c/d", 1, ""}}).ok());
+}
+
 // ---- buckets: the store contract ----------------------------------------------------------------
 
 class HfBucketStoreTest : public ::testing::Test {
