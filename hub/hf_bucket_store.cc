@@ -12,27 +12,6 @@ namespace {
 constexpr auto kSnapshotTtl = std::chrono::seconds(30);
 constexpr size_t kTreePageLimit = 1000;  // the Hub allows up to 10000; clients use 1000-5000
 
-// Hub namespace and repo/bucket names (the Hub's own rules, slightly stricter than needed).
-Status ValidateHubName(std::string_view name, std::string_view what) {
-  auto bad = [&](std::string_view rule) {
-    return Status::InvalidArgument(std::string(what) + " '" + std::string(name.substr(0, 100)) + "' " +
-                                   std::string(rule));
-  };
-  if (name.empty() || name.size() > 96) return bad("must be 1 to 96 characters");
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                    c == '-' || c == '_';
-    if (!ok) return bad("has a character outside [A-Za-z0-9._-]");
-  }
-  if (name.front() == '.' || name.front() == '-' || name.back() == '.' || name.back() == '-') {
-    return bad("must not start or end with '.' or '-'");
-  }
-  if (name.find("--") != std::string_view::npos || name.find("..") != std::string_view::npos) {
-    return bad("must not contain '--' or '..'");
-  }
-  return Status::Ok();
-}
-
 class HfBucketStore final : public Store {
  public:
   HfBucketStore(HfBucketUrl url, std::shared_ptr<HfApi> api, std::unique_ptr<Store> s3)

@@ -34,35 +34,6 @@ bool IsTrue(const std::optional<std::string>& v) {
   return l == "1" || l == "on" || l == "yes" || l == "true";
 }
 
-std::optional<uint64_t> ParseU64(std::string_view s) {
-  uint64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-struct ContentRange {
-  uint64_t first = 0, last = 0;
-  std::optional<uint64_t> total;
-};
-// "bytes 0-9/100" or "bytes 0-9/*".
-std::optional<ContentRange> ParseContentRange(std::string_view v) {
-  if (v.rfind("bytes ", 0) != 0) return std::nullopt;
-  v.remove_prefix(6);
-  const size_t dash = v.find('-'), slash = v.find('/');
-  if (dash == std::string_view::npos || slash == std::string_view::npos || slash < dash) return std::nullopt;
-  auto first = ParseU64(v.substr(0, dash));
-  auto last = ParseU64(v.substr(dash + 1, slash - dash - 1));
-  if (!first || !last || *last < *first) return std::nullopt;
-  ContentRange r{*first, *last, std::nullopt};
-  const std::string_view total = v.substr(slash + 1);
-  if (total != "*") {
-    r.total = ParseU64(total);
-    if (!r.total) return std::nullopt;
-  }
-  return r;
-}
-
 // A printable one-line excerpt of a server-supplied string.
 std::string Printable(std::string_view s, size_t max = 300) {
   std::string out;
@@ -503,6 +474,26 @@ Expected<std::vector<uint8_t>> HfApi::ReadRange(const std::string& url, const Hf
                            std::to_string(size) + " bytes (HTTP 416)");
   }
   return ErrorFrom(r, what, target);
+}
+
+Status ValidateHubName(std::string_view name, std::string_view what) {
+  auto bad = [&](std::string_view rule) {
+    return Status::InvalidArgument(std::string(what) + " '" + std::string(name.substr(0, 100)) + "' " +
+                                   std::string(rule));
+  };
+  if (name.empty() || name.size() > 96) return bad("must be 1 to 96 characters");
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '-' || c == '_';
+    if (!ok) return bad("has a character outside [A-Za-z0-9._-]");
+  }
+  if (name.front() == '.' || name.front() == '-' || name.back() == '.' || name.back() == '-') {
+    return bad("must not start or end with '.' or '-'");
+  }
+  if (name.find("--") != std::string_view::npos || name.find("..") != std::string_view::npos) {
+    return bad("must not contain '--' or '..'");
+  }
+  return Status::Ok();
 }
 
 }  // namespace weightfs

@@ -163,4 +163,9 @@ std::string UrlOrigin(std::string_view url);
 bool IsCommitSha(std::string_view s);
 }  // namespace hf
 
+// A Hub namespace, repo or bucket name (the Hub's own rules, slightly stricter than needed):
+// 1-96 of [A-Za-z0-9._-], not starting or ending with '.' or '-', no "--" or "..".
+// InvalidArgument naming `what` and the rule, or OK.
+Status ValidateHubName(std::string_view name, std::string_view what);
+
 }  // namespace weightfs

@@ -23,34 +23,14 @@ namespace {
 
 constexpr size_t kTreePageLimit = 1000;
 
-Status ValidateHubNamePart(std::string_view name, std::string_view what) {
-  auto bad = [&](std::string_view rule) {
-    return Status::InvalidArgument(std::string(what) + " '" + std::string(name.substr(0, 100)) + "' " +
-                                   std::string(rule));
-  };
-  if (name.empty() || name.size() > 96) return bad("must be 1 to 96 characters");
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                    c == '-' || c == '_';
-    if (!ok) return bad("has a character outside [A-Za-z0-9._-]");
-  }
-  if (name.front() == '.' || name.front() == '-' || name.back() == '.' || name.back() == '-') {
-    return bad("must not start or end with '.' or '-'");
-  }
-  if (name.find("--") != std::string_view::npos || name.find("..") != std::string_view::npos) {
-    return bad("must not contain '--' or '..'");
-  }
-  return Status::Ok();
-}
-
 Status ValidateRepoId(std::string_view repo) {
   const size_t slash = repo.find('/');
-  if (slash == std::string_view::npos) return ValidateHubNamePart(repo, "repo name");
+  if (slash == std::string_view::npos) return ValidateHubName(repo, "repo name");
   if (repo.find('/', slash + 1) != std::string_view::npos) {
     return Status::InvalidArgument("repo id '" + std::string(repo.substr(0, 200)) + "' has more than one '/'");
   }
-  WFS_TRY(ValidateHubNamePart(repo.substr(0, slash), "organization"));
-  return ValidateHubNamePart(repo.substr(slash + 1), "repo name");
+  WFS_TRY(ValidateHubName(repo.substr(0, slash), "organization"));
+  return ValidateHubName(repo.substr(slash + 1), "repo name");
 }
 
 Status ValidateRevision(std::string_view rev) {

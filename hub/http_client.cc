@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <array>
 #include <cctype>
 #include <condition_variable>
@@ -578,6 +579,30 @@ std::optional<uint64_t> ParseRateLimitReset(std::string_view header) {
     pos = end + 1;
   }
   return std::nullopt;
+}
+
+std::optional<uint64_t> ParseU64(std::string_view s) {
+  uint64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<ContentRange> ParseContentRange(std::string_view v) {
+  if (v.rfind("bytes ", 0) != 0) return std::nullopt;
+  v.remove_prefix(6);
+  const size_t dash = v.find('-'), slash = v.find('/');
+  if (dash == std::string_view::npos || slash == std::string_view::npos || slash < dash) return std::nullopt;
+  auto first = ParseU64(v.substr(0, dash));
+  auto last = ParseU64(v.substr(dash + 1, slash - dash - 1));
+  if (!first || !last || *last < *first) return std::nullopt;
+  ContentRange r{*first, *last, std::nullopt};
+  const std::string_view total = v.substr(slash + 1);
+  if (total != "*") {
+    r.total = ParseU64(total);
+    if (!r.total) return std::nullopt;
+  }
+  return r;
 }
 
 std::string UrlEncode(std::string_view s, bool keep_slash) {

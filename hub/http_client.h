@@ -131,6 +131,17 @@ Status HttpStatusError(long status, std::string_view what, std::string_view serv
 // Send uses it as the delay before retrying a 429 that has no Retry-After.
 std::optional<uint64_t> ParseRateLimitReset(std::string_view header);
 
+// A decimal number filling all of `s` (a header value), or nullopt.
+std::optional<uint64_t> ParseU64(std::string_view s);
+
+// A Content-Range value: "bytes FIRST-LAST/TOTAL" or "bytes FIRST-LAST/*"; nullopt when
+// malformed or LAST < FIRST.
+struct ContentRange {
+  uint64_t first = 0, last = 0;
+  std::optional<uint64_t> total;
+};
+std::optional<ContentRange> ParseContentRange(std::string_view v);
+
 // Percent-encodes everything outside RFC 3986's unreserved set; '/' is kept when keep_slash.
 std::string UrlEncode(std::string_view s, bool keep_slash);
 

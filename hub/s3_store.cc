@@ -294,37 +294,6 @@ std::string NormalizeEtag(std::string_view etag) {
   return e;
 }
 
-std::optional<uint64_t> ParseU64(std::string_view s) {
-  uint64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-struct ContentRange {
-  uint64_t first = 0, last = 0;
-  std::optional<uint64_t> total;
-};
-// "bytes 0-9/100" or "bytes 0-9/*".
-std::optional<ContentRange> ParseContentRange(std::string_view v) {
-  if (v.rfind("bytes ", 0) != 0) return std::nullopt;
-  v.remove_prefix(6);
-  const size_t dash = v.find('-'), slash = v.find('/');
-  if (dash == std::string_view::npos || slash == std::string_view::npos || slash < dash) return std::nullopt;
-  ContentRange r;
-  auto first = ParseU64(v.substr(0, dash));
-  auto last = ParseU64(v.substr(dash + 1, slash - dash - 1));
-  if (!first || !last || *last < *first) return std::nullopt;
-  r.first = *first;
-  r.last = *last;
-  const std::string_view total = v.substr(slash + 1);
-  if (total != "*") {
-    r.total = ParseU64(total);
-    if (!r.total) return std::nullopt;
-  }
-  return r;
-}
-
 std::string XmlEscape(std::string_view s) {
   std::string out;
   for (char c : s) {
