@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,17 @@ inline std::vector<uint8_t> Slurp(const std::filesystem::path& path) {
 inline std::string SlurpText(const std::filesystem::path& path) {
   std::vector<uint8_t> b = Slurp(path);
   return std::string(b.begin(), b.end());
+}
+
+// Regular files under `dir` (recursively), by path relative to it.
+inline std::set<std::string> FilesUnder(const std::filesystem::path& dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file()) out.insert(std::filesystem::relative(it->path(), dir).string());
+  }
+  return out;
 }
 
 }  // namespace weightfs::test

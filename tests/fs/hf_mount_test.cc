@@ -47,15 +47,7 @@ using namespace std::chrono_literals;
 
 constexpr const char* kToken = "hf_fakeTokenValue0123456789abcdefXYZ";
 
-std::set<std::string> FilesUnder(const fs::path& dir) {
-  std::set<std::string> out;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    if (it->is_regular_file()) out.insert(fs::relative(it->path(), dir).string());
-  }
-  return out;
-}
+using weightfs::test::FilesUnder;
 
 // Whether `needle` occurs in any regular file under `dir` (the cache must never hold the token).
 bool AnyFileContains(const fs::path& dir, const std::string& needle) {

@@ -122,16 +122,7 @@ std::optional<std::string> GetXattr(const fs::path& p, const char* name, int* er
   return v;
 }
 
-// Regular files under `dir`, by path relative to it.
-std::set<std::string> FilesUnder(const fs::path& dir) {
-  std::set<std::string> out;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    if (it->is_regular_file()) out.insert(fs::relative(it->path(), dir).string());
-  }
-  return out;
-}
+using weightfs::test::FilesUnder;
 
 std::string Sha256Of(const fs::path& p) { return Sha256Hex(Slurp(p)); }
 
