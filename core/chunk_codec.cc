@@ -398,9 +398,15 @@ Status ChunkCodec::Decode(std::span<const uint8_t> payload, std::span<const uint
       return Status::InvalidArgument("delta needs a parent of " + std::to_string(info.parent_len) +
                                      " bytes, got " + std::to_string(parent.size()));
     }
-    if (Hash64(parent) != info.parent_hash) {
+    if (limits.verify_parent && Hash64(parent) != info.parent_hash) {
       return Status::Corruption("delta was encoded against a different parent chunk");
     }
+  }
+  if (info.is_delta() && !out.empty() && !parent.empty() &&
+      out.data() < parent.data() + parent.size() &&
+      parent.data() < out.data() + out.size() &&
+      !(info.decodes_in_place() && out.data() == parent.data())) {
+    return Status::InvalidArgument("output buffer overlaps the parent chunk");
   }
   const std::span<const uint8_t> body = payload.subspan(kPayloadHeaderBytes);
   const size_t width = DTypeSize(info.dtype);

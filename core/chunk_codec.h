@@ -70,6 +70,12 @@ struct PayloadInfo {
     return encoding == ChunkEncoding::kSparse || encoding == ChunkEncoding::kDense ||
            encoding == ChunkEncoding::kPatch;
   }
+  // Element-wise deltas may be decoded in place: Decode's `out` may be its `parent`. A SPARSE
+  // delta decoded in place writes only the changed elements, which is what makes a chain of
+  // deltas cheap to apply (hub/materializer.cc).
+  bool decodes_in_place() const {
+    return encoding == ChunkEncoding::kSparse || encoding == ChunkEncoding::kDense;
+  }
 };
 
 struct EncodeOptions {
@@ -94,6 +100,10 @@ struct DecodeLimits {
   // Check the output against the payload's raw_hash. A caller that verifies a stronger hash of
   // the output itself (the manifest's Hash128) may turn this off to save a pass over the bytes.
   bool verify_output = true;
+  // Check a delta's parent against the payload's parent_hash before applying it. A caller that
+  // verifies the final result of a chain of deltas against a stronger hash may turn it off:
+  // a wrong parent anywhere in the chain makes that final check fail.
+  bool verify_parent = true;
 };
 
 class ChunkCodec {
@@ -114,7 +124,9 @@ class ChunkCodec {
 
   // Decodes `payload` into `out`, which must be exactly raw_len bytes (see Inspect). `parent`
   // is required for delta encodings and ignored otherwise. The output is checked against
-  // raw_hash; on any error the contents of `out` are unspecified.
+  // raw_hash; on any error the contents of `out` are unspecified. `out` may be `parent` itself
+  // when PayloadInfo::decodes_in_place() (then an error leaves the parent unspecified too);
+  // any other overlap is InvalidArgument.
   Status Decode(std::span<const uint8_t> payload, std::span<const uint8_t> parent,
                 std::span<uint8_t> out, const DecodeLimits& limits = {});
 

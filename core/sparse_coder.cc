@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
 
-#if defined(__SSE2__)
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
@@ -47,7 +50,29 @@ template <typename T>
 void ComputeClasses(const uint8_t* parent, size_t n, ExponentField f, int e_lo, int k,
                     uint8_t* classes) {
   const int top = k - 1;
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+#if defined(__SSE2__)
+  if constexpr (sizeof(T) == 2) {
+    // bf16 and f16, 16 elements per step: exponent field, saturating subtract of e_lo (clamps
+    // below at 0), min with the top class (the field is at most 0xFF, so signed min is exact),
+    // packed to bytes. The decoder runs this over every element of every delta of a chain.
+    const __m128i mask = _mm_set1_epi16(static_cast<int16_t>(f.mask));
+    const __m128i lo = _mm_set1_epi16(static_cast<int16_t>(e_lo));
+    const __m128i hi = _mm_set1_epi16(static_cast<int16_t>(top));
+    const __m128i shift = _mm_cvtsi32_si128(f.shift);
+    auto classes8 = [&](const uint8_t* p) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      const __m128i e = _mm_and_si128(_mm_srl_epi16(v, shift), mask);
+      return _mm_min_epi16(_mm_subs_epu16(e, lo), hi);
+    };
+    for (; i + 16 <= n; i += 16) {
+      const __m128i a = classes8(parent + i * 2);
+      const __m128i b = classes8(parent + i * 2 + 16);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(classes + i), _mm_packus_epi16(a, b));
+    }
+  }
+#endif
+  for (; i < n; ++i) {
     const int e = static_cast<int>((Load<T>(parent + i * sizeof(T)) >> f.shift) & f.mask);
     const int c = std::clamp(e - e_lo, 0, top);
     classes[i] = static_cast<uint8_t>(c);
@@ -404,7 +429,8 @@ void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
   }
   // Class of every element, then the class-local index of every change.
   std::vector<uint8_t>& classes = scratch->classes;
-  classes.assign((n + 63) / 64 * 64, kNoClass);
+  classes.resize((n + 63) / 64 * 64);
+  std::fill(classes.begin() + static_cast<ptrdiff_t>(n), classes.end(), kNoClass);
   ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
   std::vector<uint32_t>& local = scratch->local;
   local.resize(positions.size());
@@ -474,9 +500,9 @@ struct OutputWriter {
   size_t done = 0;  // elements [0, done) are written
   bool is_float;
 
-  // Copies the parent's elements [done, end).
+  // Copies the parent's elements [done, end) (nothing to copy when decoding in place).
   void CopyTo(size_t end) {
-    if (end > done) std::memcpy(out + done * sizeof(T), parent + done * sizeof(T), (end - done) * sizeof(T));
+    if (end > done && out != parent) std::memcpy(out + done * sizeof(T), parent + done * sizeof(T), (end - done) * sizeof(T));
     done = end;
   }
   // Adds d to the already copied element at pos (REQUIRES: pos < done).
@@ -490,6 +516,125 @@ struct OutputWriter {
   }
   void Finish() { CopyTo(n); }
 };
+
+// The 64 class bytes of a block, and which of them equal a class. The sweep below spends most
+// of a delta's decoding time here when the chunk is large and the changes few (k masks per
+// 64 elements whatever the number of changes), so it is built for AVX-512BW (one compare per
+// mask) and AVX2 when the CPU has them, chosen at run time.
+struct BlockSse2 {
+  const uint8_t* p;
+  [[gnu::always_inline]] explicit BlockSse2(const uint8_t* bytes) : p(bytes) {}
+  [[gnu::always_inline]] uint64_t Mask(uint8_t c) const { return ClassMask(p, c); }
+};
+#if defined(__x86_64__)
+struct BlockAvx2 {
+  __m256i lo, hi;
+  [[gnu::target("avx2")]] explicit BlockAvx2(const uint8_t* bytes)
+      : lo(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes))),
+        hi(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 32))) {}
+  [[gnu::target("avx2")]] uint64_t Mask(uint8_t c) const {
+    const __m256i v = _mm256_set1_epi8(static_cast<char>(c));
+    const auto a = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(lo, v)));
+    const auto b = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(hi, v)));
+    return uint64_t{a} | (uint64_t{b} << 32);
+  }
+};
+struct BlockAvx512 {
+  __m512i v;
+  [[gnu::target("avx512f,avx512bw")]] explicit BlockAvx512(const uint8_t* bytes)
+      : v(_mm512_loadu_si512(bytes)) {}
+  [[gnu::target("avx512f,avx512bw")]] uint64_t Mask(uint8_t c) const {
+    return _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(static_cast<char>(c)));
+  }
+};
+#endif
+
+// Applies changes given per class as class-local indices (local[class_start[c]..
+// class_start[c + 1]) ascending, with their differences) in one sweep over the blocks: per
+// block, each class that still has changes counts its members there and selects the ones
+// whose index falls in the block; the block's changes are then patched in position order
+// (within a class, position order is index order). Returns false if an index lies beyond the
+// class's members.
+// (Not always_inline: the ISA wrappers below flatten it, with their own target.)
+template <typename Block, typename T>
+bool ApplyByClassT(const uint8_t* classes, size_t n, int k,
+                                                 const uint32_t* class_start,
+                                                 const uint32_t* local, const uint64_t* diffs,
+                                                 OutputWriter<T>& writer) {
+  uint64_t seen[kMaxClasses] = {};
+  uint32_t next[kMaxClasses];
+  uint32_t head[kMaxClasses];
+  uint32_t active = 0;
+  for (int c = 0; c < k; ++c) {
+    next[c] = head[c] = class_start[c];
+    if (class_start[c] < class_start[c + 1]) active |= 1u << c;
+  }
+  const size_t blocks = (n + 63) / 64;
+  for (size_t b = 0; b < blocks && active != 0; ++b) {
+    const Block block(classes + b * 64);
+    uint64_t changed = 0;
+    for (uint32_t a = active; a != 0; a &= a - 1) {
+      const int c = std::countr_zero(a);
+      const uint64_t mask = block.Mask(static_cast<uint8_t>(c));
+      const uint64_t members = seen[c] + static_cast<uint64_t>(std::popcount(mask));
+      for (uint64_t t = local[next[c]]; t < members; t = local[next[c]]) {
+        changed |= uint64_t{1} << SelectBit(mask, static_cast<uint32_t>(t - seen[c]));
+        if (++next[c] == class_start[c + 1]) {
+          active &= ~(1u << c);
+          break;
+        }
+      }
+      seen[c] = members;
+    }
+    if (changed == 0) continue;
+    const size_t first = b * 64;
+    writer.CopyTo(std::min(first + 64, n));
+    for (; changed != 0; changed &= changed - 1) {
+      const size_t pos = first + static_cast<size_t>(std::countr_zero(changed));
+      writer.Patch(pos, static_cast<T>(diffs[head[classes[pos]]++]));
+    }
+  }
+  return active == 0;
+}
+
+#if defined(__x86_64__)
+template <typename T>
+[[gnu::target("avx2"), gnu::flatten]] bool ApplyByClassAvx2(const uint8_t* classes, size_t n, int k,
+                                              const uint32_t* class_start, const uint32_t* local,
+                                              const uint64_t* diffs, OutputWriter<T>& writer) {
+  return ApplyByClassT<BlockAvx2>(classes, n, k, class_start, local, diffs, writer);
+}
+template <typename T>
+[[gnu::target("avx512f,avx512bw"), gnu::flatten]] bool ApplyByClassAvx512(const uint8_t* classes, size_t n, int k,
+                                                            const uint32_t* class_start,
+                                                            const uint32_t* local,
+                                                            const uint64_t* diffs,
+                                                            OutputWriter<T>& writer) {
+  return ApplyByClassT<BlockAvx512>(classes, n, k, class_start, local, diffs, writer);
+}
+#endif
+
+Simd BestSimd() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512bw")) return Simd::kAvx512;
+  if (__builtin_cpu_supports("avx2")) return Simd::kAvx2;
+#endif
+  return Simd::kSse2;
+}
+
+std::atomic<Simd> g_simd{BestSimd()};
+
+template <typename T>
+bool ApplyByClass(const uint8_t* classes, size_t n, int k, const uint32_t* class_start,
+                  const uint32_t* local, const uint64_t* diffs, OutputWriter<T>& writer) {
+  switch (g_simd.load(std::memory_order_relaxed)) {
+#if defined(__x86_64__)
+    case Simd::kAvx512: return ApplyByClassAvx512(classes, n, k, class_start, local, diffs, writer);
+    case Simd::kAvx2: return ApplyByClassAvx2(classes, n, k, class_start, local, diffs, writer);
+#endif
+    default: return ApplyByClassT<BlockSse2>(classes, n, k, class_start, local, diffs, writer);
+  }
+}
 
 template <typename T>
 Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent, uint8_t* out,
@@ -534,67 +679,40 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
       writer.Change(pos, d);
     }
   } else {
-    std::vector<uint8_t>& classes = scratch->classes;
-    classes.assign((n + 63) / 64 * 64, kNoClass);
-    ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
-    const size_t blocks = classes.size() / 64;
-    std::vector<uint64_t>& changed = scratch->bitmap;
-    changed.assign(blocks, 0);
+    // First the whole stream: each class's changes as class-local indices (the gaps summed)
+    // and differences, class after class. Then one sweep over the chunk maps class-local
+    // indices to positions and applies the differences in position order.
+    std::vector<uint32_t>& local = scratch->local;
+    local.resize(count);
     std::vector<uint64_t>& diffs = scratch->diffs;
     diffs.resize(count);
-    uint64_t class_start[kMaxClasses + 1] = {};
+    uint32_t class_start[kMaxClasses + 1] = {};
     for (int c = 0; c < k; ++c) {
       const uint64_t c_count1 = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33);
       if (c_count1 == 0 || c_count1 - 1 > count - total) return bad("class counts do not add up");
       const uint64_t c_count = c_count1 - 1;
-      total += c_count;
       ClassState s;
       uint64_t target = 0;  // class-local index of the next change
-      uint64_t seen = 0;    // class members before `block`
-      size_t block = 0;
-      uint64_t mask = 0;
-      bool have_mask = false;
       for (uint64_t i = 0; i < c_count; ++i) {
         const uint64_t gap = DecodeGap(dec, *model, s, c);
         if (gap == 0 || dec.overrun()) return bad("gap out of range");
         target += gap - (i == 0 ? 1 : 0);
-        // Walk blocks until the block holding class member number `target`.
-        for (;;) {
-          if (block >= blocks) return bad("a change lies outside the chunk");
-          if (!have_mask) {
-            mask = ClassMask(classes.data() + block * 64, static_cast<uint8_t>(c));
-            have_mask = true;
-          }
-          const uint64_t pop = static_cast<uint64_t>(std::popcount(mask));
-          if (target < seen + pop) break;
-          seen += pop;
-          ++block;
-          have_mask = false;
-        }
-        const size_t pos = block * 64 + static_cast<size_t>(SelectBit(mask, static_cast<uint32_t>(target - seen)));
+        if (target >= n) return bad("a change lies outside the chunk");
         T d;
         if (!DecodeValue<T>(dec, *model, s, &d)) return bad("value out of range");
-        changed[pos >> 6] |= uint64_t{1} << (pos & 63);
-        diffs[total - c_count + i] = d;
+        local[total + i] = static_cast<uint32_t>(target);
+        diffs[total + i] = d;
       }
-      class_start[c + 1] = total;
+      total += c_count;
+      class_start[c + 1] = static_cast<uint32_t>(total);
     }
     if (total != count) return bad("class counts do not add up");
-    // Apply in position order: walk the bitmap of changed positions; each position's class
-    // (from the class array) says which class list holds its difference, and within a class
-    // the differences are in position order. One forward sweep over the output.
-    uint64_t head[kMaxClasses];
-    std::copy(class_start, class_start + k, head);
-    // A changed block is copied whole, then patched: one copy per changed block.
-    for (size_t w = 0; w < changed.size(); ++w) {
-      uint64_t bits = changed[w];
-      if (bits == 0) continue;
-      const size_t first = w * 64;
-      writer.CopyTo(std::min(first + 64, n));
-      for (; bits != 0; bits &= bits - 1) {
-        const size_t pos = first + static_cast<size_t>(std::countr_zero(bits));
-        writer.Patch(pos, static_cast<T>(diffs[head[classes[pos]]++]));
-      }
+    std::vector<uint8_t>& classes = scratch->classes;
+    classes.resize((n + 63) / 64 * 64);
+    std::fill(classes.begin() + static_cast<ptrdiff_t>(n), classes.end(), kNoClass);
+    ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
+    if (!ApplyByClass(classes.data(), n, k, class_start, local.data(), diffs.data(), writer)) {
+      return bad("a change lies outside the chunk");
     }
   }
   writer.Finish();
@@ -644,6 +762,13 @@ void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* dat
   elem::DispatchWidth(width, [&]<typename T>() {
     EncodeT<T>(dtype, parent, data, n, positions, max_class_fraction, scratch, out);
   });
+}
+
+bool SetSimd(Simd simd) {
+  if (simd == Simd::kBest) simd = BestSimd();
+  if (static_cast<int>(simd) > static_cast<int>(BestSimd())) return false;
+  g_simd = simd;
+  return true;
 }
 
 Status Decode(DType dtype, size_t width, std::span<const uint8_t> body, const uint8_t* parent,

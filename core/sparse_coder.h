@@ -37,6 +37,12 @@ struct Scratch {
   std::vector<uint64_t> diffs;      // decoded differences, class by class
 };
 
+// The instruction set of the decoder's hot loop (mapping exponent-class indices to positions):
+// the best the CPU has, chosen at run time. SetSimd forces one (tests run each); false if the
+// CPU lacks it. kSse2 is the portable path (any x86-64, and the plain C++ one elsewhere).
+enum class Simd { kBest = -1, kSse2 = 0, kAvx2 = 1, kAvx512 = 2 };
+bool SetSimd(Simd simd);
+
 // Positions (element indices) where a and b differ, up to `cap` of them. Returns false when
 // more than `cap` differ. REQUIRES: n < 2^32; width in {1, 2, 4, 8}.
 bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, size_t cap,
@@ -51,6 +57,7 @@ void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* dat
             std::vector<uint8_t>* out);
 
 // Writes parent with the body's changes applied into out (n elements of `width` bytes).
+// out may be parent itself (decoding in place touches only the changed elements).
 // Corruption on any inconsistency; never reads or writes out of bounds.
 Status Decode(DType dtype, size_t width, std::span<const uint8_t> body, const uint8_t* parent,
               uint8_t* out, size_t n, Scratch* scratch);

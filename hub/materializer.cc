@@ -361,26 +361,47 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   };
   double fetch_wait_ms = 0;
 
-  // Apply oldest first: each step decodes from the previous result (or the cached base) into
-  // whichever scratch buffer does not hold it; the last step decodes into output().
+  // Apply oldest first. The result of each step lives in the output buffer (final length),
+  // a scratch buffer, or (before the first step) the cached ancestor's read-only map. A SPARSE
+  // or DENSE delta is decoded in place, on the buffer that holds its parent: a training step's
+  // delta then costs its changed elements, not a copy of the chunk. Other steps decode into the
+  // output when the length fits and it does not hold their parent, else into a scratch buffer;
+  // the result is copied to the output only if it ends elsewhere.
   std::unique_ptr<ChunkCodec> codec;
   Scratch scratch[2];
+  std::span<uint8_t> out;  // output(), taken before the first step
+  enum : int { kInBase = -1, kInOut = 2 };  // else the index of a scratch buffer
   auto apply = [&](bool verify_each) -> Status {
+    DecodeLimits limits = limits_;
+    limits.verify_parent = verify_each;  // the final Hash128 check covers the chain
     std::span<const uint8_t> parent = have_base ? base.span() : std::span<const uint8_t>();
-    int held = -1;  // the scratch buffer holding `parent`
+    int held = kInBase;  // the buffer holding `parent`
     for (size_t i = steps.size(); i-- > 0;) {
       const Step& s = steps[i];
       const size_t at = static_cast<size_t>(s.chunk - s.file->chunks.data());
       const auto w0 = std::chrono::steady_clock::now();
       WFS_TRY(wait_for(i));
       fetch_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
-      std::span<uint8_t> target;
-      if (i > 0) {
-        held = held == 0 ? 1 : 0;
-        if (scratch[held].capacity() == 0) scratch[held] = TakeScratch();
-        target = scratch[held].Resize(s.chunk->length);
+      const uint64_t length = s.chunk->length;
+      bool in_place = false;
+      if (held != kInBase && !s.chunk->is_external() && parent.size() == length) {
+        Expected<PayloadInfo> info = ChunkCodec::Inspect(s.payload, limits);
+        in_place = info.ok() && info->decodes_in_place();
+      }
+      int into;
+      if (in_place) {
+        into = held;
+      } else if (length == out.size() && held != kInOut) {
+        into = kInOut;
       } else {
-        target = output(s.chunk->length);
+        into = held == 0 ? 1 : 0;
+      }
+      std::span<uint8_t> target;
+      if (into == kInOut) {
+        target = out;
+      } else {
+        if (scratch[into].capacity() == 0) scratch[into] = TakeScratch();
+        target = scratch[into].Resize(length);  // keeps the bytes when decoding in place
       }
       if (s.chunk->is_external()) {
         // Raw bytes of the source's range (the walk stops at it: it is a keyframe).
@@ -390,7 +411,7 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
         }
         std::memcpy(target.data(), s.payload.data(), target.size());
       } else {
-        Status st = codec->Decode(s.payload, parent, target, limits_);
+        Status st = codec->Decode(s.payload, parent, target, limits);
         if (!st.ok()) return st.WithContext(DescribeChunkOf(*s.manifest, *s.file, at));
       }
       if ((i == 0 || verify_each) && HashChunk(target) != s.chunk->hash) {
@@ -398,12 +419,15 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
             .WithContext(DescribeChunkOf(*s.manifest, *s.file, at));
       }
       parent = target;
+      held = into;
     }
+    if (held != kInOut) std::memcpy(out.data(), parent.data(), out.size());
     return Status::Ok();
   };
   Status st;
   try {
     codec = TakeCodec();
+    out = output(steps.front().chunk->length);
     st = apply(false);
   } catch (...) {
     abandon = true;

@@ -2,6 +2,7 @@
 // changed fraction; the encoder picks a sensible encoding; and no damaged or hostile payload
 // crashes the decoder or decodes to wrong bytes.
 #include "core/chunk_codec.h"
+#include "core/sparse_coder.h"
 
 #include <gtest/gtest.h>
 #include <zstd.h>
@@ -304,6 +305,13 @@ Sizes CheckRoundTrip(ChunkCodec& codec, DType dt, const Bytes& parent, const Byt
   Status s = codec.Decode(delta, parent, out);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(out == data) << ChunkEncodingName(sizes.delta_encoding) << " round trip differs";
+  if (info->decodes_in_place()) {
+    // What the materializer does along a chain: the parent's buffer becomes the child.
+    Bytes in_place = parent;
+    s = codec.Decode(delta, in_place, in_place);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(in_place == data) << ChunkEncodingName(sizes.delta_encoding) << " decoded in place differs";
+  }
   return sizes;
 }
 
@@ -580,6 +588,60 @@ TEST(ChunkCodecRoundTripTest, SparseWithExponentClasses) {
   ASSERT_EQ(codec.EncodeDelta(DType::kBF16, parent, NudgeOneUlp(parent, 2000, 64), &payload),
             ChunkEncoding::kSparse);
   EXPECT_EQ(SparseClasses(payload), 1);
+}
+
+// The class sweep has a portable path and AVX2 / AVX-512BW ones chosen at run time: each one
+// the CPU has decodes every class layout exactly (k from 2 to 16, changes at block edges, a
+// class whose changes end early, the last element).
+TEST(ChunkCodecRoundTripTest, SparseClassSweepOnEveryInstructionSet) {
+  ChunkCodec codec;
+  int tried = 0;
+  for (sparse::Simd simd : {sparse::Simd::kSse2, sparse::Simd::kAvx2, sparse::Simd::kAvx512}) {
+    if (!sparse::SetSimd(simd)) continue;
+    ++tried;
+    SCOPED_TRACE("simd " + std::to_string(static_cast<int>(simd)));
+    for (DType dt : {DType::kBF16, DType::kF32, DType::kF8E4M3}) {
+      for (size_t n : {size_t{64}, size_t{4097}, size_t{100000}}) {
+        const Bytes parent = RandomChunk(dt, n * DTypeSize(dt), 91 + n);
+        for (auto [p_small, p_large] : {std::pair{0.1, 0.0}, std::pair{0.3, 0.01}, std::pair{0.02, 0.002}}) {
+          const Bytes data = ExponentSkewedUpdate(dt, parent, p_small, p_large, 92 + n);
+          CheckRoundTrip(codec, dt, parent, data);
+        }
+        // The last element and the first of every block changed.
+        Bytes edges = parent;
+        const size_t w = DTypeSize(dt);
+        for (size_t i = 0; i < n; i += (i % 64 == 0 ? 63 : 1)) edges[i * w + w - 1] ^= 0x01;
+        edges[(n - 1) * w] ^= 0x01;
+        CheckRoundTrip(codec, dt, parent, edges);
+      }
+    }
+  }
+  sparse::SetSimd(sparse::Simd::kBest);
+  EXPECT_GE(tried, 1);
+}
+
+TEST(ChunkCodecHeaderTest, DecodeIntoAnOverlappingBufferIsInvalidArgument) {
+  ChunkCodec codec;
+  const Bytes parent = GaussianBf16(4096, 93);
+  Bytes payload;
+  ASSERT_EQ(codec.EncodeDelta(DType::kBF16, parent, NudgeOneUlp(parent, 40, 94), &payload),
+            ChunkEncoding::kSparse);
+  Bytes both(parent.size() + 2);
+  std::copy(parent.begin(), parent.end(), both.begin());
+  // The output starts one element after the parent: neither separate nor in place.
+  Status s = codec.Decode(payload, std::span<const uint8_t>(both.data(), parent.size()),
+                          std::span<uint8_t>(both.data() + 2, parent.size()));
+  EXPECT_EQ(s.kind(), ErrorKind::kInvalidArgument) << s.ToString();
+  // PATCH reads its parent while writing: never in place.
+  const Bytes header(300, 7);
+  Bytes other = header;
+  other[5] = 9;
+  other.push_back(1);
+  ASSERT_EQ(codec.EncodeDelta(DType::kOpaque, header, other, &payload), ChunkEncoding::kPatch);
+  Bytes same = header;
+  same.push_back(0);
+  s = codec.Decode(payload, std::span<const uint8_t>(same.data(), header.size()), same);
+  EXPECT_EQ(s.kind(), ErrorKind::kInvalidArgument) << s.ToString();
 }
 
 // A regular pattern costs the adaptive coder far less than a bit per change; the decoder once
