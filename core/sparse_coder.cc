@@ -525,6 +525,7 @@ struct BlockSse2 {
   const uint8_t* p;
   [[gnu::always_inline]] explicit BlockSse2(const uint8_t* bytes) : p(bytes) {}
   [[gnu::always_inline]] uint64_t Mask(uint8_t c) const { return ClassMask(p, c); }
+  [[gnu::always_inline]] static int Select(uint64_t mask, uint32_t r) { return SelectBit(mask, r); }
 };
 #if defined(__x86_64__)
 struct BlockAvx2 {
@@ -538,6 +539,8 @@ struct BlockAvx2 {
     const auto b = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(hi, v)));
     return uint64_t{a} | (uint64_t{b} << 32);
   }
+  // Broadword: AVX2 CPUs include Zen 1-2, whose PDEP is microcoded (hundreds of cycles).
+  [[gnu::always_inline]] static int Select(uint64_t mask, uint32_t r) { return SelectBit(mask, r); }
 };
 struct BlockAvx512 {
   __m512i v;
@@ -546,52 +549,55 @@ struct BlockAvx512 {
   [[gnu::target("avx512f,avx512bw")]] uint64_t Mask(uint8_t c) const {
     return _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(static_cast<char>(c)));
   }
+  // PDEP deposits a lone bit at the r-th set bit of mask (fast on every AVX-512 CPU).
+  [[gnu::target("avx512f,avx512bw,bmi2")]] static int Select(uint64_t mask, uint32_t r) {
+    return std::countr_zero(_pdep_u64(uint64_t{1} << r, mask));
+  }
 };
 #endif
 
 // Applies changes given per class as class-local indices (local[class_start[c]..
 // class_start[c + 1]) ascending, with their differences) in one sweep over the blocks: per
-// block, each class that still has changes counts its members there and selects the ones
-// whose index falls in the block; the block's changes are then patched in position order
-// (within a class, position order is index order). Returns false if an index lies beyond the
-// class's members.
+// block, each class that still has changes counts its members there and patches the ones
+// whose index falls in the block (the block is copied from the parent first, so the order of
+// patches within it does not matter). Returns false if an index lies beyond the class's
+// members. Block::Select(mask, r) is the position of the r-th set bit of mask.
 // (Not always_inline: the ISA wrappers below flatten it, with their own target.)
 template <typename Block, typename T>
-bool ApplyByClassT(const uint8_t* classes, size_t n, int k,
-                                                 const uint32_t* class_start,
-                                                 const uint32_t* local, const uint64_t* diffs,
-                                                 OutputWriter<T>& writer) {
+bool ApplyByClassT(const uint8_t* classes, size_t n, int k, const uint32_t* class_start,
+                   const uint32_t* local, const uint64_t* diffs, OutputWriter<T>& writer) {
   uint64_t seen[kMaxClasses] = {};
   uint32_t next[kMaxClasses];
-  uint32_t head[kMaxClasses];
   uint32_t active = 0;
   for (int c = 0; c < k; ++c) {
-    next[c] = head[c] = class_start[c];
+    next[c] = class_start[c];
     if (class_start[c] < class_start[c + 1]) active |= 1u << c;
   }
   const size_t blocks = (n + 63) / 64;
   for (size_t b = 0; b < blocks && active != 0; ++b) {
     const Block block(classes + b * 64);
-    uint64_t changed = 0;
+    const size_t first = b * 64;
+    bool copied = false;
     for (uint32_t a = active; a != 0; a &= a - 1) {
       const int c = std::countr_zero(a);
       const uint64_t mask = block.Mask(static_cast<uint8_t>(c));
-      const uint64_t members = seen[c] + static_cast<uint64_t>(std::popcount(mask));
-      for (uint64_t t = local[next[c]]; t < members; t = local[next[c]]) {
-        changed |= uint64_t{1} << SelectBit(mask, static_cast<uint32_t>(t - seen[c]));
-        if (++next[c] == class_start[c + 1]) {
-          active &= ~(1u << c);
-          break;
-        }
-      }
+      const uint64_t before = seen[c];
+      const uint64_t members = before + static_cast<uint64_t>(std::popcount(mask));
       seen[c] = members;
-    }
-    if (changed == 0) continue;
-    const size_t first = b * 64;
-    writer.CopyTo(std::min(first + 64, n));
-    for (; changed != 0; changed &= changed - 1) {
-      const size_t pos = first + static_cast<size_t>(std::countr_zero(changed));
-      writer.Patch(pos, static_cast<T>(diffs[head[classes[pos]]++]));
+      uint32_t j = next[c];
+      if (local[j] >= members) continue;
+      if (!copied) {
+        writer.CopyTo(std::min(first + 64, n));
+        copied = true;
+      }
+      const uint32_t end = class_start[c + 1];
+      do {
+        const size_t pos = first + static_cast<size_t>(
+                                       Block::Select(mask, static_cast<uint32_t>(local[j] - before)));
+        writer.Patch(pos, static_cast<T>(diffs[j]));
+      } while (++j < end && local[j] < members);
+      next[c] = j;
+      if (j == end) active &= ~(1u << c);
     }
   }
   return active == 0;
@@ -605,7 +611,7 @@ template <typename T>
   return ApplyByClassT<BlockAvx2>(classes, n, k, class_start, local, diffs, writer);
 }
 template <typename T>
-[[gnu::target("avx512f,avx512bw"), gnu::flatten]] bool ApplyByClassAvx512(const uint8_t* classes, size_t n, int k,
+[[gnu::target("avx512f,avx512bw,bmi2"), gnu::flatten]] bool ApplyByClassAvx512(const uint8_t* classes, size_t n, int k,
                                                             const uint32_t* class_start,
                                                             const uint32_t* local,
                                                             const uint64_t* diffs,
@@ -616,7 +622,7 @@ template <typename T>
 
 Simd BestSimd() {
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512bw")) return Simd::kAvx512;
+  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("bmi2")) return Simd::kAvx512;
   if (__builtin_cpu_supports("avx2")) return Simd::kAvx2;
 #endif
   return Simd::kSse2;
