@@ -1,6 +1,7 @@
 #include "fs/chunk_reader.h"
 
 #include <algorithm>
+#include <thread>
 #include <new>
 
 #include <spdlog/spdlog.h>
@@ -12,14 +13,43 @@ namespace {
 // with FUSE_CAP_ASYNC_READ the kernel's readahead requests can arrive slightly out of order.
 constexpr uint64_t kSequentialSlack = 2ull << 20;
 
+constexpr uint64_t kBuildBytes = 12ull << 20;  // working memory of one chunk build (3 x 4 MiB)
+
+}  // namespace
+
+uint64_t ChunkReader::CacheBudget(uint64_t memory_limit) {
+  const uint64_t reserve =
+      std::max(memory_limit / 4, std::min<uint64_t>(memory_limit / 2, 192ull << 20));
+  return memory_limit - reserve;
+}
+
+size_t ChunkReader::ReadaheadThreads(const ChunkReaderOptions& options) {
+  size_t threads = options.readahead_threads;
+  if (threads == 0) {
+    threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 2, 8);
+  }
+  const uint64_t reserve = options.memory_limit - CacheBudget(options.memory_limit);
+  return std::max<size_t>(1, std::min<uint64_t>(threads, reserve / kBuildBytes));
+}
+
+namespace {
+
+// Readahead must keep its threads busy (two chunks ahead each) but not evict what it reads
+// ahead for: at most a quarter of the cache budget.
+uint64_t ReadaheadBytes(const ChunkReaderOptions& options, size_t threads, uint64_t budget) {
+  if (options.readahead_bytes == 0) return 0;
+  return std::min(std::max<uint64_t>(options.readahead_bytes, threads * 2 * (4ull << 20)), budget / 4);
+}
+
 }  // namespace
 
 ChunkReader::ChunkReader(Materializer* materializer, ChunkReaderOptions options)
     : materializer_(materializer),
       options_(options),
-      // Readahead must not evict what it is reading ahead for: at most a quarter of the budget.
-      readahead_bytes_(std::min(options.readahead_bytes, options.memory_limit / 4)),
-      readahead_(readahead_bytes_ ? options.readahead_threads : 0, options.readahead_queue) {}
+      cache_budget_(CacheBudget(options.memory_limit)),
+      readahead_threads_(ReadaheadThreads(options)),
+      readahead_bytes_(ReadaheadBytes(options, readahead_threads_, cache_budget_)),
+      readahead_(readahead_bytes_ ? readahead_threads_ : 0, options.readahead_queue) {}
 
 ChunkReader::~ChunkReader() = default;
 
@@ -30,11 +60,11 @@ uint64_t ChunkReader::cached_bytes() const {
 
 void ChunkReader::InsertLocked(const Hash128& hash, ChunkBytes bytes) {
   const uint64_t size = bytes.size();
-  if (size > options_.memory_limit || cache_.count(hash)) return;
+  if (size > cache_budget_ || cache_.count(hash)) return;
   lru_.push_front(hash);
   cache_.emplace(hash, Entry{std::move(bytes), lru_.begin()});
   cached_bytes_ += size;
-  while (cached_bytes_ > options_.memory_limit && !lru_.empty()) {
+  while (cached_bytes_ > cache_budget_ && !lru_.empty()) {
     auto it = cache_.find(lru_.back());
     cached_bytes_ -= it->second.bytes.size();
     cache_.erase(it);

@@ -247,6 +247,9 @@ bool ChunkCache::GetImpl(const Hash128& hash, ByteBuffer* out, ChunkBytes* share
   std::span<const uint8_t> bytes;
   if (ok) {
     const size_t size = static_cast<size_t>(st.st_size);
+    // One asynchronous read of the whole file instead of page faults in readahead-window
+    // steps (measured on 2 GB read with the page cache dropped: 1.30-1.46 s -> 1.10-1.28 s).
+    (void)::posix_fadvise(fd, 0, static_cast<off_t>(size), POSIX_FADV_WILLNEED);
     if (shared && size >= kMapMinBytes && MapFile(fd, size, &mapped)) {
       bytes = mapped.span();
     } else {

@@ -2,10 +2,15 @@
 # Mount benchmark (issue 4): a generated RL-like run of a sharded bf16 model (10 versions after
 # the base by default, lr 1e-6) pushed to a local bucket, then read through `weightfs mount`:
 #
-#   (a) cat of the last version's files from local disk (warm page cache: the reference)
-#   (b) cold read through the mount (empty chunk cache, new mount)
-#   (c) read with the disk chunk cache warm (new mount, same cache directory)
-#   (d) re-read in the same mount (kernel page cache)
+#   (a) cat of the last version's files from local disk: cold (page cache dropped) and warm
+#   (b) cold read through the mount (empty chunk cache, new mount, page cache dropped) vs (a) cold
+#   (c) read with the disk chunk cache warm (new mount, same cache directory), vs (a) in the same
+#       page-cache state: both cold (dropped), and both warm (the cache files and the source
+#       files in the page cache)
+#   (d) re-read in the same mount (kernel page cache) vs (a) warm
+#
+# "Cold" drops the kernel's page cache (echo 3 > /proc/sys/vm/drop_caches: root). Without root
+# the cold lines are measured warm and say so.
 #   (e) one tensor (the largest) of each shard, cold: bytes fetched from the bucket vs the
 #       tensor's bytes (+ the header chunk a reader must parse first)
 #   (f) time from `weightfs mount` returning to the first byte of a file
@@ -72,12 +77,20 @@ mount_fresh() {  # $1: keep the cache directory (1) or empty it (0)
 version="$mnt/bench/model@v$versions"
 echo "== last version: $((size / 1000000)) MB in $(ls "$src" | wc -l) files; bucket $(du -sb "$bucket" | cut -f1) bytes for $((versions + 1)) versions"
 
-# (a) local disk, warm.
+cold=warm
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+if [[ -w /proc/sys/vm/drop_caches ]]; then cold=cold; fi
+maybe_drop() { [[ "$cold" == cold ]] && drop_caches || true; }
+
+# (a) local disk, cold and warm.
+maybe_drop
+t0=$(now); cat "$src"/* >/dev/null; t1=$(now); a_cold=$(secs "$t0" "$t1")
 cat "$src"/* >/dev/null
 t0=$(now); cat "$src"/* >/dev/null; t1=$(now); a=$(secs "$t0" "$t1")
 
 # (f) first byte after mount returns, and (b) cold.
 mount_fresh 0
+maybe_drop
 first_file=$(ls "$src" | grep safetensors | head -1)
 t0=$(now); head -c 1 "$version/$first_file" >/dev/null; t1=$(now); f=$(secs "$t0" "$t1")
 t0=$(now); cat "$version"/* >/dev/null; t1=$(now); b=$(secs "$t0" "$t1")
@@ -85,11 +98,17 @@ b_fetched=$(stat_of "$mnt" "['bucket']['bytes_received']")
 # (d) page cache.
 t0=$(now); cat "$version"/* >/dev/null; t1=$(now); d=$(secs "$t0" "$t1")
 g_peak=$(stat_of "$mnt" "['peak_rss_bytes']")
-# (c) disk cache warm.
+peak() { local p; p=$(stat_of "$mnt" "['peak_rss_bytes']"); g_peak=$(( g_peak > p ? g_peak : p )); }
+# (c) disk cache warm: cache files cold (dropped), then cache files in the page cache.
 mount_fresh 1
-t0=$(now); cat "$version"/* >/dev/null; t1=$(now); c=$(secs "$t0" "$t1")
+maybe_drop
+t0=$(now); cat "$version"/* >/dev/null; t1=$(now); c_cold=$(secs "$t0" "$t1")
 c_fetched=$(stat_of "$mnt" "['bucket']['bytes_received']")
-g_peak=$(( g_peak > $(stat_of "$mnt" "['peak_rss_bytes']") ? g_peak : $(stat_of "$mnt" "['peak_rss_bytes']") ))
+peak
+mount_fresh 1
+cat "$src"/* >/dev/null
+t0=$(now); cat "$version"/* >/dev/null; t1=$(now); c=$(secs "$t0" "$t1")
+peak
 
 # (e) one tensor per shard, cold.
 mount_fresh 0
@@ -117,16 +136,18 @@ print(needed, stats["bucket"]["bytes_received"], stats["reader"]["materializatio
 PY
 )
 read -r e_needed e_fetched e_chunks <<<"$e_out"
-g_peak=$(( g_peak > $(stat_of "$mnt" "['peak_rss_bytes']") ? g_peak : $(stat_of "$mnt" "['peak_rss_bytes']") ))
+peak
 limit_bytes=$($py -c "
 import re,sys; s=sys.argv[1]; m=re.fullmatch(r'([0-9.]+)([KMGT]?)(i?)B?', s); n=float(m[1]); b=1024 if m[3] else 1000
 print(int(n * b ** ' KMGT'.index(m[2] or ' ')))" "$memory_limit")
 
 echo
-printf "(a) local disk, warm:        %6.2f s  %6s MB/s\n" "$a" "$(mbps "$size" "$a")"
-printf "(b) mount, cold:             %6.2f s  %6s MB/s  = %sx (a)   (target >= 0.4)  fetched %s MB\n" "$b" "$(mbps "$size" "$b")" "$(ratio "$a" "$b")" "$((b_fetched / 1000000))"
-printf "(c) mount, disk cache warm:  %6.2f s  %6s MB/s  = %sx (a)   (target >= 0.7)  fetched %s B\n" "$c" "$(mbps "$size" "$c")" "$(ratio "$a" "$c")" "$c_fetched"
-printf "(d) mount, page cache:       %6.2f s  %6s MB/s  = %sx (a)   (target >= 0.9)\n" "$d" "$(mbps "$size" "$d")" "$(ratio "$a" "$d")"
+printf "(a) local disk, %s:        %6.2f s  %6s MB/s\n" "$cold" "$a_cold" "$(mbps "$size" "$a_cold")"
+printf "    local disk, warm:        %6.2f s  %6s MB/s\n" "$a" "$(mbps "$size" "$a")"
+printf "(b) mount, cold (%s):      %6.2f s  %6s MB/s  = %sx (a) %s   (target >= 0.4)  fetched %s MB\n" "$cold" "$b" "$(mbps "$size" "$b")" "$(ratio "$a_cold" "$b")" "$cold" "$((b_fetched / 1000000))"
+printf "(c) mount, disk cache (%s): %6.2f s  %6s MB/s  = %sx (a) %s   (target >= 0.7)  fetched %s B\n" "$cold" "$c_cold" "$(mbps "$size" "$c_cold")" "$(ratio "$a_cold" "$c_cold")" "$cold" "$c_fetched"
+printf "    mount, disk cache (warm): %6.2f s  %6s MB/s  = %sx (a) warm\n" "$c" "$(mbps "$size" "$c")" "$(ratio "$a" "$c")"
+printf "(d) mount, page cache:       %6.2f s  %6s MB/s  = %sx (a) warm   (target >= 0.9)\n" "$d" "$(mbps "$size" "$d")" "$(ratio "$a" "$d")"
 printf "(e) one tensor per shard:    fetched %s B for %s B of tensors + headers = %sx (target <= 1.1); %s chunks materialized\n" "$e_fetched" "$e_needed" "$(ratio "$e_fetched" "$e_needed")" "$e_chunks"
 printf "(f) mount to first byte:     %6.1f ms   (target <= 100)\n" "$(awk "BEGIN { print $f * 1000 }")"
 printf "(g) daemon peak RSS:         %s MB of --memory-limit %s MB = %sx\n" "$((g_peak / 1000000))" "$((limit_bytes / 1000000))" "$(ratio "$g_peak" "$limit_bytes")"

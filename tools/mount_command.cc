@@ -93,7 +93,9 @@ options:
   --cache-dir DIR      local chunk cache, shared with push/pull and other mounts
                        [$WEIGHTFS_CACHE_DIR or ~/.cache/weightfs]
   --cache-size BYTES   bound on the chunk cache (LRU eviction)               [20GiB]
-  --memory-limit BYTES bound on materialized chunks kept in memory           [1GiB]
+  --memory-limit BYTES the daemon's memory budget: chunks kept in memory    [1GiB]
+                       get what is left after a reserve for chunks being built
+                       (a quarter, at least min(half, 192MiB))
   --refresh SECONDS    re-list the bucket at most this often                  [10]
   --threads N          FUSE worker threads                                    [16]
   --read-only          mount read-only: no drafts (published versions always are)
