@@ -7,6 +7,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <cstdio>
+#include <cstdlib>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -392,17 +394,12 @@ void EncodeChange(rc::RangeEncoder& enc, Model& m, ClassState& s, int cls, uint6
   s.prev_sign = sign;
 }
 
+// Writes the version 1 body: the adaptive range-coded stream (see sparse_coder.h).
 template <typename T>
-void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
-             const std::vector<uint32_t>& positions, double max_class_fraction, Scratch* scratch,
-             std::vector<uint8_t>* out) {
-  const bool is_float = DTypeIsFloat(dtype) && DTypeSize(dtype) == sizeof(T);
-  const ExponentField f = is_float ? ExponentOf(dtype) : ExponentField{};
-  int e_lo = 0, k = 1;
-  if (static_cast<double>(positions.size()) <= max_class_fraction * static_cast<double>(n)) {
-    ChooseClasses<T>(f, parent, n, positions, &e_lo, &k);
-  }
-
+void EncodeAdaptiveT(const uint8_t* parent, const uint8_t* data, bool is_float, int e_lo, int k,
+                     const std::vector<uint32_t>& positions, const std::vector<uint32_t>& order,
+                     const std::vector<uint32_t>& local, const uint32_t* start,
+                     std::vector<uint8_t>* out) {
   const size_t at = out->size();
   out->resize(at + 11);
   uint8_t* h = out->data() + at;
@@ -411,54 +408,8 @@ void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
   const uint16_t e_lo16 = static_cast<uint16_t>(e_lo);
   std::memcpy(h + 8, &e_lo16, 2);
   h[10] = static_cast<uint8_t>(k);
-
   auto model = std::make_unique<Model>();
   rc::RangeEncoder enc(out);
-  if (k == 1) {
-    EncodeGamma<3>(enc, model->count_len, model->count_mant, count + 1);
-    ClassState s;
-    int64_t prev = -1;
-    for (uint32_t pos : positions) {
-      EncodeChange<T>(enc, *model, s, 0, static_cast<uint64_t>(int64_t{pos} - prev),
-                      Load<T>(parent + size_t{pos} * sizeof(T)),
-                      Load<T>(data + size_t{pos} * sizeof(T)), is_float);
-      prev = pos;
-    }
-    enc.Finish();
-    return;
-  }
-  // Class of every element, then the class-local index of every change.
-  std::vector<uint8_t>& classes = scratch->classes;
-  classes.resize((n + 63) / 64 * 64);
-  std::fill(classes.begin() + static_cast<ptrdiff_t>(n), classes.end(), kNoClass);
-  ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
-  std::vector<uint32_t>& local = scratch->local;
-  local.resize(positions.size());
-  uint32_t seen[kMaxClasses] = {};
-  size_t next = 0;
-  for (size_t block = 0; block * 64 < n && next < positions.size(); ++block) {
-    const uint8_t* p = classes.data() + block * 64;
-    const size_t end = block * 64 + 64;
-    uint64_t masks[kMaxClasses];
-    for (int c = 0; c < k; ++c) masks[c] = ClassMask(p, static_cast<uint8_t>(c));
-    for (; next < positions.size() && positions[next] < end; ++next) {
-      const uint32_t j = positions[next] - static_cast<uint32_t>(block * 64);
-      const uint8_t c = p[j];
-      local[next] = seen[c] + static_cast<uint32_t>(std::popcount(masks[c] & ((uint64_t{1} << j) - 1)));
-    }
-    for (int c = 0; c < k; ++c) seen[c] += static_cast<uint32_t>(std::popcount(masks[c]));
-  }
-  // Changes grouped by class, positions ascending inside each (stable).
-  std::vector<uint32_t>& order = scratch->order;
-  order.resize(positions.size());
-  uint32_t start[kMaxClasses + 1] = {};
-  for (uint32_t pos : positions) ++start[classes[pos] + 1];
-  for (int c = 0; c < k; ++c) start[c + 1] += start[c];
-  {
-    uint32_t fill[kMaxClasses];
-    std::copy(start, start + k, fill);
-    for (uint32_t i = 0; i < positions.size(); ++i) order[fill[classes[positions[i]]]++] = i;
-  }
   for (int c = 0; c < k; ++c) {
     EncodeGamma<3>(enc, model->count_len, model->count_mant, uint64_t{start[c + 1] - start[c]} + 1);
     ClassState s;
@@ -473,6 +424,406 @@ void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
     }
   }
   enc.Finish();
+}
+
+// ---- body version 2: static tables and interleaved rANS ------------------------------------
+//
+// Version 2 codes the same (class, gap, difference) stream as version 1, with per-chunk static
+// frequency tables and four interleaved rANS states instead of adaptive binary decisions.
+// Why: at 5-10% changed, version 1 spends ~5 adaptive decisions and a division per change, each
+// a link of one dependency chain, with an unpredictable branch or two: ~100 cycles per change.
+// A table-driven rANS symbol is a load, a multiply and a branch-free refill, and four states
+// let the CPU run four chains at once. What it gives up: adaptivity along the chunk, the
+// previous-symbol contexts, and the bytes of the tables; the encoder keeps version 1 when that
+// is smaller (small chunks, few changes).
+//
+// Symbols, per change of class c (gaps in the class's own index space, as in version 1):
+//   gap:   v = gap - 1, q = v >> s_c. Symbol min(q, 63); 63 escapes to Elias-gamma(q - 62) in
+//          the bit stream. Then the s_c low bits of v in the bit stream. The encoder picks s_c
+//          (per class, by cost) so that q has a mean of a few units: the table captures the
+//          shape of the gap distribution and the low bits are close to uniform.
+//   value: d = ord(new) - ord(parent) as sign + magnitude: symbol 2 (|d| - 1) + sign for
+//          |d| <= 15, 30 + sign above, with Elias-gamma(|d| - 15) in the bit stream.
+// Tables: per class one for gaps and one for values, each normalized to 2^P (P in 4..11,
+// chosen by the encoder for the least table + payload cost: a class with few changes gets a
+// coarse, cheap table).
+
+constexpr int kGapSymbols = 64;
+constexpr uint32_t kGapEscape = kGapSymbols - 1;
+constexpr int kValueSymbols = 32;
+constexpr uint32_t kValueEscape = 30;  // and 31: the escapes of the two signs
+constexpr uint64_t kMaxValueDirect = kValueEscape / 2;  // largest magnitude with its own symbol
+constexpr int kMinTableBits = 4;
+constexpr int kMaxTableBits = 11;
+constexpr int kMaxGapShift = 40;
+constexpr uint32_t kRansL = 1u << 16;  // state interval [2^16, 2^32), 16-bit renormalization
+constexpr int kRansStates = 4;
+constexpr uint64_t kBodyVersion2 = 2;
+constexpr size_t kV2HeaderBytes = 19;
+// Below this many changes the encoder also writes version 1 and keeps it when it is clearly
+// smaller (by kAdaptiveMargin): version 2 decodes several times faster, so a tie goes to it.
+// Above, the tables are a negligible part of the body and version 1 is not tried.
+constexpr size_t kAlwaysStaticChanges = 16384;
+constexpr double kAdaptiveMargin = 0.98;
+
+// A normalized frequency table: freq sums to 2^bits; symbols that occur have freq >= 1.
+struct FreqTable {
+  int bits = kMaxTableBits;
+  int nsym = 0;  // symbols [0, nsym) are described; freq is 0 beyond
+  uint32_t freq[kGapSymbols] = {};
+  uint32_t start[kGapSymbols + 1] = {};
+};
+
+void FillStarts(FreqTable* t) {
+  uint32_t acc = 0;
+  for (int i = 0; i < kGapSymbols; ++i) {
+    t->start[i] = acc;
+    acc += t->freq[i];
+  }
+  t->start[kGapSymbols] = acc;
+}
+
+// Normalizes counts to 2^bits. False when more symbols occur than the table has slots.
+bool Normalize(const uint32_t* counts, int nsym, int bits, FreqTable* t) {
+  uint64_t total = 0;
+  int used = 0;
+  for (int i = 0; i < nsym; ++i) {
+    total += counts[i];
+    used += counts[i] != 0;
+  }
+  const int64_t target = int64_t{1} << bits;
+  if (total == 0 || used > target) return false;
+  *t = FreqTable{};
+  t->bits = bits;
+  int64_t sum = 0;
+  for (int i = 0; i < nsym; ++i) {
+    if (counts[i] == 0) continue;
+    const uint64_t f = (uint64_t{counts[i]} * static_cast<uint64_t>(target) + total / 2) / total;
+    t->freq[i] = static_cast<uint32_t>(std::max<uint64_t>(1, f));
+    t->nsym = i + 1;
+    sum += t->freq[i];
+  }
+  // Rounding moved the sum by at most `used`; settle it on the largest frequencies.
+  while (sum != target) {
+    int best = 0;
+    for (int i = 1; i < nsym; ++i) {
+      if (t->freq[i] > t->freq[best]) best = i;
+    }
+    const int64_t change =
+        sum < target ? target - sum : -std::min<int64_t>(sum - target, t->freq[best] - 1);
+    if (change == 0) return false;  // unreachable: used <= target
+    t->freq[best] = static_cast<uint32_t>(t->freq[best] + change);
+    sum += change;
+  }
+  FillStarts(t);
+  return true;
+}
+
+// Bits to code `counts` with t, plus an estimate of the table's description.
+double TableCost(const uint32_t* counts, const FreqTable& t) {
+  double bits = 12;
+  for (int i = 0; i < t.nsym; ++i) {
+    if (counts[i] != 0) {
+      bits += counts[i] * (t.bits - std::log2(static_cast<double>(t.freq[i])));
+    }
+    bits += 1.5 * BitLength(uint64_t{t.freq[i]} + 1);
+  }
+  return bits;
+}
+
+// The cheapest table for `counts` over the allowed precisions.
+FreqTable ChooseTable(const uint32_t* counts, int nsym, double* cost) {
+  FreqTable best, t;
+  double best_cost = 1e300;
+  for (int bits = kMinTableBits; bits <= kMaxTableBits; ++bits) {
+    if (!Normalize(counts, nsym, bits, &t)) continue;
+    const double c = TableCost(counts, t);
+    if (c < best_cost) {
+      best_cost = c;
+      best = t;
+    }
+  }
+  *cost = best_cost;
+  return best;
+}
+
+// Adaptive models of the version 2 class table (range-coded: it is small and read once).
+struct TableModel {
+  rc::Prob count_len[64];
+  rc::Prob count_mant[65][8];
+  rc::Prob shift[64];
+  rc::Prob nsym[2][64];
+  rc::Prob freq_len[2][14][64];
+  rc::Prob freq_mant[2][65][4];
+  TableModel() {
+    Model::Fill(count_len);
+    Model::Fill(count_mant);
+    Model::Fill(shift);
+    Model::Fill(nsym);
+    Model::Fill(freq_len);
+    Model::Fill(freq_mant);
+  }
+};
+
+// A table: nsym - 1 (6-bit tree), P - 4 (3 direct bits), then freq + 1 of each symbol below
+// nsym (Elias-gamma, its length in the context of the previous one's).
+void EncodeTable(rc::RangeEncoder& enc, TableModel& m, int kind, const FreqTable& t) {
+  enc.EncodeTree(m.nsym[kind], 6, static_cast<uint32_t>(t.nsym - 1));
+  enc.EncodeDirect(static_cast<uint32_t>(t.bits - kMinTableBits), 3);
+  int prev_len = 0;
+  for (int i = 0; i < t.nsym; ++i) {
+    const uint64_t v = uint64_t{t.freq[i]} + 1;
+    EncodeGamma<2>(enc, m.freq_len[kind][prev_len], m.freq_mant[kind], v);
+    prev_len = BitLength(v);
+  }
+}
+
+// False on an inconsistent table (frequencies not summing to 2^P, or past max_sym).
+bool DecodeTable(rc::RangeDecoder& dec, TableModel& m, int kind, int max_sym, FreqTable* t) {
+  *t = FreqTable{};
+  t->nsym = static_cast<int>(dec.DecodeTree(m.nsym[kind], 6)) + 1;
+  t->bits = static_cast<int>(dec.DecodeDirect(3)) + kMinTableBits;
+  if (t->nsym > max_sym || t->bits > kMaxTableBits) return false;
+  int prev_len = 0;
+  uint64_t sum = 0;
+  for (int i = 0; i < t->nsym; ++i) {
+    const uint64_t v = DecodeGamma<2>(dec, m.freq_len[kind][prev_len], m.freq_mant[kind], 13);
+    if (v == 0) return false;
+    t->freq[i] = static_cast<uint32_t>(v - 1);
+    sum += v - 1;
+    prev_len = BitLength(v);
+  }
+  if (sum != (uint64_t{1} << t->bits)) return false;
+  FillStarts(t);
+  return true;
+}
+
+// Forward bit stream, least significant bit first.
+class BitWriter {
+ public:
+  explicit BitWriter(std::vector<uint8_t>* out) : out_(out) {}
+  void Put(uint64_t v, int nbits) {  // REQUIRES: nbits <= 32
+    acc_ |= (v & ((uint64_t{1} << nbits) - 1)) << fill_;
+    fill_ += nbits;
+    while (fill_ >= 8) {
+      out_->push_back(static_cast<uint8_t>(acc_));
+      acc_ >>= 8;
+      fill_ -= 8;
+    }
+  }
+  void PutWide(uint64_t v, int nbits) {  // REQUIRES: nbits <= 64
+    if (nbits > 32) {
+      Put(v, 32);
+      Put(v >> 32, nbits - 32);
+    } else {
+      Put(v, nbits);
+    }
+  }
+  // Elias-gamma of v >= 1: its bit length in 7 bits, then the bits below the leading one.
+  void PutGamma(uint64_t v) {
+    const int len = BitLength(v);
+    Put(static_cast<uint64_t>(len), 7);
+    PutWide(v, len - 1);
+  }
+  void Finish() {
+    if (fill_ > 0) out_->push_back(static_cast<uint8_t>(acc_));
+  }
+
+ private:
+  std::vector<uint8_t>* out_;
+  uint64_t acc_ = 0;
+  int fill_ = 0;
+};
+
+// Sign + magnitude symbol of a difference; the magnitude is >= 1.
+inline uint32_t ValueSymbol(uint32_t sign, uint64_t mag) {
+  return mag <= kMaxValueDirect ? static_cast<uint32_t>(2 * (mag - 1)) + sign : kValueEscape + sign;
+}
+
+// Writes the version 2 body (see sparse_coder.h). Changes come grouped by class: the o-th is
+// positions[order[o]], class-local index local[order[o]], classes in [start[c], start[c + 1]).
+template <typename T>
+void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, int e_lo, int k,
+                   const std::vector<uint32_t>& positions, const std::vector<uint32_t>& order,
+                   const std::vector<uint32_t>& local, const uint32_t* start,
+                   std::vector<uint8_t>* out) {
+  const size_t count = positions.size();
+  std::vector<uint8_t> gap_sym(count), value_sym(count);
+  std::vector<uint64_t> mags(count);
+  auto gap_tables = std::make_unique<FreqTable[]>(kMaxClasses);
+  auto value_tables = std::make_unique<FreqTable[]>(kMaxClasses);
+  int shifts[kMaxClasses] = {};
+  for (int c = 0; c < k; ++c) {
+    const uint32_t n_c = start[c + 1] - start[c];
+    if (n_c == 0) continue;
+    // Shifts around log2(mean gap) - 2, the cheapest kept.
+    const uint64_t span = uint64_t{local[order[start[c + 1] - 1]]} + 1;
+    const int center = std::max(0, BitLength(span / n_c) - 3);
+    double best_cost = 1e300;
+    for (int s = std::max(0, center - 2); s <= std::min(center + 2, kMaxGapShift); ++s) {
+      uint32_t counts[kGapSymbols] = {};
+      int64_t prev = -1;
+      double extra = static_cast<double>(n_c) * s;
+      for (uint32_t o = start[c]; o < start[c + 1]; ++o) {
+        const uint64_t q = static_cast<uint64_t>(int64_t{local[order[o]]} - prev - 1) >> s;
+        prev = local[order[o]];
+        ++counts[std::min<uint64_t>(q, kGapEscape)];
+        if (q >= kGapEscape) extra += 7 + BitLength(q - kGapEscape + 1);
+      }
+      double cost;
+      const FreqTable t = ChooseTable(counts, kGapSymbols, &cost);
+      if (cost + extra < best_cost) {
+        best_cost = cost + extra;
+        shifts[c] = s;
+        gap_tables[c] = t;
+      }
+    }
+    uint32_t counts[kValueSymbols] = {};
+    for (uint32_t o = start[c]; o < start[c + 1]; ++o) {
+      const uint32_t pos = positions[order[o]];
+      const T d = T(elem::ToOrd(Load<T>(data + size_t{pos} * sizeof(T)), is_float) -
+                    elem::ToOrd(Load<T>(parent + size_t{pos} * sizeof(T)), is_float));
+      const auto sign = static_cast<uint32_t>(d >> (sizeof(T) * 8 - 1));
+      mags[o] = sign ? uint64_t(T(T(0) - d)) : uint64_t(d);
+      value_sym[o] = static_cast<uint8_t>(ValueSymbol(sign, mags[o]));
+      ++counts[value_sym[o]];
+    }
+    double cost;
+    value_tables[c] = ChooseTable(counts, kValueSymbols, &cost);
+  }
+
+  // Header; the class table; the bit stream.
+  const size_t at = out->size();
+  out->resize(at + kV2HeaderBytes);
+  const uint64_t tagged = uint64_t{count} | (kBodyVersion2 << 56);
+  std::memcpy(out->data() + at, &tagged, 8);
+  const auto e_lo16 = static_cast<uint16_t>(e_lo);
+  std::memcpy(out->data() + at + 8, &e_lo16, 2);
+  (*out)[at + 10] = static_cast<uint8_t>(k);
+  const size_t table_at = out->size();
+  {
+    auto model = std::make_unique<TableModel>();
+    rc::RangeEncoder enc(out);
+    for (int c = 0; c < k; ++c) {
+      const uint32_t n_c = start[c + 1] - start[c];
+      EncodeGamma<3>(enc, model->count_len, model->count_mant, uint64_t{n_c} + 1);
+      if (n_c == 0) continue;
+      enc.EncodeTree(model->shift, 6, static_cast<uint32_t>(shifts[c]));
+      EncodeTable(enc, *model, 0, gap_tables[c]);
+      EncodeTable(enc, *model, 1, value_tables[c]);
+    }
+    enc.Finish();
+  }
+  const auto table_bytes = static_cast<uint32_t>(out->size() - table_at);
+  const size_t bits_at = out->size();
+  {
+    BitWriter bits(out);
+    for (int c = 0; c < k; ++c) {
+      int64_t prev = -1;
+      const int s = shifts[c];
+      for (uint32_t o = start[c]; o < start[c + 1]; ++o) {
+        const auto v = static_cast<uint64_t>(int64_t{local[order[o]]} - prev - 1);
+        prev = local[order[o]];
+        const uint64_t q = v >> s;
+        gap_sym[o] = static_cast<uint8_t>(std::min<uint64_t>(q, kGapEscape));
+        if (q >= kGapEscape) bits.PutGamma(q - kGapEscape + 1);
+        bits.PutWide(v, s);
+        if (value_sym[o] >= kValueEscape) bits.PutGamma(mags[o] - kMaxValueDirect);
+      }
+    }
+    bits.Finish();
+  }
+  const auto bit_bytes = static_cast<uint32_t>(out->size() - bits_at);
+  std::memcpy(out->data() + at + 11, &table_bytes, 4);
+  std::memcpy(out->data() + at + 15, &bit_bytes, 4);
+
+  // rANS, in reverse decoding order into one word stream shared by the four states: the o-th
+  // change's gap is on state 2 (o & 1), its value on state 2 (o & 1) + 1.
+  std::vector<uint16_t> words;
+  uint32_t x[kRansStates] = {kRansL, kRansL, kRansL, kRansL};
+  auto put = [&](uint32_t& state, const FreqTable& t, uint32_t sym) {
+    const uint32_t freq = t.freq[sym];
+    if (state >= (uint64_t{freq} << (32 - t.bits))) {
+      words.push_back(static_cast<uint16_t>(state));
+      state >>= 16;
+    }
+    state = ((state / freq) << t.bits) + (state % freq) + t.start[sym];
+  };
+  int cls = k - 1;
+  for (size_t o = count; o-- > 0;) {
+    while (o < start[cls]) --cls;
+    put(x[2 * (o & 1) + 1], value_tables[cls], value_sym[o]);
+    put(x[2 * (o & 1)], gap_tables[cls], gap_sym[o]);
+  }
+  for (uint32_t state : x) {
+    const size_t p = out->size();
+    out->resize(p + 4);
+    std::memcpy(out->data() + p, &state, 4);
+  }
+  for (size_t i = words.size(); i-- > 0;) {
+    out->push_back(static_cast<uint8_t>(words[i]));
+    out->push_back(static_cast<uint8_t>(words[i] >> 8));
+  }
+}
+
+template <typename T>
+void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
+             const std::vector<uint32_t>& positions, double max_class_fraction, Scratch* scratch,
+             std::vector<uint8_t>* out) {
+  const bool is_float = DTypeIsFloat(dtype) && DTypeSize(dtype) == sizeof(T);
+  const ExponentField f = is_float ? ExponentOf(dtype) : ExponentField{};
+  int e_lo = 0, k = 1;
+  if (static_cast<double>(positions.size()) <= max_class_fraction * static_cast<double>(n)) {
+    ChooseClasses<T>(f, parent, n, positions, &e_lo, &k);
+  }
+  std::vector<uint32_t>& local = scratch->local;
+  std::vector<uint32_t>& order = scratch->order;
+  local.resize(positions.size());
+  order.resize(positions.size());
+  uint32_t start[kMaxClasses + 1] = {};
+  if (k == 1) {
+    std::copy(positions.begin(), positions.end(), local.begin());
+    for (uint32_t i = 0; i < positions.size(); ++i) order[i] = i;
+    start[1] = static_cast<uint32_t>(positions.size());
+  } else {
+    // Class of every element, then the class-local index of every change.
+    std::vector<uint8_t>& classes = scratch->classes;
+    classes.resize((n + 63) / 64 * 64);
+    std::fill(classes.begin() + static_cast<ptrdiff_t>(n), classes.end(), kNoClass);
+    ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
+    uint32_t seen[kMaxClasses] = {};
+    size_t next = 0;
+    for (size_t block = 0; block * 64 < n && next < positions.size(); ++block) {
+      const uint8_t* p = classes.data() + block * 64;
+      const size_t end = block * 64 + 64;
+      uint64_t masks[kMaxClasses];
+      for (int c = 0; c < k; ++c) masks[c] = ClassMask(p, static_cast<uint8_t>(c));
+      for (; next < positions.size() && positions[next] < end; ++next) {
+        const uint32_t j = positions[next] - static_cast<uint32_t>(block * 64);
+        const uint8_t c = p[j];
+        local[next] = seen[c] + static_cast<uint32_t>(std::popcount(masks[c] & ((uint64_t{1} << j) - 1)));
+      }
+      for (int c = 0; c < k; ++c) seen[c] += static_cast<uint32_t>(std::popcount(masks[c]));
+    }
+    // Changes grouped by class, positions ascending inside each (stable).
+    for (uint32_t pos : positions) ++start[classes[pos] + 1];
+    for (int c = 0; c < k; ++c) start[c + 1] += start[c];
+    uint32_t fill[kMaxClasses];
+    std::copy(start, start + k, fill);
+    for (uint32_t i = 0; i < positions.size(); ++i) order[fill[classes[positions[i]]]++] = i;
+  }
+  const size_t at = out->size();
+  EncodeStaticT<T>(parent, data, is_float, e_lo, k, positions, order, local, start, out);
+  if (positions.size() < kAlwaysStaticChanges) {
+    std::vector<uint8_t>& adaptive = scratch->candidate;
+    adaptive.clear();
+    EncodeAdaptiveT<T>(parent, data, is_float, e_lo, k, positions, order, local, start, &adaptive);
+    if (getenv("WFS_SPARSE_DEBUG")) fprintf(stderr, "count %zu static %zu adaptive %zu\n", positions.size(), out->size() - at, adaptive.size());
+    if (static_cast<double>(adaptive.size()) < kAdaptiveMargin * static_cast<double>(out->size() - at)) {
+      out->resize(at);
+      out->insert(out->end(), adaptive.begin(), adaptive.end());
+    }
+  }
 }
 
 // Decodes one change's difference (sign and magnitude). False when out of range (corrupt).
@@ -642,12 +993,175 @@ bool ApplyByClass(const uint8_t* classes, size_t n, int k, const uint32_t* class
   }
 }
 
+// Decodes the version 2 stream (body from its start) into class-local indices and
+// differences, class by class (class_start as ApplyByClassT takes them).
+template <typename T>
+Status DecodeStaticT(std::span<const uint8_t> body, uint64_t count, int k, size_t n,
+                     Scratch* scratch, uint32_t* class_start) {
+  auto bad = [](const char* what) { return Status::Corruption(std::string("sparse body: ") + what); };
+  if (body.size() < kV2HeaderBytes) return bad("shorter than its header");
+  uint32_t table_bytes, bit_bytes;
+  std::memcpy(&table_bytes, body.data() + 11, 4);
+  std::memcpy(&bit_bytes, body.data() + 15, 4);
+  size_t rest = body.size() - kV2HeaderBytes;
+  if (table_bytes > rest || bit_bytes > rest - table_bytes ||
+      rest - table_bytes - bit_bytes < 4 * kRansStates ||
+      (rest - table_bytes - bit_bytes) % 2 != 0) {
+    return bad("section lengths do not fit the body");
+  }
+  const size_t word_bytes = rest - table_bytes - bit_bytes - 4 * kRansStates;
+  const uint8_t* bits_in = body.data() + kV2HeaderBytes + table_bytes;
+  const uint8_t* rans_in = bits_in + bit_bytes;
+
+  // The class table.
+  int shifts[kMaxClasses] = {};
+  auto gap_tables = std::make_unique<FreqTable[]>(kMaxClasses);
+  auto value_tables = std::make_unique<FreqTable[]>(kMaxClasses);
+  {
+    auto model = std::make_unique<TableModel>();
+    rc::RangeDecoder dec(body.subspan(kV2HeaderBytes, table_bytes));
+    uint64_t total = 0;
+    class_start[0] = 0;
+    for (int c = 0; c < k; ++c) {
+      const uint64_t n_c1 = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33);
+      if (n_c1 == 0 || n_c1 - 1 > count - total) return bad("class counts do not add up");
+      total += n_c1 - 1;
+      class_start[c + 1] = static_cast<uint32_t>(total);
+      if (n_c1 == 1) continue;
+      shifts[c] = static_cast<int>(dec.DecodeTree(model->shift, 6));
+      if (shifts[c] > kMaxGapShift) return bad("gap shift out of range");
+      if (!DecodeTable(dec, *model, 0, kGapSymbols, &gap_tables[c]) ||
+          !DecodeTable(dec, *model, 1, kValueSymbols, &value_tables[c])) {
+        return bad("invalid frequency table");
+      }
+    }
+    if (total != count) return bad("class counts do not add up");
+    if (dec.overrun() || dec.remaining() != 0) return bad("class table length does not match its content");
+  }
+
+  // Decoding tables: per slot, symbol | freq << 6 | (slot - start) << 18.
+  std::vector<uint32_t>& slots = scratch->rans_slots;
+  slots.resize(size_t{2} * kMaxClasses << kMaxTableBits);
+  for (int c = 0; c < k; ++c) {
+    if (class_start[c] == class_start[c + 1]) continue;
+    for (int which = 0; which < 2; ++which) {
+      const FreqTable& t = which == 0 ? gap_tables[c] : value_tables[c];
+      uint32_t* e = slots.data() + (size_t{2} * c + which) * (size_t{1} << kMaxTableBits);
+      for (int s = 0; s < t.nsym; ++s) {
+        for (uint32_t j = 0; j < t.freq[s]; ++j) {
+          e[t.start[s] + j] = static_cast<uint32_t>(s) | (t.freq[s] << 6) | (j << 18);
+        }
+      }
+    }
+  }
+  // Both streams copied with zero padding: reads stay in bounds without a branch per read (the
+  // loop checks the positions once per change; an escape checks before each of its reads).
+  constexpr size_t kPad = 32;
+  std::vector<uint8_t>& bits = scratch->bits;
+  bits.assign(bit_bytes + kPad, 0);
+  std::memcpy(bits.data(), bits_in, bit_bytes);
+  std::vector<uint8_t>& words = scratch->words;
+  words.assign(word_bytes + kPad, 0);
+  std::memcpy(words.data(), rans_in + 4 * kRansStates, word_bytes);
+  uint32_t a0, a1, a2, a3;
+  std::memcpy(&a0, rans_in, 4);
+  std::memcpy(&a1, rans_in + 4, 4);
+  std::memcpy(&a2, rans_in + 8, 4);
+  std::memcpy(&a3, rans_in + 12, 4);
+  if (a0 < kRansL || a1 < kRansL || a2 < kRansL || a3 < kRansL) return bad("invalid rANS state");
+
+  const uint8_t* wp = words.data();
+  size_t wi = 0;
+  const uint8_t* bp = bits.data();
+  uint64_t bit_pos = 0;
+  const uint64_t bit_end = uint64_t{bit_bytes} * 8;
+  auto read_bits = [&](int nbits) __attribute__((always_inline)) {  // REQUIRES: nbits <= 56, bit_pos / 8 + 8 within bits
+    uint64_t w;
+    std::memcpy(&w, bp + (bit_pos >> 3), 8);
+    const uint64_t v = (w >> (bit_pos & 7)) & ((uint64_t{1} << nbits) - 1);
+    bit_pos += static_cast<uint64_t>(nbits);
+    return v;
+  };
+  auto read_gamma = [&]() -> uint64_t {  // 0 when corrupt
+    if (bit_pos > bit_end) return 0;
+    const int len = static_cast<int>(read_bits(7));
+    if (len < 1 || len > 64) return 0;
+    const int m = len - 1;
+    uint64_t v = read_bits(std::min(m, 32));
+    if (m > 32) v |= read_bits(m - 32) << 32;
+    return v | (uint64_t{1} << m);
+  };
+  auto step = [&](uint32_t& a, const uint32_t* table, int tbits) __attribute__((always_inline)) {
+    const uint32_t e = table[a & ((1u << tbits) - 1)];
+    a = ((e >> 6) & 0xFFF) * (a >> tbits) + (e >> 18);
+    uint16_t w;
+    std::memcpy(&w, wp + wi, 2);
+    const bool refill = a < kRansL;
+    a = refill ? (a << 16) | w : a;
+    wi += refill ? 2 : 0;
+    return e & 63;
+  };
+
+  std::vector<uint32_t>& local = scratch->local;
+  local.resize(count);
+  std::vector<uint64_t>& diffs = scratch->diffs;
+  diffs.resize(count);
+  constexpr int kWidthBits = static_cast<int>(sizeof(T) * 8);
+  for (int c = 0; c < k; ++c) {
+    const uint32_t* gap_table = slots.data() + (size_t{2} * c) * (size_t{1} << kMaxTableBits);
+    const uint32_t* value_table = gap_table + (size_t{1} << kMaxTableBits);
+    const int gap_bits = gap_tables[c].bits, value_bits = value_tables[c].bits;
+    const int s = shifts[c];
+    const uint64_t max_q = n >> s;  // q << s must stay below n
+    uint64_t next = 0;              // class-local index after the previous change
+    for (uint32_t i = class_start[c]; i < class_start[c + 1]; ++i) {
+      uint64_t q = step(a0, gap_table, gap_bits);
+      const uint32_t vs = step(a1, value_table, value_bits);
+      std::swap(a0, a2);
+      std::swap(a1, a3);
+      if (q == kGapEscape) [[unlikely]] {
+        const uint64_t extra = read_gamma();
+        if (extra == 0 || extra > max_q) return bad("gap out of range");
+        q += extra - 1;
+      }
+      if (q > max_q) return bad("gap out of range");
+      uint64_t v = q << s;
+      v |= s > 32 ? read_bits(32) | (read_bits(s - 32) << 32) : read_bits(s);
+      const uint64_t pos = next + v;
+      if (pos >= n) return bad("a change lies outside the chunk");
+      next = pos + 1;
+      uint64_t mag = (vs >> 1) + 1;
+      if (vs >= kValueEscape) [[unlikely]] {
+        const uint64_t extra = read_gamma();
+        if (extra == 0 || (kWidthBits < 64 && (extra >> (kWidthBits - 1)) != 0) ||
+            extra > ~uint64_t{0} - kMaxValueDirect) {
+          return bad("value out of range");
+        }
+        mag = extra + kMaxValueDirect;
+      }
+      local[i] = static_cast<uint32_t>(pos);
+      diffs[i] = (vs & 1) ? T(T(0) - T(mag)) : T(mag);
+      if (wi > word_bytes || bit_pos > bit_end) return bad("stream shorter than its changes");
+    }
+  }
+  if (a0 != kRansL || a1 != kRansL || a2 != kRansL || a3 != kRansL || wi != word_bytes ||
+      (bit_pos + 7) / 8 != bit_bytes) {
+    return bad("stream length does not match its content");
+  }
+  return Status::Ok();
+}
+
 template <typename T>
 Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent, uint8_t* out,
                size_t n, Scratch* scratch) {
   if (body.size() < 11) return Status::Corruption("sparse body shorter than its header");
   uint64_t count;
   std::memcpy(&count, body.data(), 8);
+  const uint64_t version = count >> 56;  // 0 in version 1, whose count is below 2^32
+  count &= (uint64_t{1} << 56) - 1;
+  if (version != 0 && version != kBodyVersion2) {
+    return Status::Corruption("sparse body has unknown version " + std::to_string(version));
+  }
   uint16_t e_lo;
   std::memcpy(&e_lo, body.data() + 8, 2);
   const int k = body[10];
@@ -665,6 +1179,24 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
     return Status::Corruption("sparse body has an invalid class table");
   }
   OutputWriter<T> writer{parent, out, n, 0, is_float};
+  if (version == kBodyVersion2) {
+    uint32_t class_start[kMaxClasses + 1] = {};
+    WFS_TRY(DecodeStaticT<T>(body, count, k, n, scratch, class_start));
+    if (k == 1) {
+      for (uint64_t i = 0; i < count; ++i) writer.Change(scratch->local[i], static_cast<T>(scratch->diffs[i]));
+    } else {
+      std::vector<uint8_t>& classes = scratch->classes;
+      classes.resize((n + 63) / 64 * 64);
+      std::fill(classes.begin() + static_cast<ptrdiff_t>(n), classes.end(), kNoClass);
+      ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
+      if (!ApplyByClass(classes.data(), n, k, class_start, scratch->local.data(),
+                        scratch->diffs.data(), writer)) {
+        return Status::Corruption("sparse body: a change lies outside the chunk");
+      }
+    }
+    writer.Finish();
+    return Status::Ok();
+  }
   auto model = std::make_unique<Model>();
   rc::RangeDecoder dec(body.subspan(11));
   auto bad = [](const char* what) { return Status::Corruption(std::string("sparse body: ") + what); };

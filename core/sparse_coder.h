@@ -35,6 +35,10 @@ struct Scratch {
   std::vector<uint32_t> order;      // changes sorted by class
   std::vector<uint64_t> bitmap;     // changed positions, one bit per element
   std::vector<uint64_t> diffs;      // decoded differences, class by class
+  std::vector<uint8_t> candidate;   // the version 1 body, when both are tried
+  std::vector<uint32_t> rans_slots; // version 2 decoding tables
+  std::vector<uint8_t> bits;        // version 2 bit stream, padded
+  std::vector<uint8_t> words;       // version 2 rANS words, padded
 };
 
 // The instruction set of the decoder's hot loop (mapping exponent-class indices to positions):

@@ -1,6 +1,9 @@
 #include "hub/bucket.h"
 
 #include <algorithm>
+#include <atomic>
+#include <system_error>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -120,6 +123,31 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
     }
   }
   return it->second;
+}
+
+void Bucket::PrefetchManifests(std::string_view model, std::span<const std::string> versions) {
+  if (derived_) return;
+  std::vector<std::string_view> missing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& v : versions) {
+      if (!manifests_.count(ManifestKey(model, v))) missing.push_back(v);
+    }
+  }
+  if (missing.size() < 2) return;  // the walk reads one as fast
+  missing.resize(std::min(missing.size(), kMaxCachedManifests / 2));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < missing.size();) (void)ReadManifest(model, missing[i]);
+  };
+  std::vector<std::thread> threads;
+  try {
+    for (size_t t = 1; t < std::min<size_t>(missing.size(), 8); ++t) threads.emplace_back(work);
+  } catch (const std::system_error&) {
+    // Fewer threads: this one does the rest.
+  }
+  work();
+  for (std::thread& t : threads) t.join();
 }
 
 void Bucket::Forget(std::string_view model, std::string_view version) {

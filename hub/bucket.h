@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,10 @@ class Bucket {
   // Every published version, optionally of one model (and its sub-organisation), sorted by
   // model then version name.
   Expected<std::vector<VersionInfo>> ListVersions(std::string_view model = {});
+  // Reads the manifests of `versions` of `model` that are not cached yet, several at a time
+  // (errors are left to the ReadManifest that needs them). A materializer walking a chunk's
+  // chain back otherwise reads and parses them one after another.
+  void PrefetchManifests(std::string_view model, std::span<const std::string> versions);
   // Parsed, validated manifest (NotFound naming model@version if absent).
   Expected<std::shared_ptr<const Manifest>> ReadManifest(std::string_view model,
                                                          std::string_view version);

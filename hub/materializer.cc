@@ -139,8 +139,15 @@ void Materializer::Warm(size_t builds, uint64_t chunk_bytes) {
     const uint16_t v = static_cast<uint16_t>(0x3C00 + (x & 0x03FF));  // small positive values
     std::memcpy(&parent[i], &v, 2);
   }
+  // ~1% of the elements one unit up, mostly the small ones (as a training step moves them:
+  // core/sparse_coder.h), so that the delta uses exponent classes and the decoder's
+  // class and change buffers grow to a real delta's size here rather than on a first read.
   child = parent;
-  for (size_t i = 0; i < child.size(); i += 200) child[i] ^= 1;
+  for (size_t i = 0; i + 1 < child.size(); i += 2) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    const bool small = (child[i + 1] & 0x7F) < 0x3E;  // exponent below 124
+    if (x % 1000 < (small ? 20u : 2u)) child[i] ^= 1;
+  }
   std::vector<uint8_t> full, sparse;
   {
     ChunkCodec encoder;
@@ -254,6 +261,7 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
 
   // Walk back to a keyframe or a cached ancestor. Depth strictly decreases along the walk
   // (checked), so a hostile manifest cannot make it loop.
+  if (file.chunks[index].is_delta()) bucket_->PrefetchManifests(manifest.model, manifest.versions);
   std::vector<Step> steps;
   steps.push_back({nullptr, &manifest, &file, &file.chunks[index], {}});
   ChunkBytes base;  // the cached ancestor's bytes

@@ -671,9 +671,13 @@ TEST_F(WriteTest, KilledDuringUploadTheDraftResumesAndPublishesBitExact) {
     if (st.is_object()) {
       EXPECT_EQ(st["error"], "") << st.dump();
       ExpectSameFiles(draft, Source(k));  // the staged files survived
-    } else {
-      EXPECT_EQ(commit_result.exit_code, 0) << "the draft is gone but was not committed: " << m.Status().dump()
-                                            << commit_result.out;
+    } else if (commit_result.exit_code != 0) {
+      // The kill can land after the daemon published and before it answered the commit: the
+      // client then reports the daemon gone while the version is out. Publication is checked
+      // below; here only that the failure says what happened.
+      EXPECT_TRUE(commit_first) << "the draft is gone but no commit was asked for: " << m.Status().dump();
+      std::printf("[ kill     ] %s: commit reported %d: %s\n", name.c_str(), commit_result.exit_code,
+                  commit_result.out.c_str());
     }
     Result u = m.Unmount();  // publishes
     ASSERT_EQ(u.exit_code, 0) << u.out << m.Describe();
