@@ -13,14 +13,16 @@ namespace {
 // with FUSE_CAP_ASYNC_READ the kernel's readahead requests can arrive slightly out of order.
 constexpr uint64_t kSequentialSlack = 2ull << 20;
 
-constexpr uint64_t kBuildBytes = 12ull << 20;  // working memory of one chunk build (3 x 4 MiB)
-
 }  // namespace
 
+size_t ChunkReader::MaxBuilds(uint64_t memory_limit) {
+  const uint64_t spare = memory_limit > kBaseBytes ? memory_limit - kBaseBytes : 0;
+  return static_cast<size_t>(std::clamp<uint64_t>(spare / 4 / kBuildBytes, 1, 16));
+}
+
 uint64_t ChunkReader::CacheBudget(uint64_t memory_limit) {
-  const uint64_t reserve =
-      std::max(memory_limit / 4, std::min<uint64_t>(memory_limit / 2, 192ull << 20));
-  return memory_limit - reserve;
+  const uint64_t reserve = kBaseBytes + MaxBuilds(memory_limit) * kBuildBytes;
+  return memory_limit > reserve ? memory_limit - reserve : 0;
 }
 
 size_t ChunkReader::ReadaheadThreads(const ChunkReaderOptions& options) {
@@ -28,8 +30,7 @@ size_t ChunkReader::ReadaheadThreads(const ChunkReaderOptions& options) {
   if (threads == 0) {
     threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 2, 8);
   }
-  const uint64_t reserve = options.memory_limit - CacheBudget(options.memory_limit);
-  return std::max<size_t>(1, std::min<uint64_t>(threads, reserve / kBuildBytes));
+  return std::min(threads, MaxBuilds(options.memory_limit));
 }
 
 namespace {
@@ -46,10 +47,14 @@ uint64_t ReadaheadBytes(const ChunkReaderOptions& options, size_t threads, uint6
 ChunkReader::ChunkReader(Materializer* materializer, ChunkReaderOptions options)
     : materializer_(materializer),
       options_(options),
+      max_builds_(MaxBuilds(options.memory_limit)),
       cache_budget_(CacheBudget(options.memory_limit)),
       readahead_threads_(ReadaheadThreads(options)),
       readahead_bytes_(ReadaheadBytes(options, readahead_threads_, cache_budget_)),
-      readahead_(readahead_bytes_ ? readahead_threads_ : 0, options.readahead_queue) {}
+      readahead_(readahead_bytes_ ? readahead_threads_ : 0, options.readahead_queue) {
+  // The materializer's pools hold what the builds in flight use, no more.
+  materializer_->set_pool_limits(max_builds_, max_builds_ * 2 * (4ull << 20));
+}
 
 ChunkReader::~ChunkReader() = default;
 
@@ -109,6 +114,12 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
     spdlog::debug("materializing {}", DescribeChunkOf(*manifest, file, index));
   }
   BytesResult result = Status::IOError("not materialized");
+  {
+    std::unique_lock<std::mutex> lock(builds_mu_);
+    build_done_.wait(lock, [&] { return builds_ < max_builds_; });
+    ++builds_;
+    if (builds_ > stats_.builds_peak.load()) stats_.builds_peak = builds_;
+  }
   try {
     result = materializer_->Shared(*manifest, file, index);
   } catch (const std::bad_alloc&) {
@@ -118,6 +129,11 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
     result = Status::IOError(std::string("materializing ") + DescribeChunkOf(*manifest, file, index) +
                              ": " + e.what());
   }
+  {
+    std::lock_guard<std::mutex> lock(builds_mu_);
+    --builds_;
+  }
+  build_done_.notify_one();
   if (result.ok() && result->size() != file.chunks[index].length) {
     // The Materializer verified the hash, so this cannot happen with a valid manifest; a
     // reply must never be built on a short buffer all the same.

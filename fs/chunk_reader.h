@@ -34,6 +34,7 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <future>
 #include <list>
@@ -70,6 +71,7 @@ struct ChunkReaderStats {
   std::atomic<uint64_t> readahead_queued{0};
   std::atomic<uint64_t> readahead_dropped{0};  // queue full
   std::atomic<uint64_t> evictions{0};
+  std::atomic<uint64_t> builds_peak{0};  // most materializations running at once
 };
 
 // Sequential-access state of one open file: a heuristic. Thread-safe (reads of one handle run
@@ -130,14 +132,19 @@ class ChunkReader {
   uint64_t cached_bytes() const;
   const ChunkReaderStats& stats() const { return stats_; }
 
-  // Bytes of chunks kept in memory: memory_limit less a reserve for what is not cached but
-  // alive — each chunk build in flight holds its output, payloads and a scratch buffer
-  // (~3 chunks), the materializer pools reused buffers and codecs, FUSE threads their request
-  // buffers, replies their chunks. A quarter of the limit, at least min(half, 192 MiB):
-  // measured peak RSS of bench_mount with 1 GiB stays under the limit with this.
+  // How memory_limit is spent. The process itself (code, libraries, manifests, FUSE request
+  // buffers) gets kBaseBytes; each chunk build in flight kBuildBytes (its output, payloads, a
+  // pooled codec with its planes and class buffers, scratch); the chunks kept in memory the
+  // rest. MaxBuilds() builds run at once, readers beyond wait: without that bound, 16 FUSE
+  // threads reading 16 chunks measured twice a 128 MiB limit. memory_limit >= kMinMemoryLimit.
+  static constexpr uint64_t kBaseBytes = 64ull << 20;
+  static constexpr uint64_t kBuildBytes = 16ull << 20;
+  static constexpr uint64_t kMinMemoryLimit = 128ull << 20;
+  // A quarter of what the base leaves, in builds, 1 to 16.
+  static size_t MaxBuilds(uint64_t memory_limit);
   static uint64_t CacheBudget(uint64_t memory_limit);
-  // Readahead threads for `options` (see ChunkReaderOptions::readahead_threads): each one
-  // builds a chunk at a time, so the reserve bounds them (12 MiB each).
+  // Readahead threads for `options` (see ChunkReaderOptions::readahead_threads), at most
+  // MaxBuilds.
   static size_t ReadaheadThreads(const ChunkReaderOptions& options);
 
  private:
@@ -158,6 +165,7 @@ class ChunkReader {
 
   Materializer* const materializer_;
   const ChunkReaderOptions options_;
+  const size_t max_builds_;         // MaxBuilds(options_.memory_limit)
   const uint64_t cache_budget_;     // CacheBudget(options_.memory_limit)
   const size_t readahead_threads_;  // ReadaheadThreads(options_)
   const uint64_t readahead_bytes_;  // options_.readahead_bytes, adjusted (see the constructor)
@@ -169,6 +177,11 @@ class ChunkReader {
   uint64_t cached_bytes_ = 0;                                                    // GUARDED_BY(mu_)
   std::unordered_map<Hash128, std::shared_future<BytesResult>, HashOf> inflight_;  // GUARDED_BY(mu_)
   std::unordered_set<Hash128, HashOf> queued_;  // readahead jobs not started yet  // GUARDED_BY(mu_)
+
+  // Builds running (at most max_builds_); a reader that would exceed it waits on build_done_.
+  std::mutex builds_mu_;
+  std::condition_variable build_done_;
+  size_t builds_ = 0;  // GUARDED_BY(builds_mu_)
 
   ChunkReaderStats stats_;
   // Last member: destroyed first, so no readahead job outlives the state above.

@@ -489,6 +489,7 @@ std::string StatsJsonOf(const Impl& s) {
                  {"readahead_queued", r.readahead_queued.load()},
                  {"readahead_dropped", r.readahead_dropped.load()},
                  {"evictions", r.evictions.load()},
+                 {"builds_peak", r.builds_peak.load()},
                  {"cached_bytes", s.reader.cached_bytes()}};
   const MaterializerStats& m = s.parts.materializer->stats();
   j["materializer"] = {{"chunks", m.chunks.load()},

@@ -106,7 +106,7 @@ Materializer::Scratch Materializer::TakeScratch() {
 void Materializer::GiveScratch(Scratch buffer) {
   if (buffer.capacity() == 0) return;
   std::lock_guard<std::mutex> lock(pool_mu_);
-  if (scratch_bytes_ + buffer.capacity() > kScratchBytes) return;  // unmapped here
+  if (scratch_bytes_ + buffer.capacity() > max_scratch_bytes_) return;  // unmapped here
   scratch_bytes_ += buffer.capacity();
   scratch_.push_back(std::move(buffer));
 }
@@ -125,7 +125,26 @@ std::unique_ptr<ChunkCodec> Materializer::TakeCodec() {
 
 void Materializer::GiveCodec(std::unique_ptr<ChunkCodec> codec) {
   std::lock_guard<std::mutex> lock(pool_mu_);
-  if (codecs_.size() < kPooledCodecs) codecs_.push_back(std::move(codec));
+  if (codecs_.size() < max_codecs_) codecs_.push_back(std::move(codec));
+}
+
+void Materializer::set_pool_limits(size_t codecs, uint64_t scratch_bytes) {
+  std::vector<Scratch> freed_scratch;
+  std::vector<std::unique_ptr<ChunkCodec>> freed_codecs;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    max_codecs_ = codecs;
+    max_scratch_bytes_ = scratch_bytes;
+    while (codecs_.size() > max_codecs_) {
+      freed_codecs.push_back(std::move(codecs_.back()));
+      codecs_.pop_back();
+    }
+    while (scratch_bytes_ > max_scratch_bytes_ && !scratch_.empty()) {
+      scratch_bytes_ -= scratch_.back().capacity();
+      freed_scratch.push_back(std::move(scratch_.back()));
+      scratch_.pop_back();
+    }
+  }  // freed outside the lock
 }
 
 void Materializer::Warm(size_t builds, uint64_t chunk_bytes) {

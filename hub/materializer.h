@@ -69,6 +69,10 @@ class Materializer {
   // decoding only, not ~40 ms of page faults and table set-up (measured on the 2-core VM).
   void Warm(size_t builds, uint64_t chunk_bytes);
 
+  // Caps what the pools keep between builds (default 16 codecs, 64 MiB of scratch buffers);
+  // what is pooled beyond the new caps is freed now. A mount sets them from its memory budget.
+  void set_pool_limits(size_t codecs, uint64_t scratch_bytes);
+
   const MaterializerStats& stats() const { return stats_; }
   // Whether materialized chunks are copied into the cache (default). `pull` turns it off: it
   // records references to the files it writes instead.
@@ -103,17 +107,16 @@ class Materializer {
   // neither verified nor cached here (its hash is an identifier).
   Status BuildDerived(const Manifest& manifest, const ManifestFile& file, size_t index,
                       const std::function<std::span<uint8_t>(size_t)>& output);
-  // Reused buffers for intermediate results (at most kScratchBytes of capacity kept), and
+  // Reused buffers for intermediate results (at most max_scratch_bytes_ of capacity kept), and
   // codecs (their zstd contexts and tables are warm), shared by every thread.
   Scratch TakeScratch();
   void GiveScratch(Scratch buffer);
   std::unique_ptr<ChunkCodec> TakeCodec();
   void GiveCodec(std::unique_ptr<ChunkCodec> codec);
-  static constexpr size_t kScratchBytes = 64ull << 20;
-  static constexpr size_t kPooledCodecs = 16;
-
   bool cache_results_ = true;
   std::mutex pool_mu_;
+  size_t max_codecs_ = 16;                            // GUARDED_BY(pool_mu_)
+  uint64_t max_scratch_bytes_ = 64ull << 20;          // GUARDED_BY(pool_mu_)
   std::vector<Scratch> scratch_;                      // GUARDED_BY(pool_mu_)
   size_t scratch_bytes_ = 0;                          // GUARDED_BY(pool_mu_): capacity of scratch_
   std::vector<std::unique_ptr<ChunkCodec>> codecs_;  // GUARDED_BY(pool_mu_)

@@ -187,10 +187,11 @@ Expected<Opened> OpenAll(const MountConfig& c) {
 // Materializer::Warm on one thread while this one reads the manifests of each model's newest
 // versions (at most kPreloadVersions of each, in listing order), bounded in time: a bucket
 // that answers slowly or holds many models only delays the mount by kPreloadBudget.
-void Preload(Bucket* bucket, Materializer* materializer) {
+void Preload(Bucket* bucket, Materializer* materializer, uint64_t memory_limit) {
   constexpr size_t kPreloadVersions = 16;
   constexpr auto kPreloadBudget = std::chrono::milliseconds(500);
-  std::thread warm([materializer] { materializer->Warm(2, kDefaultChunkBytes); });
+  const size_t builds = std::min<size_t>(2, ChunkReader::MaxBuilds(memory_limit));
+  std::thread warm([materializer, builds] { materializer->Warm(builds, kDefaultChunkBytes); });
   const auto deadline = std::chrono::steady_clock::now() + kPreloadBudget;
   Expected<std::vector<VersionInfo>> versions = bucket->ListVersions();
   if (versions.ok()) {
@@ -243,7 +244,7 @@ int Serve(const MountConfig& c, int notify_fd, bool daemon) {
   // page faults, and ~2 ms per manifest of a 1B-parameter model that a chain walk would read
   // one after another). Both run while the mount is not up yet; `weightfs mount` returns that
   // much later.
-  Preload(opened->bucket.get(), &materializer);
+  Preload(opened->bucket.get(), &materializer, mount_options.reader.memory_limit);
   FuseServer server(parts, mount_options);
   Status s = server.Mount();
   if (!s.ok()) {
@@ -320,7 +321,9 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   if (auto o = args.Get("-o")) m.fuse_options.push_back(*o);
   if (auto v = args.Get("--memory-limit")) {
     WFS_ASSIGN_OR_RETURN(m.reader.memory_limit, ParseSize(*v));
-    if (m.reader.memory_limit < (16ull << 20)) return Status::InvalidArgument("--memory-limit must be at least 16MiB");
+    if (m.reader.memory_limit < ChunkReader::kMinMemoryLimit) {
+      return Status::InvalidArgument("--memory-limit must be at least 128MiB (the daemon's own memory and one chunk build)");
+    }
   }
   if (auto v = args.Get("--threads")) {
     WFS_ASSIGN_OR_RETURN(double n, ParseDouble(*v));

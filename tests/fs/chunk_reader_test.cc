@@ -89,7 +89,10 @@ TEST_F(ChunkReaderTest, ConcurrentReadersOfOneChunkShareOneMaterialization) {
 }
 
 TEST_F(ChunkReaderTest, MemoryStaysWithinTheLimit) {
-  const uint64_t limit = 3 * kChunk;
+  // What the process and one build take, plus three chunks.
+  const uint64_t limit = ChunkReader::kBaseBytes + ChunkReader::kBuildBytes + 3 * kChunk;
+  ASSERT_EQ(ChunkReader::MaxBuilds(limit), 1u);
+  ASSERT_EQ(ChunkReader::CacheBudget(limit), 3 * kChunk);
   ChunkReader reader(&materializer_, {.memory_limit = limit, .readahead_bytes = 0});
   for (uint64_t off = 0; off < data_.size(); off += 100000) {
     auto r = reader.Read(manifest_, *file_, off, 100000, nullptr);
@@ -101,6 +104,31 @@ TEST_F(ChunkReaderTest, MemoryStaysWithinTheLimit) {
   uint64_t gets = bucket_.faults().pack_gets;
   ASSERT_TRUE(reader.Read(manifest_, *file_, data_.size() - 10, 10, nullptr).ok());
   EXPECT_EQ(bucket_.faults().pack_gets.load(), gets);
+}
+
+// Readers of different chunks wait for a build slot rather than each holding a build's memory:
+// at the smallest limit one chunk is built at a time, and every reader still gets its bytes.
+TEST_F(ChunkReaderTest, ConcurrentBuildsAreBoundedByTheMemoryLimit) {
+  EXPECT_EQ(ChunkReader::MaxBuilds(ChunkReader::kMinMemoryLimit), 1u);
+  EXPECT_EQ(ChunkReader::MaxBuilds(1ull << 30), 15u);
+  EXPECT_GE(ChunkReader::CacheBudget(1ull << 30), 700ull << 20);
+  ChunkReader reader(&materializer_, {.memory_limit = ChunkReader::kMinMemoryLimit, .readahead_bytes = 0});
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      const uint64_t off = static_cast<uint64_t>(t) * kChunk + 100;
+      auto r = reader.Read(manifest_, *file_, off, 5000, nullptr);
+      if (r.ok() && Gather(*r) == std::vector<uint8_t>(data_.begin() + static_cast<ptrdiff_t>(off),
+                                                       data_.begin() + static_cast<ptrdiff_t>(off) + 5000)) {
+        ok++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 6);
+  EXPECT_EQ(reader.stats().materializations.load(), 6u);
+  EXPECT_EQ(reader.stats().builds_peak.load(), 1u);
 }
 
 TEST_F(ChunkReaderTest, SequentialReadersGetReadahead) {
