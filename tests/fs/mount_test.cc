@@ -34,6 +34,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/hash.h"
 #include "core/manifest.h"
@@ -475,6 +476,33 @@ TEST_F(MountTest, ExtendedAttributesOfVersionsAndFiles) {
 }
 
 // ---- published versions are read-only ---------------------------------------------------------
+
+// --memory-limit bounds the whole daemon, not only the chunks it keeps: twelve readers of
+// different files at the smallest limit (one chunk build at a time, 48 MiB of chunks kept)
+// all get their bytes, and the daemon's peak RSS stays within the limit.
+TEST_F(MountTest, MemoryLimitBoundsTheDaemonUnderManyReaders) {
+  Mount m(Shared().bucket, "memory", "--memory-limit 128MiB");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(12);
+  for (int t = 0; t < 12; ++t) {
+    const std::vector<uint8_t>& src = SourceBytes(t % kVersions, kShards[t % 3]);  // before the threads
+    threads.emplace_back([&, t, src_ptr = &src] {
+      std::vector<uint8_t> got = Slurp(m.Version(t % kVersions) / kShards[t % 3]);
+      if (got != *src_ptr) errors[t] = "bytes differ (" + std::to_string(got.size()) + " read)";
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < 12; ++t) EXPECT_TRUE(errors[t].empty()) << "reader " << t << ": " << errors[t];
+  int err = 0;
+  const std::string stats = GetXattr(m.mnt(), "user.weightfs.stats", &err);
+  ASSERT_EQ(err, 0);
+  const nlohmann::json j = nlohmann::json::parse(stats, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << stats;
+  EXPECT_EQ(j["reader"]["builds_peak"], 1u) << stats;
+  EXPECT_LE(j["peak_rss_bytes"].get<uint64_t>(), 128ull << 20) << stats;
+  EXPECT_GT(j["reader"]["evictions"].get<uint64_t>(), 0u) << stats;  // ~90 MB through 48 MiB kept
+}
 
 TEST_F(MountTest, EveryChangeFailsWithErofs) {
   const fs::path v = M().Version(1);
