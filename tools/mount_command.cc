@@ -93,9 +93,10 @@ options:
   --cache-dir DIR      local chunk cache, shared with push/pull and other mounts
                        [$WEIGHTFS_CACHE_DIR or ~/.cache/weightfs]
   --cache-size BYTES   bound on the chunk cache (LRU eviction)               [20GiB]
-  --memory-limit BYTES the daemon's memory budget: chunks kept in memory    [1GiB]
-                       get what is left after a reserve for chunks being built
-                       (a quarter, at least min(half, 192MiB))
+  --memory-limit BYTES the daemon's memory budget (at least 128MiB): 64MiB  [1GiB]
+                       for itself, 16MiB per chunk build in flight (a quarter of
+                       the rest; readers beyond wait), the rest for chunks kept
+                       in memory
   --refresh SECONDS    re-list the bucket at most this often                  [10]
   --threads N          FUSE worker threads                                    [16]
   --read-only          mount read-only: no drafts (published versions always are)
