@@ -307,7 +307,7 @@ ChunkEncoding ChunkCodec::EncodeDelta(DType dtype, std::span<const uint8_t> pare
       WriteHeader(&cand, ChunkEncoding::kSparse, dtype, data.size(), parent.size(), hash,
                   parent_hash);
       sparse::Encode(dtype, width, parent.data(), data.data(), n, impl_->positions,
-                     opt.exponent_class_max_fraction,
+                     opt.exponent_class_max_fraction, opt.sparse_body_version,
                      &impl_->sparse_scratch, &cand);
       consider(ChunkEncoding::kSparse);
       // Byte planes + zstd cannot go much below ~1 bit per byte on noise-like weights: when the

@@ -21,10 +21,11 @@
 //          mantissas is what lets an entropy coder see their low entropy.
 //   DENSE  for many changes: d = ord(new) - ord(parent) per element (ord = order-preserving
 //          integer of a float, identity for integers), zigzag-coded, then planes + zstd as FULL.
-//   SPARSE for few changes: u64 change count, then a range-coded stream of (gap, d) pairs: the
-//          gap to the next changed element (Elias-gamma binarization with adaptive bits, context =
-//          size of the previous gap) and d as sign + magnitude (adaptive, context = previous
-//          magnitude). A ±1-ulp step in bf16 costs ~2 bits; a position ~H(p)/p bits.
+//   SPARSE for few changes: the changed elements' gaps (per exponent class of the parent) and
+//          differences d = ord(new) - ord(parent), entropy-coded; two body versions, told apart
+//          by the body's 8th byte (core/sparse_coder.h): 1, adaptive binary range coding, and 2,
+//          static per-chunk tables with interleaved rANS (faster to decode). A ±1-ulp step in
+//          bf16 costs ~2 bits; a position ~H(p)/p bits.
 //   PATCH  one zstd frame compressed with the parent chunk as its prefix (for bytes of unknown
 //          structure, and chunks whose length changed: headers, opaque files).
 // Decoding validates everything before use and never allocates more than raw_len (bounded by
@@ -93,6 +94,9 @@ struct EncodeOptions {
   // Exponent classes (core/sparse_coder.h) shrink sparse deltas by ~25% but cost decode time
   // per change; above this changed fraction the sparse coder codes positions without them.
   double exponent_class_max_fraction = 1.0;
+  // SPARSE body layout (core/sparse_coder.h): 0 lets the encoder pick (version 2, the fast
+  // table-driven one, unless version 1 is clearly smaller), 1 or 2 forces one (tests, benches).
+  int sparse_body_version = 0;
 };
 
 struct DecodeLimits {

@@ -7,8 +7,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <cstdio>
-#include <cstdlib>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -455,7 +453,7 @@ constexpr uint32_t kValueEscape = 30;  // and 31: the escapes of the two signs
 constexpr uint64_t kMaxValueDirect = kValueEscape / 2;  // largest magnitude with its own symbol
 constexpr int kMinTableBits = 4;
 constexpr int kMaxTableBits = 11;
-constexpr int kMaxGapShift = 40;
+constexpr int kMaxGapShift = 32;  // gaps are below 2^32
 constexpr uint32_t kRansL = 1u << 16;  // state interval [2^16, 2^32), 16-bit renormalization
 constexpr int kRansStates = 4;
 constexpr uint64_t kBodyVersion2 = 2;
@@ -464,7 +462,7 @@ constexpr size_t kV2HeaderBytes = 19;
 // smaller (by kAdaptiveMargin): version 2 decodes several times faster, so a tie goes to it.
 // Above, the tables are a negligible part of the body and version 1 is not tried.
 constexpr size_t kAlwaysStaticChanges = 16384;
-constexpr double kAdaptiveMargin = 0.98;
+constexpr double kAdaptiveMargin = 0.97;
 
 // A normalized frequency table: freq sums to 2^bits; symbols that occur have freq >= 1.
 struct FreqTable {
@@ -481,6 +479,14 @@ void FillStarts(FreqTable* t) {
     acc += t->freq[i];
   }
   t->start[kGapSymbols] = acc;
+}
+
+// The same probabilities at the decoder's precision, 2^kMaxTableBits (one table size and no
+// variable shifts in the decoding loop).
+void ScaleTable(FreqTable* t) {
+  for (uint32_t& f : t->freq) f <<= kMaxTableBits - t->bits;
+  t->bits = kMaxTableBits;
+  FillStarts(t);
 }
 
 // Normalizes counts to 2^bits. False when more symbols occur than the table has slots.
@@ -555,7 +561,9 @@ struct TableModel {
   rc::Prob nsym[2][64];
   rc::Prob freq_len[2][14][64];
   rc::Prob freq_mant[2][65][4];
+  rc::Prob new_table[2];
   TableModel() {
+    Model::Fill(new_table);
     Model::Fill(count_len);
     Model::Fill(count_mant);
     Model::Fill(shift);
@@ -594,7 +602,7 @@ bool DecodeTable(rc::RangeDecoder& dec, TableModel& m, int kind, int max_sym, Fr
     prev_len = BitLength(v);
   }
   if (sum != (uint64_t{1} << t->bits)) return false;
-  FillStarts(t);
+  ScaleTable(t);
   return true;
 }
 
@@ -640,6 +648,48 @@ inline uint32_t ValueSymbol(uint32_t sign, uint64_t mag) {
   return mag <= kMaxValueDirect ? static_cast<uint32_t>(2 * (mag - 1)) + sign : kValueEscape + sign;
 }
 
+// Splits the classes with changes into runs of consecutive classes that share one table, for
+// the least estimated cost (tables and payload; dynamic programming over the run boundaries):
+// a table costs 20-60 bytes, a lot for a class of a few hundred changes, and neighbouring
+// classes often have near-identical distributions. Sets tables[c] for every class with changes
+// and is_new[c] where a run starts.
+void GroupTables(int k, const uint32_t* start, int nsym, const uint32_t (*counts)[kGapSymbols],
+                 FreqTable* tables, bool* is_new) {
+  int classes[kMaxClasses];
+  int m = 0;
+  for (int c = 0; c < k; ++c) {
+    is_new[c] = false;
+    if (start[c + 1] > start[c]) classes[m++] = c;
+  }
+  double best[kMaxClasses + 1];
+  int from[kMaxClasses + 1] = {};
+  best[0] = 0;
+  for (int j = 1; j <= m; ++j) {
+    best[j] = 1e300;
+    uint32_t sum[kGapSymbols] = {};
+    for (int i = j - 1; i >= 0; --i) {  // run classes[i .. j - 1]
+      for (int x = 0; x < nsym; ++x) sum[x] += counts[classes[i]][x];
+      double cost;
+      ChooseTable(sum, nsym, &cost);
+      if (best[i] + cost + 1 < best[j]) {
+        best[j] = best[i] + cost + 1;
+        from[j] = i;
+      }
+    }
+  }
+  for (int j = m; j > 0; j = from[j]) {
+    const int i = from[j];
+    uint32_t sum[kGapSymbols] = {};
+    for (int r = i; r < j; ++r) {
+      for (int x = 0; x < nsym; ++x) sum[x] += counts[classes[r]][x];
+    }
+    double cost;
+    const FreqTable t = ChooseTable(sum, nsym, &cost);
+    for (int r = i; r < j; ++r) tables[classes[r]] = t;
+    is_new[classes[i]] = true;
+  }
+}
+
 // Writes the version 2 body (see sparse_coder.h). Changes come grouped by class: the o-th is
 // positions[order[o]], class-local index local[order[o]], classes in [start[c], start[c + 1]).
 template <typename T>
@@ -653,6 +703,8 @@ void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, in
   auto gap_tables = std::make_unique<FreqTable[]>(kMaxClasses);
   auto value_tables = std::make_unique<FreqTable[]>(kMaxClasses);
   int shifts[kMaxClasses] = {};
+  uint32_t gap_counts[kMaxClasses][kGapSymbols] = {};
+  uint32_t value_counts[kMaxClasses][kGapSymbols] = {};
   for (int c = 0; c < k; ++c) {
     const uint32_t n_c = start[c + 1] - start[c];
     if (n_c == 0) continue;
@@ -671,14 +723,14 @@ void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, in
         if (q >= kGapEscape) extra += 7 + BitLength(q - kGapEscape + 1);
       }
       double cost;
-      const FreqTable t = ChooseTable(counts, kGapSymbols, &cost);
+      ChooseTable(counts, kGapSymbols, &cost);
       if (cost + extra < best_cost) {
         best_cost = cost + extra;
         shifts[c] = s;
-        gap_tables[c] = t;
+        std::copy(counts, counts + kGapSymbols, gap_counts[c]);
       }
     }
-    uint32_t counts[kValueSymbols] = {};
+    uint32_t* counts = value_counts[c];
     for (uint32_t o = start[c]; o < start[c + 1]; ++o) {
       const uint32_t pos = positions[order[o]];
       const T d = T(elem::ToOrd(Load<T>(data + size_t{pos} * sizeof(T)), is_float) -
@@ -688,9 +740,10 @@ void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, in
       value_sym[o] = static_cast<uint8_t>(ValueSymbol(sign, mags[o]));
       ++counts[value_sym[o]];
     }
-    double cost;
-    value_tables[c] = ChooseTable(counts, kValueSymbols, &cost);
   }
+  bool new_gap_table[kMaxClasses], new_value_table[kMaxClasses];
+  GroupTables(k, start, kGapSymbols, gap_counts, gap_tables.get(), new_gap_table);
+  GroupTables(k, start, kValueSymbols, value_counts, value_tables.get(), new_value_table);
 
   // Header; the class table; the bit stream.
   const size_t at = out->size();
@@ -704,13 +757,21 @@ void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, in
   {
     auto model = std::make_unique<TableModel>();
     rc::RangeEncoder enc(out);
+    bool first = true;  // the first class with changes always has its own tables
     for (int c = 0; c < k; ++c) {
       const uint32_t n_c = start[c + 1] - start[c];
       EncodeGamma<3>(enc, model->count_len, model->count_mant, uint64_t{n_c} + 1);
       if (n_c == 0) continue;
       enc.EncodeTree(model->shift, 6, static_cast<uint32_t>(shifts[c]));
-      EncodeTable(enc, *model, 0, gap_tables[c]);
-      EncodeTable(enc, *model, 1, value_tables[c]);
+      if (!first) enc.EncodeBit(model->new_table[0], new_gap_table[c]);
+      if (new_gap_table[c]) EncodeTable(enc, *model, 0, gap_tables[c]);
+      if (!first) enc.EncodeBit(model->new_table[1], new_value_table[c]);
+      if (new_value_table[c]) EncodeTable(enc, *model, 1, value_tables[c]);
+      first = false;
+    }
+    for (int c = 0; c < k; ++c) {
+      ScaleTable(&gap_tables[c]);
+      ScaleTable(&value_tables[c]);
     }
     enc.Finish();
   }
@@ -727,7 +788,7 @@ void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, in
         const uint64_t q = v >> s;
         gap_sym[o] = static_cast<uint8_t>(std::min<uint64_t>(q, kGapEscape));
         if (q >= kGapEscape) bits.PutGamma(q - kGapEscape + 1);
-        bits.PutWide(v, s);
+        bits.Put(v, s);
         if (value_sym[o] >= kValueEscape) bits.PutGamma(mags[o] - kMaxValueDirect);
       }
     }
@@ -768,8 +829,8 @@ void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, in
 
 template <typename T>
 void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
-             const std::vector<uint32_t>& positions, double max_class_fraction, Scratch* scratch,
-             std::vector<uint8_t>* out) {
+             const std::vector<uint32_t>& positions, double max_class_fraction, int version,
+             Scratch* scratch, std::vector<uint8_t>* out) {
   const bool is_float = DTypeIsFloat(dtype) && DTypeSize(dtype) == sizeof(T);
   const ExponentField f = is_float ? ExponentOf(dtype) : ExponentField{};
   int e_lo = 0, k = 1;
@@ -812,13 +873,16 @@ void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
     std::copy(start, start + k, fill);
     for (uint32_t i = 0; i < positions.size(); ++i) order[fill[classes[positions[i]]]++] = i;
   }
+  if (version == 1) {
+    EncodeAdaptiveT<T>(parent, data, is_float, e_lo, k, positions, order, local, start, out);
+    return;
+  }
   const size_t at = out->size();
   EncodeStaticT<T>(parent, data, is_float, e_lo, k, positions, order, local, start, out);
-  if (positions.size() < kAlwaysStaticChanges) {
+  if (version == 0 && positions.size() < kAlwaysStaticChanges) {
     std::vector<uint8_t>& adaptive = scratch->candidate;
     adaptive.clear();
     EncodeAdaptiveT<T>(parent, data, is_float, e_lo, k, positions, order, local, start, &adaptive);
-    if (getenv("WFS_SPARSE_DEBUG")) fprintf(stderr, "count %zu static %zu adaptive %zu\n", positions.size(), out->size() - at, adaptive.size());
     if (static_cast<double>(adaptive.size()) < kAdaptiveMargin * static_cast<double>(out->size() - at)) {
       out->resize(at);
       out->insert(out->end(), adaptive.begin(), adaptive.end());
@@ -856,10 +920,27 @@ struct OutputWriter {
     if (end > done && out != parent) std::memcpy(out + done * sizeof(T), parent + done * sizeof(T), (end - done) * sizeof(T));
     done = end;
   }
-  // Adds d to the already copied element at pos (REQUIRES: pos < done).
-  void Patch(size_t pos, T d) {
+  // Adds d to the already copied element at pos (REQUIRES: pos < done). elem::ToOrd and
+  // FromOrd without their branch on is_float, which the sweep's compiled loop tested per change.
+  [[gnu::always_inline]] void Patch(size_t pos, T d) {
+    constexpr int kTop = static_cast<int>(sizeof(T) * 8 - 1);
+    constexpr T kSign = T(T(1) << kTop);
+    const T float_mask = T(T(0) - T(is_float));
     uint8_t* slot = out + pos * sizeof(T);
-    Store<T>(slot, elem::FromOrd(T(elem::ToOrd(Load<T>(slot), is_float) + d), is_float));
+    const T u = Load<T>(slot);
+    const T ord = T(u ^ (float_mask & T(T(T(0) - T(u >> kTop)) | kSign)));
+    const T o = T(ord + d);
+    Store<T>(slot, T(o ^ (float_mask & T(T(T(o >> kTop) - T(1)) | kSign))));
+  }
+  // Copies the parent's block of 64 elements at `first` (and anything before it not yet copied).
+  // REQUIRES: first is a multiple of 64, >= done - 64.
+  [[gnu::always_inline]] void CopyBlock(size_t first) {
+    if (out != parent && first == done && first + 64 <= n) {
+      std::memcpy(out + first * sizeof(T), parent + first * sizeof(T), 64 * sizeof(T));
+      done = first + 64;
+    } else {
+      CopyTo(std::min(first + 64, n));
+    }
   }
   void Change(size_t pos, T d) {
     CopyTo(pos + 1);
@@ -872,7 +953,17 @@ struct OutputWriter {
 // of a delta's decoding time here when the chunk is large and the changes few (k masks per
 // 64 elements whatever the number of changes), so it is built for AVX-512BW (one compare per
 // mask) and AVX2 when the CPU has them, chosen at run time.
+// Exponent class parameters of two-byte floats, for blocks that compute their classes from the
+// parent's elements (the fused sweep: no class array written and read back).
+struct ClassParams {
+  int shift;
+  uint32_t mask;
+  int e_lo;
+  int top;  // k - 1
+};
+
 struct BlockSse2 {
+  static constexpr bool kFusable = false;
   const uint8_t* p;
   [[gnu::always_inline]] explicit BlockSse2(const uint8_t* bytes) : p(bytes) {}
   [[gnu::always_inline]] uint64_t Mask(uint8_t c) const { return ClassMask(p, c); }
@@ -880,6 +971,7 @@ struct BlockSse2 {
 };
 #if defined(__x86_64__)
 struct BlockAvx2 {
+  static constexpr bool kFusable = true;
   __m256i lo, hi;
   [[gnu::target("avx2")]] explicit BlockAvx2(const uint8_t* bytes)
       : lo(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes))),
@@ -890,13 +982,43 @@ struct BlockAvx2 {
     const auto b = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(hi, v)));
     return uint64_t{a} | (uint64_t{b} << 32);
   }
+  // The classes of 64 two-byte elements, computed in registers (as ComputeClasses).
+  [[gnu::target("avx2")]] BlockAvx2(const uint8_t* elems, const ClassParams& cp) {
+    const __m128i shift = _mm_cvtsi32_si128(cp.shift);
+    const __m256i mask = _mm256_set1_epi16(static_cast<int16_t>(cp.mask));
+    const __m256i e_lo = _mm256_set1_epi16(static_cast<int16_t>(cp.e_lo));
+    const __m256i top = _mm256_set1_epi16(static_cast<int16_t>(cp.top));
+    __m256i c[4];
+    for (int q = 0; q < 4; ++q) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(elems + 32 * q));
+      const __m256i e = _mm256_and_si256(_mm256_srl_epi16(v, shift), mask);
+      c[q] = _mm256_min_epi16(_mm256_subs_epu16(e, e_lo), top);
+    }
+    // packus interleaves the 128-bit lanes; the permute puts them back in order.
+    lo = _mm256_permute4x64_epi64(_mm256_packus_epi16(c[0], c[1]), 0xD8);
+    hi = _mm256_permute4x64_epi64(_mm256_packus_epi16(c[2], c[3]), 0xD8);
+  }
   // Broadword: AVX2 CPUs include Zen 1-2, whose PDEP is microcoded (hundreds of cycles).
   [[gnu::always_inline]] static int Select(uint64_t mask, uint32_t r) { return SelectBit(mask, r); }
 };
 struct BlockAvx512 {
+  static constexpr bool kFusable = true;
   __m512i v;
   [[gnu::target("avx512f,avx512bw")]] explicit BlockAvx512(const uint8_t* bytes)
       : v(_mm512_loadu_si512(bytes)) {}
+  [[gnu::target("avx512f,avx512bw")]] BlockAvx512(const uint8_t* elems, const ClassParams& cp) {
+    const __m128i shift = _mm_cvtsi32_si128(cp.shift);
+    const __m512i mask = _mm512_set1_epi16(static_cast<int16_t>(cp.mask));
+    const __m512i e_lo = _mm512_set1_epi16(static_cast<int16_t>(cp.e_lo));
+    const __m512i top = _mm512_set1_epi16(static_cast<int16_t>(cp.top));
+    __m256i c[2];
+    for (int q = 0; q < 2; ++q) {
+      const __m512i x = _mm512_loadu_si512(elems + 64 * q);
+      const __m512i e = _mm512_and_si512(_mm512_srl_epi16(x, shift), mask);
+      c[q] = _mm512_cvtepi16_epi8(_mm512_min_epi16(_mm512_subs_epu16(e, e_lo), top));
+    }
+    v = _mm512_inserti64x4(_mm512_castsi256_si512(c[0]), c[1], 1);
+  }
   [[gnu::target("avx512f,avx512bw")]] uint64_t Mask(uint8_t c) const {
     return _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(static_cast<char>(c)));
   }
@@ -909,65 +1031,81 @@ struct BlockAvx512 {
 
 // Applies changes given per class as class-local indices (local[class_start[c]..
 // class_start[c + 1]) ascending, with their differences) in one sweep over the blocks: per
-// block, each class that still has changes counts its members there and patches the ones
-// whose index falls in the block (the block is copied from the parent first, so the order of
-// patches within it does not matter). Returns false if an index lies beyond the class's
-// members. Block::Select(mask, r) is the position of the r-th set bit of mask.
+// block, every class counts its members there (a fixed loop over the classes, no branch), a
+// bit mask records which classes have a change in the block, and only those patch (the block
+// is copied from the parent first, so the order of patches within it does not matter). The
+// mask replaced a branch per class and block that mispredicted about half the time at 5-10%
+// changed. Returns false if an index lies beyond the class's members. Block::Select(mask, r)
+// is the position of the r-th set bit of mask.
 // (Not always_inline: the ISA wrappers below flatten it, with their own target.)
+//
+// With a ClassParams (two-byte floats, AVX2 or AVX-512), `classes` holds only the last block's
+// 64 classes (padded with kNoClass) and every other block computes its classes from the parent
+// in registers; in place, a block is read before it is patched.
 template <typename Block, typename T>
-bool ApplyByClassT(const uint8_t* classes, size_t n, int k, const uint32_t* class_start,
-                   const uint32_t* local, const uint64_t* diffs, OutputWriter<T>& writer) {
-  uint64_t seen[kMaxClasses] = {};
-  uint32_t next[kMaxClasses];
-  uint32_t active = 0;
+bool ApplyByClassT(const uint8_t* classes, const ClassParams* fused, size_t n, int k,
+                   const uint32_t* class_start, const uint32_t* local, const T* diffs,
+                   OutputWriter<T>& writer_ref) {
+  OutputWriter<T> writer = writer_ref;  // a local copy lives in registers across the stores
+  uint32_t seen[kMaxClasses] = {};  // members of the class before the current block
+  uint32_t next[kMaxClasses];       // the class's next change
+  uint32_t next_local[kMaxClasses]; // its class-local index (UINT32_MAX: none left)
   for (int c = 0; c < k; ++c) {
     next[c] = class_start[c];
-    if (class_start[c] < class_start[c + 1]) active |= 1u << c;
+    next_local[c] = class_start[c] < class_start[c + 1] ? local[class_start[c]] : UINT32_MAX;
   }
+  size_t remaining = class_start[k];
   const size_t blocks = (n + 63) / 64;
-  for (size_t b = 0; b < blocks && active != 0; ++b) {
-    const Block block(classes + b * 64);
+  for (size_t b = 0; b < blocks && remaining != 0; ++b) {
     const size_t first = b * 64;
-    bool copied = false;
-    for (uint32_t a = active; a != 0; a &= a - 1) {
-      const int c = std::countr_zero(a);
-      const uint64_t mask = block.Mask(static_cast<uint8_t>(c));
-      const uint64_t before = seen[c];
-      const uint64_t members = before + static_cast<uint64_t>(std::popcount(mask));
-      seen[c] = members;
-      uint32_t j = next[c];
-      if (local[j] >= members) continue;
-      if (!copied) {
-        writer.CopyTo(std::min(first + 64, n));
-        copied = true;
+    const Block block = [&] {
+      if constexpr (Block::kFusable) {
+        if (fused != nullptr) {
+          return first + 64 <= n ? Block(writer.parent + first * sizeof(T), *fused) : Block(classes);
+        }
       }
+      return Block(classes + first);
+    }();
+    writer.CopyBlock(first);
+    uint64_t masks[kMaxClasses];
+    uint32_t before[kMaxClasses];
+    uint32_t hits = 0;
+    for (int c = 0; c < k; ++c) {
+      masks[c] = block.Mask(static_cast<uint8_t>(c));
+      before[c] = seen[c];
+      seen[c] += static_cast<uint32_t>(std::popcount(masks[c]));
+      hits |= static_cast<uint32_t>(next_local[c] < seen[c]) << c;
+    }
+    for (; hits != 0; hits &= hits - 1) {
+      const int c = std::countr_zero(hits);
       const uint32_t end = class_start[c + 1];
+      uint32_t j = next[c];
       do {
         const size_t pos = first + static_cast<size_t>(
-                                       Block::Select(mask, static_cast<uint32_t>(local[j] - before)));
-        writer.Patch(pos, static_cast<T>(diffs[j]));
-      } while (++j < end && local[j] < members);
+                                       Block::Select(masks[c], local[j] - before[c]));
+        writer.Patch(pos, diffs[j]);
+      } while (++j < end && local[j] < seen[c]);
+      remaining -= j - next[c];
       next[c] = j;
-      if (j == end) active &= ~(1u << c);
+      next_local[c] = j < end ? local[j] : UINT32_MAX;
     }
   }
-  return active == 0;
+  writer_ref = writer;
+  return remaining == 0;
 }
 
 #if defined(__x86_64__)
 template <typename T>
-[[gnu::target("avx2"), gnu::flatten]] bool ApplyByClassAvx2(const uint8_t* classes, size_t n, int k,
-                                              const uint32_t* class_start, const uint32_t* local,
-                                              const uint64_t* diffs, OutputWriter<T>& writer) {
-  return ApplyByClassT<BlockAvx2>(classes, n, k, class_start, local, diffs, writer);
+[[gnu::target("avx2"), gnu::flatten]] bool ApplyByClassAvx2(
+    const uint8_t* classes, const ClassParams* fused, size_t n, int k, const uint32_t* class_start,
+    const uint32_t* local, const T* diffs, OutputWriter<T>& writer) {
+  return ApplyByClassT<BlockAvx2>(classes, fused, n, k, class_start, local, diffs, writer);
 }
 template <typename T>
-[[gnu::target("avx512f,avx512bw,bmi2"), gnu::flatten]] bool ApplyByClassAvx512(const uint8_t* classes, size_t n, int k,
-                                                            const uint32_t* class_start,
-                                                            const uint32_t* local,
-                                                            const uint64_t* diffs,
-                                                            OutputWriter<T>& writer) {
-  return ApplyByClassT<BlockAvx512>(classes, n, k, class_start, local, diffs, writer);
+[[gnu::target("avx512f,avx512bw,bmi2"), gnu::flatten]] bool ApplyByClassAvx512(
+    const uint8_t* classes, const ClassParams* fused, size_t n, int k, const uint32_t* class_start,
+    const uint32_t* local, const T* diffs, OutputWriter<T>& writer) {
+  return ApplyByClassT<BlockAvx512>(classes, fused, n, k, class_start, local, diffs, writer);
 }
 #endif
 
@@ -982,15 +1120,163 @@ Simd BestSimd() {
 std::atomic<Simd> g_simd{BestSimd()};
 
 template <typename T>
-bool ApplyByClass(const uint8_t* classes, size_t n, int k, const uint32_t* class_start,
-                  const uint32_t* local, const uint64_t* diffs, OutputWriter<T>& writer) {
-  switch (g_simd.load(std::memory_order_relaxed)) {
-#if defined(__x86_64__)
-    case Simd::kAvx512: return ApplyByClassAvx512(classes, n, k, class_start, local, diffs, writer);
-    case Simd::kAvx2: return ApplyByClassAvx2(classes, n, k, class_start, local, diffs, writer);
-#endif
-    default: return ApplyByClassT<BlockSse2>(classes, n, k, class_start, local, diffs, writer);
+bool ApplyByClass(const uint8_t* parent, ExponentField f, int e_lo, size_t n, int k,
+                  const uint32_t* class_start, const uint32_t* local, const T* diffs,
+                  Scratch* scratch, OutputWriter<T>& writer) {
+  const Simd simd = g_simd.load(std::memory_order_relaxed);
+  std::vector<uint8_t>& classes = scratch->classes;
+  ClassParams params{f.shift, f.mask, e_lo, k - 1};
+  const ClassParams* fused = nullptr;
+  if (sizeof(T) == 2 && simd != Simd::kSse2) {
+    // Fused: only the last, partial block's classes are computed here.
+    classes.assign(64, kNoClass);
+    const size_t tail = n % 64;
+    ComputeClasses<T>(parent + (n - tail) * sizeof(T), tail, f, e_lo, k, classes.data());
+    fused = &params;
+  } else {
+    classes.resize((n + 63) / 64 * 64);
+    std::fill(classes.begin() + static_cast<ptrdiff_t>(n), classes.end(), kNoClass);
+    ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
   }
+  switch (simd) {
+#if defined(__x86_64__)
+    case Simd::kAvx512:
+      return ApplyByClassAvx512(classes.data(), fused, n, k, class_start, local, diffs, writer);
+    case Simd::kAvx2:
+      return ApplyByClassAvx2(classes.data(), fused, n, k, class_start, local, diffs, writer);
+#endif
+    default:
+      return ApplyByClassT<BlockSse2>(classes.data(), nullptr, n, k, class_start, local, diffs, writer);
+  }
+}
+
+// The decoded differences as elements of T (two bytes each for bf16, which keeps a 4 MiB chunk's
+// ~140K changes in L2 between decoding them and applying them).
+template <typename T>
+T* DiffBuffer(Scratch* scratch, size_t count) {
+  scratch->diffs.resize(count * sizeof(T));
+  return reinterpret_cast<T*>(scratch->diffs.data());  // new[]'s alignment suffices for T
+}
+
+// Where the version 2 decoder is in its two streams, and its four rANS states.
+struct StaticCursor {
+  const uint8_t* words;  // padded (see DecodeStaticT)
+  const uint8_t* bits;   // padded
+  size_t wi;             // bytes of words consumed
+  uint64_t bit_pos;      // bits of bits consumed
+  uint32_t a[kRansStates];
+};
+
+// An Elias-gamma code from the bit stream (an escape): 0 when corrupt. Checks the position
+// first, so that its reads stay inside the padding.
+struct GammaRead {
+  uint64_t value;
+  uint64_t bit_pos;
+};
+[[gnu::noinline]] GammaRead ReadGamma(const uint8_t* bits, uint64_t bit_pos, uint64_t bit_end) {
+  auto read = [&](int nbits) {  // REQUIRES: nbits <= 32
+    uint64_t w;
+    std::memcpy(&w, bits + (bit_pos >> 3), 8);
+    bit_pos += static_cast<uint64_t>(nbits);
+    return (w >> ((bit_pos - static_cast<uint64_t>(nbits)) & 7)) & ((uint64_t{1} << nbits) - 1);
+  };
+  if (bit_pos > bit_end) return {0, bit_pos};
+  const int len = static_cast<int>(read(7));
+  if (len < 1 || len > 64) return {0, bit_pos};
+  const int m = len - 1;
+  uint64_t v = read(std::min(m, 32));
+  if (m > 32) v |= read(m - 32) << 32;
+  return {v | (uint64_t{1} << m), bit_pos};
+}
+
+// Decodes the changes [first, end) of one class (see EncodeStaticT) into class-local indices
+// and differences. Returns nullptr, or what is wrong. Reads stay within the padding: the
+// positions are checked once per change, and a change reads at most 4 bytes of words and
+// (escapes aside, which check for themselves) 32 bits.
+template <typename T>
+[[gnu::always_inline]] inline const char* DecodeClassStatic(
+    const uint32_t* gap_table, const uint32_t* value_table, int s,
+    size_t n, size_t word_bytes, uint64_t bit_end, uint32_t first, uint32_t end,
+    uint32_t* __restrict local, T* __restrict diffs, StaticCursor* cursor) {
+  const uint8_t* const words = cursor->words;
+  const uint8_t* const bits = cursor->bits;
+  size_t wi = cursor->wi;
+  uint64_t bit_pos = cursor->bit_pos;
+  uint32_t a0 = cursor->a[0], a1 = cursor->a[1], a2 = cursor->a[2], a3 = cursor->a[3];
+  const uint64_t low_mask = (uint64_t{1} << s) - 1;
+  const uint64_t max_q = n >> s;  // q << s must stay below n
+  constexpr int kWidthBits = static_cast<int>(sizeof(T) * 8);
+  auto step = [&](uint32_t& a, const uint32_t* table) __attribute__((always_inline)) {
+    const uint32_t e = table[a & ((1u << kMaxTableBits) - 1)];
+    a = ((e >> 6) & 0xFFF) * (a >> kMaxTableBits) + (e >> 18);
+    // Refill without a branch (it would mispredict): shift by 0 or 16, or in 0 or the word.
+    uint16_t w;
+    std::memcpy(&w, words + wi, 2);
+    const uint32_t refill = a < kRansL;
+    a = (a << (refill << 4)) | (w & (0u - refill));
+    wi += refill << 1;
+    return e & 63;
+  };
+  // The difference of each direct value symbol: 2 (|d| - 1) + sign.
+  constexpr auto kDirect = [] {
+    std::array<T, kValueSymbols> v{};
+    for (uint32_t sym = 0; sym < kValueEscape; ++sym) {
+      const T mag = static_cast<T>(sym / 2 + 1);
+      v[sym] = (sym & 1) ? T(T(0) - mag) : mag;
+    }
+    return v;
+  }();
+  const char* error = nullptr;
+  uint64_t next = 0;  // class-local index after the previous change
+  for (uint32_t i = first; i < end; ++i) {
+    uint64_t q = step(a0, gap_table);
+    const uint32_t vs = step(a1, value_table);
+    std::swap(a0, a2);
+    std::swap(a1, a3);
+    if (q == kGapEscape) [[unlikely]] {
+      const GammaRead g = ReadGamma(bits, bit_pos, bit_end);
+      bit_pos = g.bit_pos;
+      if (g.value == 0 || g.value > max_q || q + g.value - 1 > max_q) {
+        error = "gap out of range";
+        break;
+      }
+      q += g.value - 1;
+    }
+    // Without an escape q < 63 and s <= 32: no overflow, and the position check below suffices.
+    uint64_t w;
+    std::memcpy(&w, bits + (bit_pos >> 3), 8);
+    const uint64_t low = (w >> (bit_pos & 7)) & low_mask;  // s <= 32 of the 57 bits loaded
+    bit_pos += static_cast<uint64_t>(s);
+    const uint64_t pos = next + ((q << s) | low);
+    next = pos + 1;
+    T d = kDirect[vs];
+    if (vs >= kValueEscape) [[unlikely]] {
+      const GammaRead g = ReadGamma(bits, bit_pos, bit_end);
+      bit_pos = g.bit_pos;
+      if (g.value == 0 || (kWidthBits < 64 && (g.value >> (kWidthBits - 1)) != 0) ||
+          g.value > ~uint64_t{0} - kMaxValueDirect) {
+        error = "value out of range";
+        break;
+      }
+      const uint64_t mag = g.value + kMaxValueDirect;
+      d = (vs & 1) ? T(T(0) - T(mag)) : T(mag);
+    }
+    local[i] = static_cast<uint32_t>(pos);
+    diffs[i] = d;
+    // One branch for the three checks (each change: the streams' positions bound the next
+    // change's reads to the padding).
+    if ((pos >= n) | (wi > word_bytes) | (bit_pos > bit_end)) [[unlikely]] {
+      error = pos >= n ? "a change lies outside the chunk" : "stream shorter than its changes";
+      break;
+    }
+  }
+  cursor->wi = wi;
+  cursor->bit_pos = bit_pos;
+  cursor->a[0] = a0;
+  cursor->a[1] = a1;
+  cursor->a[2] = a2;
+  cursor->a[3] = a3;
+  return error;
 }
 
 // Decodes the version 2 stream (body from its start) into class-local indices and
@@ -1017,10 +1303,14 @@ Status DecodeStaticT(std::span<const uint8_t> body, uint64_t count, int k, size_
   int shifts[kMaxClasses] = {};
   auto gap_tables = std::make_unique<FreqTable[]>(kMaxClasses);
   auto value_tables = std::make_unique<FreqTable[]>(kMaxClasses);
+  int table_slot[2][kMaxClasses] = {};                // per kind and class: its decoding table
+  const FreqTable* slot_source[2 * kMaxClasses] = {};  // the distinct tables, in order
+  int num_slot_tables = 0;
   {
     auto model = std::make_unique<TableModel>();
     rc::RangeDecoder dec(body.subspan(kV2HeaderBytes, table_bytes));
     uint64_t total = 0;
+    int gap_at = -1, value_at = -1;  // the last class with changes
     class_start[0] = 0;
     for (int c = 0; c < k; ++c) {
       const uint64_t n_c1 = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33);
@@ -1030,27 +1320,35 @@ Status DecodeStaticT(std::span<const uint8_t> body, uint64_t count, int k, size_
       if (n_c1 == 1) continue;
       shifts[c] = static_cast<int>(dec.DecodeTree(model->shift, 6));
       if (shifts[c] > kMaxGapShift) return bad("gap shift out of range");
-      if (!DecodeTable(dec, *model, 0, kGapSymbols, &gap_tables[c]) ||
-          !DecodeTable(dec, *model, 1, kValueSymbols, &value_tables[c])) {
-        return bad("invalid frequency table");
+      for (int kind = 0; kind < 2; ++kind) {
+        FreqTable* tables = kind == 0 ? gap_tables.get() : value_tables.get();
+        int& at = kind == 0 ? gap_at : value_at;
+        if (at < 0 || dec.DecodeBit(model->new_table[kind])) {
+          if (!DecodeTable(dec, *model, kind, kind == 0 ? kGapSymbols : kValueSymbols, &tables[c])) {
+            return bad("invalid frequency table");
+          }
+          table_slot[kind][c] = num_slot_tables;
+          slot_source[num_slot_tables++] = &tables[c];
+        } else {
+          table_slot[kind][c] = table_slot[kind][at];
+        }
+        at = c;
       }
     }
     if (total != count) return bad("class counts do not add up");
     if (dec.overrun() || dec.remaining() != 0) return bad("class table length does not match its content");
   }
 
-  // Decoding tables: per slot, symbol | freq << 6 | (slot - start) << 18.
+  // Decoding tables, one per distinct table: per slot, symbol | freq << 6 | (slot - start) << 18.
+  constexpr size_t kSlots = size_t{1} << kMaxTableBits;
   std::vector<uint32_t>& slots = scratch->rans_slots;
-  slots.resize(size_t{2} * kMaxClasses << kMaxTableBits);
-  for (int c = 0; c < k; ++c) {
-    if (class_start[c] == class_start[c + 1]) continue;
-    for (int which = 0; which < 2; ++which) {
-      const FreqTable& t = which == 0 ? gap_tables[c] : value_tables[c];
-      uint32_t* e = slots.data() + (size_t{2} * c + which) * (size_t{1} << kMaxTableBits);
-      for (int s = 0; s < t.nsym; ++s) {
-        for (uint32_t j = 0; j < t.freq[s]; ++j) {
-          e[t.start[s] + j] = static_cast<uint32_t>(s) | (t.freq[s] << 6) | (j << 18);
-        }
+  slots.resize(num_slot_tables * kSlots);
+  for (int i = 0; i < num_slot_tables; ++i) {
+    const FreqTable& t = *slot_source[i];
+    uint32_t* e = slots.data() + i * kSlots;
+    for (int s = 0; s < t.nsym; ++s) {
+      for (uint32_t j = 0; j < t.freq[s]; ++j) {
+        e[t.start[s] + j] = static_cast<uint32_t>(s) | (t.freq[s] << 6) | (j << 18);
       }
     }
   }
@@ -1070,82 +1368,24 @@ Status DecodeStaticT(std::span<const uint8_t> body, uint64_t count, int k, size_
   std::memcpy(&a3, rans_in + 12, 4);
   if (a0 < kRansL || a1 < kRansL || a2 < kRansL || a3 < kRansL) return bad("invalid rANS state");
 
-  const uint8_t* wp = words.data();
-  size_t wi = 0;
-  const uint8_t* bp = bits.data();
-  uint64_t bit_pos = 0;
-  const uint64_t bit_end = uint64_t{bit_bytes} * 8;
-  auto read_bits = [&](int nbits) __attribute__((always_inline)) {  // REQUIRES: nbits <= 56, bit_pos / 8 + 8 within bits
-    uint64_t w;
-    std::memcpy(&w, bp + (bit_pos >> 3), 8);
-    const uint64_t v = (w >> (bit_pos & 7)) & ((uint64_t{1} << nbits) - 1);
-    bit_pos += static_cast<uint64_t>(nbits);
-    return v;
-  };
-  auto read_gamma = [&]() -> uint64_t {  // 0 when corrupt
-    if (bit_pos > bit_end) return 0;
-    const int len = static_cast<int>(read_bits(7));
-    if (len < 1 || len > 64) return 0;
-    const int m = len - 1;
-    uint64_t v = read_bits(std::min(m, 32));
-    if (m > 32) v |= read_bits(m - 32) << 32;
-    return v | (uint64_t{1} << m);
-  };
-  auto step = [&](uint32_t& a, const uint32_t* table, int tbits) __attribute__((always_inline)) {
-    const uint32_t e = table[a & ((1u << tbits) - 1)];
-    a = ((e >> 6) & 0xFFF) * (a >> tbits) + (e >> 18);
-    uint16_t w;
-    std::memcpy(&w, wp + wi, 2);
-    const bool refill = a < kRansL;
-    a = refill ? (a << 16) | w : a;
-    wi += refill ? 2 : 0;
-    return e & 63;
-  };
-
   std::vector<uint32_t>& local = scratch->local;
   local.resize(count);
-  std::vector<uint64_t>& diffs = scratch->diffs;
-  diffs.resize(count);
-  constexpr int kWidthBits = static_cast<int>(sizeof(T) * 8);
+  T* diffs = DiffBuffer<T>(scratch, count);
+  StaticCursor cur{words.data(), bits.data(), 0, 0, {a0, a1, a2, a3}};
+  const uint64_t bit_end = uint64_t{bit_bytes} * 8;
   for (int c = 0; c < k; ++c) {
-    const uint32_t* gap_table = slots.data() + (size_t{2} * c) * (size_t{1} << kMaxTableBits);
-    const uint32_t* value_table = gap_table + (size_t{1} << kMaxTableBits);
-    const int gap_bits = gap_tables[c].bits, value_bits = value_tables[c].bits;
-    const int s = shifts[c];
-    const uint64_t max_q = n >> s;  // q << s must stay below n
-    uint64_t next = 0;              // class-local index after the previous change
-    for (uint32_t i = class_start[c]; i < class_start[c + 1]; ++i) {
-      uint64_t q = step(a0, gap_table, gap_bits);
-      const uint32_t vs = step(a1, value_table, value_bits);
-      std::swap(a0, a2);
-      std::swap(a1, a3);
-      if (q == kGapEscape) [[unlikely]] {
-        const uint64_t extra = read_gamma();
-        if (extra == 0 || extra > max_q) return bad("gap out of range");
-        q += extra - 1;
-      }
-      if (q > max_q) return bad("gap out of range");
-      uint64_t v = q << s;
-      v |= s > 32 ? read_bits(32) | (read_bits(s - 32) << 32) : read_bits(s);
-      const uint64_t pos = next + v;
-      if (pos >= n) return bad("a change lies outside the chunk");
-      next = pos + 1;
-      uint64_t mag = (vs >> 1) + 1;
-      if (vs >= kValueEscape) [[unlikely]] {
-        const uint64_t extra = read_gamma();
-        if (extra == 0 || (kWidthBits < 64 && (extra >> (kWidthBits - 1)) != 0) ||
-            extra > ~uint64_t{0} - kMaxValueDirect) {
-          return bad("value out of range");
-        }
-        mag = extra + kMaxValueDirect;
-      }
-      local[i] = static_cast<uint32_t>(pos);
-      diffs[i] = (vs & 1) ? T(T(0) - T(mag)) : T(mag);
-      if (wi > word_bytes || bit_pos > bit_end) return bad("stream shorter than its changes");
-    }
+    if (class_start[c] == class_start[c + 1]) continue;
+    const uint32_t* gap_table = slots.data() + table_slot[0][c] * kSlots;
+    const uint32_t* value_table = slots.data() + table_slot[1][c] * kSlots;
+    const char* error = DecodeClassStatic<T>(gap_table, value_table, shifts[c], n, word_bytes,
+                                             bit_end, class_start[c], class_start[c + 1],
+                                             local.data(), diffs, &cur);
+    if (error != nullptr) return bad(error);
   }
-  if (a0 != kRansL || a1 != kRansL || a2 != kRansL || a3 != kRansL || wi != word_bytes ||
-      (bit_pos + 7) / 8 != bit_bytes) {
+  for (uint32_t state : cur.a) {
+    if (state != kRansL) return bad("stream length does not match its content");
+  }
+  if (cur.wi != word_bytes || (cur.bit_pos + 7) / 8 != bit_bytes) {
     return bad("stream length does not match its content");
   }
   return Status::Ok();
@@ -1183,14 +1423,11 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
     uint32_t class_start[kMaxClasses + 1] = {};
     WFS_TRY(DecodeStaticT<T>(body, count, k, n, scratch, class_start));
     if (k == 1) {
-      for (uint64_t i = 0; i < count; ++i) writer.Change(scratch->local[i], static_cast<T>(scratch->diffs[i]));
+      const T* diffs = reinterpret_cast<const T*>(scratch->diffs.data());
+      for (uint64_t i = 0; i < count; ++i) writer.Change(scratch->local[i], diffs[i]);
     } else {
-      std::vector<uint8_t>& classes = scratch->classes;
-      classes.resize((n + 63) / 64 * 64);
-      std::fill(classes.begin() + static_cast<ptrdiff_t>(n), classes.end(), kNoClass);
-      ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
-      if (!ApplyByClass(classes.data(), n, k, class_start, scratch->local.data(),
-                        scratch->diffs.data(), writer)) {
+      if (!ApplyByClass(parent, f, e_lo, n, k, class_start, scratch->local.data(),
+                        reinterpret_cast<const T*>(scratch->diffs.data()), scratch, writer)) {
         return Status::Corruption("sparse body: a change lies outside the chunk");
       }
     }
@@ -1222,8 +1459,7 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
     // indices to positions and applies the differences in position order.
     std::vector<uint32_t>& local = scratch->local;
     local.resize(count);
-    std::vector<uint64_t>& diffs = scratch->diffs;
-    diffs.resize(count);
+    T* diffs = DiffBuffer<T>(scratch, count);
     uint32_t class_start[kMaxClasses + 1] = {};
     for (int c = 0; c < k; ++c) {
       const uint64_t c_count1 = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33);
@@ -1245,11 +1481,8 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
       class_start[c + 1] = static_cast<uint32_t>(total);
     }
     if (total != count) return bad("class counts do not add up");
-    std::vector<uint8_t>& classes = scratch->classes;
-    classes.resize((n + 63) / 64 * 64);
-    std::fill(classes.begin() + static_cast<ptrdiff_t>(n), classes.end(), kNoClass);
-    ComputeClasses<T>(parent, n, f, e_lo, k, classes.data());
-    if (!ApplyByClass(classes.data(), n, k, class_start, local.data(), diffs.data(), writer)) {
+    if (!ApplyByClass(parent, f, e_lo, n, k, class_start, local.data(), diffs, scratch,
+                      writer)) {
       return bad("a change lies outside the chunk");
     }
   }
@@ -1295,10 +1528,10 @@ bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, siz
 }
 
 void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* data, size_t n,
-            const std::vector<uint32_t>& positions, double max_class_fraction, Scratch* scratch,
-            std::vector<uint8_t>* out) {
+            const std::vector<uint32_t>& positions, double max_class_fraction, int version,
+            Scratch* scratch, std::vector<uint8_t>* out) {
   elem::DispatchWidth(width, [&]<typename T>() {
-    EncodeT<T>(dtype, parent, data, n, positions, max_class_fraction, scratch, out);
+    EncodeT<T>(dtype, parent, data, n, positions, max_class_fraction, version, scratch, out);
   });
 }
 

@@ -1,13 +1,29 @@
 // The SPARSE body of the chunk codec (internal to core/): which elements changed and by how
 // much, coded close to their entropy given what the decoder already has, the parent chunk.
 //
-// Body format:
-//   u64 count       total changed elements
+// Body format, version 1 (adaptive; still decoded, written when clearly smaller):
+//   u64 count       total changed elements (< 2^32, so its top byte, the version, is 0)
 //   u16 e_lo        exponent classes: class(x) = clamp(exponent(parent x) - e_lo, 0, K - 1)
 //   u8  K           number of classes, 1..16 (1 for integers and bytes)
 //   range-coded stream (core/range_coder.h), class by class: the class's change count, then per
 //   change the gap to it in the class's own index space and its difference d = ord(new) -
 //   ord(parent) (sign + magnitude).
+// Version 2 (static tables + rANS; the same classes, gaps and differences, ~3x faster to decode):
+//   u64 count | 2 << 56
+//   u16 e_lo, u8 K  as in version 1
+//   u32 table_bytes, u32 bit_bytes
+//   [table_bytes]  range-coded class table: per class its change count, and for a class with
+//                  changes its gap shift s_c, then a "new table" decision (not for the first such
+//                  class) and the table, once for gaps and once for values (a run of
+//                  neighbouring classes shares one table); a table is its symbol count, its
+//                  precision P (4..11) and its frequencies, which sum to 2^P
+//   [bit_bytes]    bit stream, LSB first: per change, in class order, escapes and the low s_c
+//                  bits of the gap
+//   4 x u32        final rANS encoder states, which start the decoder
+//   u16 words      to the end of the body: the interleaved rANS stream; the o-th change's gap
+//                  symbol is on state 2 (o & 1), its value symbol on state 2 (o & 1) + 1
+//   The decoder checks that every state ends at 2^16 and every byte is consumed.
+//   Symbols and why: see "body version 2" in sparse_coder.cc and docs/codec.md.
 //
 // Why classes: an optimizer step moves every weight by about the same absolute amount (Adam
 // normalizes the gradient), while a float's last-place unit grows with its magnitude, so a
@@ -34,7 +50,7 @@ struct Scratch {
   std::vector<uint32_t> local;      // class-local index of each change
   std::vector<uint32_t> order;      // changes sorted by class
   std::vector<uint64_t> bitmap;     // changed positions, one bit per element
-  std::vector<uint64_t> diffs;      // decoded differences, class by class
+  std::vector<uint8_t> diffs;       // decoded differences (elements of the chunk's width)
   std::vector<uint8_t> candidate;   // the version 1 body, when both are tried
   std::vector<uint32_t> rans_slots; // version 2 decoding tables
   std::vector<uint8_t> bits;        // version 2 bit stream, padded
@@ -56,9 +72,10 @@ bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, siz
 // `dtype` decides float handling and exponent classes; width = DTypeSize(dtype) (1 for bytes).
 // Exponent classes are considered only when at most `max_class_fraction` of the elements
 // changed (they cost decode time per change; see EncodeOptions).
+// `version`: 0 picks (version 2 unless version 1 is clearly smaller), 1 or 2 forces one.
 void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* data, size_t n,
-            const std::vector<uint32_t>& positions, double max_class_fraction, Scratch* scratch,
-            std::vector<uint8_t>* out);
+            const std::vector<uint32_t>& positions, double max_class_fraction, int version,
+            Scratch* scratch, std::vector<uint8_t>* out);
 
 // Writes parent with the body's changes applied into out (n elements of `width` bytes).
 // out may be parent itself (decoding in place touches only the changed elements).

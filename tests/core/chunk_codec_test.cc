@@ -564,6 +564,11 @@ Bytes ExponentSkewedUpdate(DType dt, const Bytes& parent, double p_small, double
 // The sparse body's class count (byte 10 of the body): > 1 when positions are coded per
 // exponent class.
 int SparseClasses(const Bytes& payload) { return payload[kPayloadHeaderBytes + 10]; }
+// The sparse body's version: the top byte of its leading u64 (0 is version 1).
+int SparseVersion(const Bytes& payload) {
+  const int v = payload[kPayloadHeaderBytes + 7];
+  return v == 0 ? 1 : v;
+}
 
 TEST(ChunkCodecRoundTripTest, SparseWithExponentClasses) {
   ChunkCodec codec;
@@ -594,12 +599,16 @@ TEST(ChunkCodecRoundTripTest, SparseWithExponentClasses) {
 // the CPU has decodes every class layout exactly (k from 2 to 16, changes at block edges, a
 // class whose changes end early, the last element).
 TEST(ChunkCodecRoundTripTest, SparseClassSweepOnEveryInstructionSet) {
-  ChunkCodec codec;
   int tried = 0;
-  for (sparse::Simd simd : {sparse::Simd::kSse2, sparse::Simd::kAvx2, sparse::Simd::kAvx512}) {
+  for (auto [simd, version] : {std::pair{sparse::Simd::kSse2, 1}, std::pair{sparse::Simd::kSse2, 2},
+                               std::pair{sparse::Simd::kAvx2, 1}, std::pair{sparse::Simd::kAvx2, 2},
+                               std::pair{sparse::Simd::kAvx512, 1}, std::pair{sparse::Simd::kAvx512, 2}}) {
     if (!sparse::SetSimd(simd)) continue;
     ++tried;
-    SCOPED_TRACE("simd " + std::to_string(static_cast<int>(simd)));
+    // AVX2 and AVX-512 compute two-byte classes inside the sweep; the others from an array.
+    ChunkCodec codec(EncodeOptions{.sparse_body_version = version});
+    SCOPED_TRACE("simd " + std::to_string(static_cast<int>(simd)) + " body version " +
+                 std::to_string(version));
     for (DType dt : {DType::kBF16, DType::kF32, DType::kF8E4M3}) {
       for (size_t n : {size_t{64}, size_t{4097}, size_t{100000}}) {
         const Bytes parent = RandomChunk(dt, n * DTypeSize(dt), 91 + n);
@@ -618,6 +627,136 @@ TEST(ChunkCodecRoundTripTest, SparseClassSweepOnEveryInstructionSet) {
   }
   sparse::SetSimd(sparse::Simd::kBest);
   EXPECT_GE(tried, 1);
+}
+
+// Both sparse body versions round-trip every float width, integers and bytes, sparse and
+// dense-ish, with and without exponent classes, also in place (CheckRoundTrip).
+TEST(ChunkCodecRoundTripTest, SparseBodyVersionsRoundTrip) {
+  for (int version : {1, 2}) {
+    ChunkCodec codec(EncodeOptions{.sparse_sufficient_bits_per_byte = 8, .sparse_body_version = version});
+    for (DType dt : {DType::kBF16, DType::kF16, DType::kF32, DType::kF64, DType::kF8E4M3,
+                     DType::kI32, DType::kU8, DType::kOpaque}) {
+      for (size_t n : {size_t{1}, size_t{63}, size_t{65}, size_t{5000}}) {
+        const Bytes parent = RandomChunk(dt, n * DTypeSize(dt), 101 + n);
+        for (size_t changes : {size_t{1}, n / 50 + 1, n / 5 + 1}) {
+          for (Change how : {Change::kNudge, Change::kRandom}) {
+            SCOPED_TRACE(Describe(dt, parent.size(), "version " + std::to_string(version) + " changes " +
+                                                         std::to_string(changes)));
+            const Bytes data = Mutate(dt, parent, changes, 102 + changes, how);
+            const Sizes sizes = CheckRoundTrip(codec, dt, parent, data);
+            if (sizes.delta_encoding == ChunkEncoding::kSparse) {
+              Bytes payload;
+              codec.EncodeDelta(dt, parent, data, &payload);
+              EXPECT_EQ(SparseVersion(payload), version);
+            }
+          }
+        }
+      }
+      const Bytes big = RandomChunk(dt, 40000 * DTypeSize(dt), 103);
+      SCOPED_TRACE(Describe(dt, big.size(), "classes, version " + std::to_string(version)));
+      CheckRoundTrip(codec, dt, big, ExponentSkewedUpdate(dt, big, 0.1, 0.002, 104));
+    }
+  }
+}
+
+// Version 2's escapes and extremes: gaps far beyond the table (a change at each end of a large
+// chunk, and one in a lone class), differences beyond its direct symbols (random new values,
+// full-width jumps of every width), a single change, every element changed.
+TEST(ChunkCodecRoundTripTest, SparseVersion2EscapesAndExtremes) {
+  ChunkCodec codec(EncodeOptions{.sparse_max_fraction = 1.0,
+                                 .sparse_sufficient_bits_per_byte = 8,
+                                 .sparse_body_version = 2});
+  const size_t n = 1 << 20;
+  const Bytes parent = GaussianBf16(n, 111);
+  Bytes ends = parent;
+  ends[0] ^= 1;
+  ends[2 * (n - 1)] ^= 1;
+  ends[2 * (n / 2) + 1] ^= 0x40;  // a jump of many ulps
+  CheckRoundTrip(codec, DType::kBF16, parent, ends);
+  // Mostly one class, with a far-away straggler in another.
+  Bytes skewed = ExponentSkewedUpdate(DType::kBF16, parent, 0.05, 0.0, 112);
+  skewed[2 * (n - 3) + 1] ^= 0x7F;
+  CheckRoundTrip(codec, DType::kBF16, parent, skewed);
+  for (DType dt : {DType::kBF16, DType::kF32, DType::kF64, DType::kI64, DType::kU8}) {
+    const Bytes p = RandomChunk(dt, 8192 * DTypeSize(dt), 113);
+    SCOPED_TRACE(Describe(dt, p.size()));
+    CheckRoundTrip(codec, dt, p, Mutate(dt, p, 300, 114, Change::kRandom));
+    Bytes flipped = p;  // top bits flipped: |d| near 2^(width - 1)
+    for (size_t i = 0; i < 8192; i += 37) flipped[i * DTypeSize(dt) + DTypeSize(dt) - 1] ^= 0x80;
+    CheckRoundTrip(codec, dt, p, flipped);
+    CheckRoundTrip(codec, dt, p, Mutate(dt, p, 8192, 115, Change::kNudge));
+  }
+}
+
+// Payloads of version 1 were written by every release before version 2 and sit in buckets:
+// these bytes are what the version 1 encoder wrote for the chunk below (exponent classes on).
+TEST(ChunkCodecRoundTripTest, SparseVersion1PayloadsStillDecode) {
+  uint64_t x = 12345;
+  auto next = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(x >> 33);
+  };
+  const size_t n = 4096;
+  Bytes parent(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t r = next();
+    Set(parent, i, 2, ((r & 1) << 15) | (0x3C00 + (r >> 1) % 0x0400));
+  }
+  Bytes data = parent;
+  for (size_t i = 0; i < n; ++i) {
+    const auto v = static_cast<uint16_t>(Get(parent, i, 2));
+    const uint32_t e = (v >> 7) & 0xFF;
+    const uint32_t r = next();
+    if (r % (2 + 16 * (e - 0x78)) != 0) continue;
+    Set(data, i, 2, static_cast<uint16_t>(v + ((r >> 8) % 3) - 1 + ((r >> 8) % 3 == 1 ? 2 : 0)));
+  }
+  const Bytes payload = {
+    0x57, 0x46, 0x53, 0x43, 0x01, 0x02, 0x04, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x00, 0x20, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x2d, 0x2b, 0xbd, 0x12, 0x9c, 0x3f, 0x9d, 0x79,
+    0xcd, 0x74, 0xdf, 0x02, 0x10, 0x05, 0x67, 0xb4, 0x56, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x78, 0x00, 0x02, 0x00, 0x20, 0x28, 0x08, 0x07, 0x21, 0x49, 0x2c, 0xde, 0xec, 0x53, 0xbc, 0x9e,
+    0x12, 0x63, 0x01, 0xda, 0x28, 0x04, 0xfb, 0x74, 0xe2, 0x2d, 0x26, 0xeb, 0x03, 0x3c, 0xb9, 0xb6,
+    0x3a, 0xcc, 0xe4, 0xc1, 0xbf, 0xf4, 0x40, 0x00, 0x63, 0xe7, 0xab, 0xed, 0xe8, 0x4c, 0x72, 0x4a,
+    0xbd, 0x29, 0xaf, 0x0b, 0xb9, 0x0f, 0xc5, 0xca, 0xc3, 0xfa, 0xf6, 0x5e, 0xc7, 0xfc, 0x49, 0xd2,
+    0x17, 0x4f, 0x4a, 0x3d, 0xe9, 0xae, 0xcb, 0xba, 0xa7, 0x83, 0xa3, 0x73, 0xa9, 0x1c, 0x87, 0x3d,
+    0x20, 0x47, 0x15, 0x69, 0xdf, 0x93, 0x79, 0x81, 0xe9, 0xc6, 0x95, 0xc4, 0x67, 0xd4, 0xb8, 0xa9,
+    0xf5, 0x2f, 0xcb, 0x65, 0xa1, 0x07, 0xc9, 0x47, 0xe8, 0xbe, 0x38, 0xe3, 0xa0, 0x64, 0x1b, 0xf4,
+    0x3d, 0xe1, 0x4a, 0xc3, 0xec, 0x57, 0xd6, 0x5e, 0xb1, 0xa8, 0xbe, 0x97, 0x7a, 0x63, 0x7a, 0x97,
+    0xcd, 0x39, 0xfc, 0x01, 0x3b, 0x54, 0x7d, 0xc9, 0x87, 0xf9, 0x49, 0x5f, 0x2c, 0xe8, 0xa7, 0xe5,
+    0x92, 0x71, 0x37, 0xf7, 0xe5, 0x8d, 0x5e, 0x12, 0x64, 0xf5, 0x82, 0x93, 0x45, 0x11, 0xfa, 0x6c,
+    0xb1, 0x59, 0xe3, 0x3f, 0xf7, 0x3a, 0x1a, 0xad, 0x1c, 0xe5, 0xd9, 0x12, 0x9a, 0x13, 0x99, 0x7d,
+    0xe6, 0x87, 0x9f, 0x2d, 0x47, 0xd7, 0x63, 0xdd, 0x7f, 0xd5, 0xee, 0x45, 0x6d, 0x27, 0x20, 0x5e,
+    0xd6, 0xea, 0xba, 0x8c, 0xb4, 0xa9, 0xe0, 0x4e, 0x3f, 0xc2, 0x60, 0x47, 0x9f, 0x73, 0x17, 0xa9,
+    0xa4, 0x63, 0x24, 0xd2, 0x63, 0x27, 0x98, 0x7d, 0x68, 0x63, 0xc5, 0x1a, 0x78, 0xb7, 0xed, 0x71,
+    0x36, 0x5c, 0xf8, 0x1a, 0x0d, 0x38, 0x78, 0x9c, 0x3c, 0xc6, 0x24, 0x2c, 0x86, 0xb5, 0x20, 0xca,
+  };
+  ASSERT_EQ(SparseVersion(payload), 1);
+  ASSERT_EQ(SparseClasses(payload), 2);
+  ChunkCodec codec;
+  Expected<Bytes> out = codec.Decode(payload, parent);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_TRUE(*out == data);
+  Bytes in_place = parent;
+  ASSERT_TRUE(codec.Decode(payload, in_place, in_place).ok());
+  EXPECT_TRUE(in_place == data);
+}
+
+// The encoder's default: version 2 (the fast one) for a chunk with many changes, at most a few
+// percent larger than version 1.
+TEST(ChunkCodecChoiceTest, SparseDefaultsToVersion2ForManyChanges) {
+  const Bytes parent = GaussianBf16(1 << 20, 121);
+  const Bytes data = ExponentSkewedUpdate(DType::kBF16, parent, 0.08, 0.005, 122);
+  ChunkCodec codec, v1(EncodeOptions{.sparse_body_version = 1});
+  Bytes payload, payload_v1;
+  ASSERT_EQ(codec.EncodeDelta(DType::kBF16, parent, data, &payload), ChunkEncoding::kSparse);
+  ASSERT_EQ(v1.EncodeDelta(DType::kBF16, parent, data, &payload_v1), ChunkEncoding::kSparse);
+  EXPECT_EQ(SparseVersion(payload), 2);
+  EXPECT_EQ(SparseVersion(payload_v1), 1);
+  EXPECT_LE(payload.size(), payload_v1.size() * 103 / 100);
+  // A handful of changes: the tables would cost more than they save, version 1 stays.
+  ASSERT_EQ(codec.EncodeDelta(DType::kBF16, parent, NudgeOneUlp(parent, 3, 123), &payload),
+            ChunkEncoding::kSparse);
+  EXPECT_EQ(SparseVersion(payload), 1);
 }
 
 TEST(ChunkCodecHeaderTest, DecodeIntoAnOverlappingBufferIsInvalidArgument) {
@@ -893,6 +1032,21 @@ std::vector<Sample> MakeSamples() {
   add_delta("sparse-classes-bf16", DType::kBF16, big, ExponentSkewedUpdate(DType::kBF16, big, 0.1, 0.001, 30),
             ChunkEncoding::kSparse);
   EXPECT_GT(SparseClasses(samples.back().payload), 1);
+  // Both sparse body versions, forced (the corruption tests below run over every sample).
+  auto add_sparse = [&](std::string name, int version, DType dt, Bytes parent, Bytes data) {
+    ChunkCodec forced(EncodeOptions{.sparse_body_version = version});
+    Sample s{std::move(name), ChunkEncoding::kSparse, dt, std::move(parent), std::move(data), {}};
+    EXPECT_EQ(forced.EncodeDelta(dt, s.parent, s.data, &s.payload), ChunkEncoding::kSparse) << s.name;
+    EXPECT_EQ(SparseVersion(s.payload), version) << s.name;
+    samples.push_back(std::move(s));
+  };
+  add_sparse("sparse-v1-classes-bf16", 1, DType::kBF16, big,
+             ExponentSkewedUpdate(DType::kBF16, big, 0.1, 0.001, 30));
+  add_sparse("sparse-v2-classes-bf16", 2, DType::kBF16, big,
+             ExponentSkewedUpdate(DType::kBF16, big, 0.1, 0.001, 30));
+  EXPECT_GT(SparseClasses(samples.back().payload), 1);
+  add_sparse("sparse-v2-bf16", 2, DType::kBF16, weights, NudgeOneUlp(weights, 40, 24));
+  add_sparse("sparse-v2-f64", 2, DType::kF64, wide, Mutate(DType::kF64, wide, 60, 26, Change::kRandom));
   add_delta("dense-bf16", DType::kBF16, weights, NudgeOneUlp(weights, 1024, 27), ChunkEncoding::kDense);
   const Bytes text = RandomChunk(DType::kOpaque, 2500, 28);
   Bytes edited = text;
@@ -1123,7 +1277,7 @@ TEST(ChunkCodecCorruptionTest, GarbageHeaders) {
   };
   const size_t full = sample_index("full-bf16"), raw = sample_index("raw"),
                sparse = sample_index("sparse-bf16"), dense = sample_index("dense-bf16"),
-               patch = sample_index("patch");
+               patch = sample_index("patch"), sparse_v2 = sample_index("sparse-v2-classes-bf16");
   const DecodeLimits limits{.max_raw_len = 1 << 20};
   std::vector<Case> cases = {
       {"bad magic", full, [](Bytes& p) { p[0] = 'X'; }, ErrorKind::kCorruption},
@@ -1157,6 +1311,10 @@ TEST(ChunkCodecCorruptionTest, GarbageHeaders) {
       {"raw_hash wrong", dense, [](Bytes& p) { p[24] ^= 1; }, ErrorKind::kCorruption},
       {"parent_hash wrong", patch, [](Bytes& p) { p[39] ^= 0x80; }, ErrorKind::kCorruption},
       {"header only", full, [](Bytes& p) { p.resize(kPayloadHeaderBytes); }, ErrorKind::kCorruption},
+      {"sparse body version 3", sparse, [](Bytes& p) { p[kPayloadHeaderBytes + 7] = 3; },
+       ErrorKind::kCorruption},
+      {"sparse body version 2 sections past the end", sparse_v2,
+       [](Bytes& p) { SetField(p, kPayloadHeaderBytes + 11, 0xFFFFFFFF); }, ErrorKind::kCorruption},
       {"empty", full, [](Bytes& p) { p.clear(); }, ErrorKind::kCorruption},
   };
   for (const Case& c : cases) {

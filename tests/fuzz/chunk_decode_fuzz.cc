@@ -10,6 +10,7 @@
 //              bit 2: set the payload's parent_len to parent.size()
 //              bit 3: decode with verify_output off (bytes may differ, must not crash)
 //              bit 4: (synthesized) EncodeFull instead of EncodeDelta
+//              bits 5-6: (synthesized) SPARSE body version the encoder writes: 0 its choice, 1, 2
 //   u16 n      parent length, then n parent bytes
 //   verbatim:    the rest is the payload
 //   synthesized: u8 dtype, u8 k, k records (u16 pos, u8 xor) turning the parent into the data,
@@ -84,9 +85,12 @@ void DecodeAndCheck(ChunkCodec& codec, std::span<const uint8_t> payload,
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static ChunkCodec codec;  // reused across inputs, as a reader thread would
+  // Reused across inputs, as a reader thread would; one per SPARSE body version to write.
+  static ChunkCodec codecs[3] = {ChunkCodec(), ChunkCodec({.sparse_body_version = 1}),
+                                 ChunkCodec({.sparse_body_version = 2})};
   Reader in(data, size);
   const uint8_t ctrl = in.U8();
+  ChunkCodec& codec = codecs[((ctrl >> 5) & 3) % 3];
   const std::span<const uint8_t> parent = in.Take(in.U16());
 
   std::vector<uint8_t> payload;

@@ -12,6 +12,7 @@
 //                   magnitudes when bit 4 is set (what exponent classes are for)
 //                3: the parent, cut or extended by the rest (lengths differ)
 //              bits 2-3: EncodeOptions preset; bit 5: encode with a reused codec
+//              bits 6-7: (fresh codec) SPARSE body version to write: 0 the encoder's choice, 1, 2
 //   u16 n      parent length, then n parent bytes
 //
 //   cmake -DWEIGHTFS_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang ...
@@ -134,7 +135,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
   }
 
   const int preset = (ctrl >> 2) & 3;
-  ChunkCodec fresh(Preset(preset));
+  weightfs::EncodeOptions options = Preset(preset);
+  options.sparse_body_version = ((ctrl >> 6) & 3) % 3;
+  ChunkCodec fresh(options);
   ChunkCodec& codec = (ctrl & 32) ? reused[preset] : fresh;
 
   std::vector<uint8_t> full = {0xFF};
