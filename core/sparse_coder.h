@@ -49,7 +49,6 @@ struct Scratch {
   std::vector<uint8_t> classes;     // one class byte per element, padded to 64
   std::vector<uint32_t> local;      // class-local index of each change
   std::vector<uint32_t> order;      // changes sorted by class
-  std::vector<uint64_t> bitmap;     // changed positions, one bit per element
   std::vector<uint8_t> diffs;       // decoded differences (elements of the chunk's width)
   std::vector<uint8_t> candidate;   // the version 1 body, when both are tried
   std::vector<uint32_t> rans_slots; // version 2 decoding tables

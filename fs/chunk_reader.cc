@@ -1,10 +1,12 @@
 #include "fs/chunk_reader.h"
 
 #include <algorithm>
-#include <thread>
 #include <new>
+#include <thread>
 
 #include <spdlog/spdlog.h>
+
+#include "core/chunk_plan.h"
 
 namespace weightfs {
 namespace {
@@ -39,7 +41,7 @@ namespace {
 // ahead for: at most a quarter of the cache budget.
 uint64_t ReadaheadBytes(const ChunkReaderOptions& options, size_t threads, uint64_t budget) {
   if (options.readahead_bytes == 0) return 0;
-  return std::min(std::max<uint64_t>(options.readahead_bytes, threads * 2 * (4ull << 20)), budget / 4);
+  return std::min(std::max<uint64_t>(options.readahead_bytes, threads * 2 * kDefaultChunkBytes), budget / 4);
 }
 
 }  // namespace
@@ -53,7 +55,7 @@ ChunkReader::ChunkReader(Materializer* materializer, ChunkReaderOptions options)
       readahead_bytes_(ReadaheadBytes(options, readahead_threads_, cache_budget_)),
       readahead_(readahead_bytes_ ? readahead_threads_ : 0, options.readahead_queue) {
   // The materializer's pools hold what the builds in flight use, no more.
-  materializer_->set_pool_limits(max_builds_, max_builds_ * 2 * (4ull << 20));
+  materializer_->set_pool_limits(max_builds_, max_builds_ * 2 * kDefaultChunkBytes);
 }
 
 ChunkReader::~ChunkReader() = default;

@@ -184,7 +184,6 @@ Expected<Opened> OpenAll(const MountConfig& c) {
   return o;
 }
 
-// The daemon's (or --foreground's) life: open, mount, report on `notify_fd` (-1: none), serve.
 // Materializer::Warm on one thread while this one reads the manifests of each model's newest
 // versions (at most kPreloadVersions of each, in listing order), bounded in time: a bucket
 // that answers slowly or holds many models only delays the mount by kPreloadBudget.
@@ -211,6 +210,7 @@ void Preload(Bucket* bucket, Materializer* materializer, uint64_t memory_limit) 
   warm.join();
 }
 
+// The daemon's (or --foreground's) life: open, mount, report on `notify_fd` (-1: none), serve.
 int Serve(const MountConfig& c, int notify_fd, bool daemon) {
   auto notify = [&](const std::string& line) {
     if (notify_fd < 0) return;
