@@ -106,6 +106,8 @@ struct ChunkCodec::Impl {
   std::vector<uint8_t> planes;  // scratch: transformed byte planes
   std::vector<uint32_t> positions;
   sparse::Scratch sparse_scratch;
+  std::vector<PayloadInfo> chain_infos;                 // DecodeChainInPlace
+  std::vector<std::span<const uint8_t>> chain_bodies;  // DecodeChainInPlace
   std::vector<uint8_t> candidate;
   std::vector<uint8_t> full_alt;
   std::vector<uint8_t> zstd_out;
@@ -461,6 +463,60 @@ Status ChunkCodec::Decode(std::span<const uint8_t> payload, std::span<const uint
       return Status::Corruption("payload encoding " + std::to_string(static_cast<int>(info.encoding)));
   }
   if (limits.verify_output && Hash64(out) != info.raw_hash) {
+    return Status::Corruption("decoded chunk does not match its checksum");
+  }
+  return Status::Ok();
+}
+
+Status ChunkCodec::DecodeChainInPlace(std::span<const std::span<const uint8_t>> payloads,
+                                      std::span<uint8_t> data, const DecodeLimits& limits,
+                                      size_t* failed) {
+  size_t at = 0;
+  if (failed == nullptr) failed = &at;
+  if (payloads.empty()) return Status::Ok();
+  std::vector<PayloadInfo>& infos = impl_->chain_infos;
+  infos.clear();
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    *failed = i;
+    WFS_ASSIGN_OR_RETURN(PayloadInfo info, Inspect(payloads[i], limits));
+    if (!info.decodes_in_place() || info.raw_len != data.size()) {
+      return Status::InvalidArgument("chain payload " + std::to_string(i) + " (" +
+                                     std::string(ChunkEncodingName(info.encoding)) + ", " +
+                                     std::to_string(info.raw_len) + " bytes) does not decode in place on " +
+                                     std::to_string(data.size()) + " bytes");
+    }
+    infos.push_back(info);
+  }
+  DecodeLimits each = limits;
+  if (!limits.verify_parent) each.verify_output = false;  // the final bytes are checked below
+  std::vector<std::span<const uint8_t>>& bodies = impl_->chain_bodies;
+  for (size_t i = 0; i < payloads.size();) {
+    *failed = i;
+    size_t j = i + 1;
+    if (!limits.verify_parent && infos[i].encoding == ChunkEncoding::kSparse) {
+      while (j < payloads.size() && infos[j].encoding == ChunkEncoding::kSparse &&
+             infos[j].dtype == infos[i].dtype) {
+        ++j;
+      }
+    }
+    if (j - i == 1) {
+      WFS_TRY(Decode(payloads[i], data, data, each));
+    } else {
+      bodies.clear();
+      for (size_t r = i; r < j; ++r) bodies.push_back(payloads[r].subspan(kPayloadHeaderBytes));
+      const size_t width = DTypeSize(infos[i].dtype);
+      size_t bad = 0;
+      Status st = sparse::DecodeChain(infos[i].dtype, width, bodies, data.data(),
+                                      data.size() / width, &impl_->sparse_scratch, &bad);
+      if (!st.ok()) {
+        *failed = i + bad;
+        return st;
+      }
+    }
+    i = j;
+  }
+  *failed = payloads.size() - 1;
+  if (!limits.verify_parent && limits.verify_output && Hash64(data) != infos.back().raw_hash) {
     return Status::Corruption("decoded chunk does not match its checksum");
   }
   return Status::Ok();

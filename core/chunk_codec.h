@@ -134,6 +134,19 @@ class ChunkCodec {
   Status Decode(std::span<const uint8_t> payload, std::span<const uint8_t> parent,
                 std::span<uint8_t> out, const DecodeLimits& limits = {});
 
+  // Applies a chain of deltas to `data` in place, oldest first: the same result as
+  // Decode(payload, data, data, limits) for each payload in turn, and faster: a run of SPARSE
+  // deltas shares one sweep over the chunk (core/sparse_coder.h DecodeChain), so a training
+  // run's chain of ~1% steps costs about its changes rather than a pass per step. Every payload
+  // must decode in place with raw_len == data.size() (else InvalidArgument). With
+  // limits.verify_parent each payload is decoded on its own and checked; otherwise only the
+  // final bytes are checked (against the last payload's raw_hash, when limits.verify_output).
+  // On error *failed (if not null) is the index of the payload at fault (the last one for a
+  // final checksum mismatch) and data is unspecified.
+  Status DecodeChainInPlace(std::span<const std::span<const uint8_t>> payloads,
+                            std::span<uint8_t> data, const DecodeLimits& limits = {},
+                            size_t* failed = nullptr);
+
   // Convenience: allocates the output (bounded by limits.max_raw_len).
   Expected<std::vector<uint8_t>> Decode(std::span<const uint8_t> payload,
                                         std::span<const uint8_t> parent,

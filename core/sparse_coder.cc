@@ -1153,9 +1153,9 @@ bool ApplyByClass(const uint8_t* parent, ExponentField f, int e_lo, size_t n, in
 // The decoded differences as elements of T (two bytes each for bf16, which keeps a 4 MiB chunk's
 // ~140K changes in L2 between decoding them and applying them).
 template <typename T>
-T* DiffBuffer(Scratch* scratch, size_t count) {
-  scratch->diffs.resize(count * sizeof(T));
-  return reinterpret_cast<T*>(scratch->diffs.data());  // new[]'s alignment suffices for T
+T* DiffBuffer(std::vector<uint8_t>& buffer, size_t count) {
+  buffer.resize(count * sizeof(T));
+  return reinterpret_cast<T*>(buffer.data());  // new[]'s alignment suffices for T
 }
 
 // Where the version 2 decoder is in its two streams, and its four rANS states.
@@ -1280,10 +1280,12 @@ template <typename T>
 }
 
 // Decodes the version 2 stream (body from its start) into class-local indices and
-// differences, class by class (class_start as ApplyByClassT takes them).
+// differences, class by class (class_start as ApplyByClassT takes them), into local and
+// diff_bytes (elements of T).
 template <typename T>
 Status DecodeStaticT(std::span<const uint8_t> body, uint64_t count, int k, size_t n,
-                     Scratch* scratch, uint32_t* class_start) {
+                     Scratch* scratch, uint32_t* class_start, std::vector<uint32_t>& local,
+                     std::vector<uint8_t>& diff_bytes) {
   auto bad = [](const char* what) { return Status::Corruption(std::string("sparse body: ") + what); };
   if (body.size() < kV2HeaderBytes) return bad("shorter than its header");
   uint32_t table_bytes, bit_bytes;
@@ -1368,9 +1370,8 @@ Status DecodeStaticT(std::span<const uint8_t> body, uint64_t count, int k, size_
   std::memcpy(&a3, rans_in + 12, 4);
   if (a0 < kRansL || a1 < kRansL || a2 < kRansL || a3 < kRansL) return bad("invalid rANS state");
 
-  std::vector<uint32_t>& local = scratch->local;
   local.resize(count);
-  T* diffs = DiffBuffer<T>(scratch, count);
+  T* diffs = DiffBuffer<T>(diff_bytes, count);
   StaticCursor cur{words.data(), bits.data(), 0, 0, {a0, a1, a2, a3}};
   const uint64_t bit_end = uint64_t{bit_bytes} * 8;
   for (int c = 0; c < k; ++c) {
@@ -1391,37 +1392,62 @@ Status DecodeStaticT(std::span<const uint8_t> body, uint64_t count, int k, size_
   return Status::Ok();
 }
 
+// The fixed fields of a body (both versions), validated.
+struct BodyHeader {
+  uint64_t count = 0;    // changed elements
+  uint64_t version = 0;  // 0 (version 1) or kBodyVersion2
+  int e_lo = 0;
+  int k = 1;
+  bool is_float = false;
+  ExponentField f;
+};
+
 template <typename T>
-Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent, uint8_t* out,
-               size_t n, Scratch* scratch) {
+Status ParseHeader(DType dtype, std::span<const uint8_t> body, size_t n, BodyHeader* h) {
   if (body.size() < 11) return Status::Corruption("sparse body shorter than its header");
-  uint64_t count;
-  std::memcpy(&count, body.data(), 8);
-  const uint64_t version = count >> 56;  // 0 in version 1, whose count is below 2^32
-  count &= (uint64_t{1} << 56) - 1;
-  if (version != 0 && version != kBodyVersion2) {
-    return Status::Corruption("sparse body has unknown version " + std::to_string(version));
+  std::memcpy(&h->count, body.data(), 8);
+  h->version = h->count >> 56;  // 0 in version 1, whose count is below 2^32
+  h->count &= (uint64_t{1} << 56) - 1;
+  if (h->version != 0 && h->version != kBodyVersion2) {
+    return Status::Corruption("sparse body has unknown version " + std::to_string(h->version));
   }
   uint16_t e_lo;
   std::memcpy(&e_lo, body.data() + 8, 2);
-  const int k = body[10];
-  if (count > n) {
-    return Status::Corruption("sparse body claims " + std::to_string(count) + " changes in " +
+  h->e_lo = e_lo;
+  h->k = body[10];
+  if (h->count > n) {
+    return Status::Corruption("sparse body claims " + std::to_string(h->count) + " changes in " +
                               std::to_string(n) + " elements");
   }
   // No bound of the count by the body size: a regular pattern (every 4th element +1) costs the
   // adaptive coder far less than a bit per change, so any such bound rejects streams the encoder
   // writes (found by chunk_roundtrip_fuzz). count <= n already caps a forged count's work at
   // that of decoding a genuine chunk of this size.
-  const bool is_float = DTypeIsFloat(dtype) && DTypeSize(dtype) == sizeof(T);
-  const ExponentField f = is_float ? ExponentOf(dtype) : ExponentField{};
-  if (k < 1 || k > kMaxClasses || (k > 1 && (f.mask == 0 || e_lo > f.mask))) {
+  h->is_float = DTypeIsFloat(dtype) && DTypeSize(dtype) == sizeof(T);
+  h->f = h->is_float ? ExponentOf(dtype) : ExponentField{};
+  if (h->k < 1 || h->k > kMaxClasses ||
+      (h->k > 1 && (h->f.mask == 0 || h->e_lo > static_cast<int>(h->f.mask)))) {
     return Status::Corruption("sparse body has an invalid class table");
   }
+  return Status::Ok();
+}
+
+template <typename T>
+Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent, uint8_t* out,
+               size_t n, Scratch* scratch) {
+  BodyHeader h;
+  WFS_TRY(ParseHeader<T>(dtype, body, n, &h));
+  const uint64_t count = h.count;
+  const uint64_t version = h.version;
+  const int e_lo = h.e_lo;
+  const int k = h.k;
+  const bool is_float = h.is_float;
+  const ExponentField f = h.f;
   OutputWriter<T> writer{parent, out, n, 0, is_float};
   if (version == kBodyVersion2) {
     uint32_t class_start[kMaxClasses + 1] = {};
-    WFS_TRY(DecodeStaticT<T>(body, count, k, n, scratch, class_start));
+    WFS_TRY(DecodeStaticT<T>(body, count, k, n, scratch, class_start, scratch->local,
+                             scratch->diffs));
     if (k == 1) {
       const T* diffs = reinterpret_cast<const T*>(scratch->diffs.data());
       for (uint64_t i = 0; i < count; ++i) writer.Change(scratch->local[i], diffs[i]);
@@ -1459,7 +1485,7 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
     // indices to positions and applies the differences in position order.
     std::vector<uint32_t>& local = scratch->local;
     local.resize(count);
-    T* diffs = DiffBuffer<T>(scratch, count);
+    T* diffs = DiffBuffer<T>(scratch->diffs, count);
     uint32_t class_start[kMaxClasses + 1] = {};
     for (int c = 0; c < k; ++c) {
       const uint64_t c_count1 = DecodeGamma<3>(dec, model->count_len, model->count_mant, 33);
@@ -1489,6 +1515,225 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
   writer.Finish();
   if (dec.overrun() || dec.remaining() != 0) {
     return bad("range-coded stream length does not match its content");
+  }
+  return Status::Ok();
+}
+
+// ---- chains: one sweep for a run of deltas ---------------------------------------------------
+//
+// Applying a chain of deltas one by one sweeps the whole chunk once per delta (the class sweep
+// above: k class masks per 64 elements), which is most of a training run's decode time: a 4 MiB
+// bf16 chunk at 1% changed per step costs ~0.8 ms of sweep and ~0.1 ms of entropy decoding.
+// A run of consecutive deltas with the same exponent classes instead shares one sweep, block by
+// block: delta d's class-local indices count the members of each class in its own parent, and
+// when block b is reached, the blocks before it already hold every delta of the run and block b
+// holds deltas < d, which is exactly d's parent there. So per block the classes and their member
+// counts are computed once (again only after a patch moved an element to another exponent, ~2%
+// of patches), and each delta adds the counts to its own running totals and compares them with
+// its next change per class: two vector operations per delta and block instead of k mask
+// operations.
+
+// At most this many deltas share a sweep, and their changes together at most the chunk's
+// elements / 2 (the run's decoded indices and differences stay ~1.5x the chunk's bytes).
+constexpr size_t kMaxRun = 32;
+
+// A run member's decoded changes (as ApplyByClassT takes them).
+struct RunMember {
+  uint32_t class_start[kMaxClasses + 1];
+  const uint32_t* local;
+  const void* diffs;
+};
+
+#if defined(__x86_64__)
+// Members per class of the 64 class bytes in v (classes 0..15; other bytes count nowhere), as 16
+// dwords. One-hot bytes (a shuffle, once for classes 0-7 and once for 8-15), an 8x8 bit transpose
+// per qword (GF2P8AFFINEQB with the unit matrix as the vector: byte i of a qword becomes the
+// elements of class i among its 8), byte popcounts, and a sum of the 8 qwords (at most 64 per
+// byte, so 64-bit adds do not carry between bytes).
+[[gnu::target("avx512f,avx512bw,avx512vl,gfni,avx512bitalg")]] inline __m512i ClassCounts(__m512i v) {
+  const __m512i lut_lo = _mm512_set4_epi32(0, 0, static_cast<int>(0x80402010u), 0x08040201);
+  const __m512i lut_hi = _mm512_set4_epi32(static_cast<int>(0x80402010u), 0x08040201, 0, 0);
+  const __m512i unit = _mm512_set1_epi64(static_cast<int64_t>(0x8040201008040201ull));
+  const __m512i lo = _mm512_popcnt_epi8(
+      _mm512_gf2p8affine_epi64_epi8(unit, _mm512_shuffle_epi8(lut_lo, v), 0));
+  const __m512i hi = _mm512_popcnt_epi8(
+      _mm512_gf2p8affine_epi64_epi8(unit, _mm512_shuffle_epi8(lut_hi, v), 0));
+  const __m512i s = _mm512_add_epi64(_mm512_unpacklo_epi64(lo, hi), _mm512_unpackhi_epi64(lo, hi));
+  const __m256i s2 = _mm256_add_epi64(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+  const __m128i s3 = _mm_add_epi64(_mm256_castsi256_si128(s2), _mm256_extracti128_si256(s2, 1));
+  return _mm512_cvtepu8_epi32(s3);
+}
+
+// The classes of the block of 64 elements at `first` (padded with kNoClass past n).
+template <typename T>
+[[gnu::target("avx512f,avx512bw,avx512vl")]] inline __m512i BlockClasses(
+    const uint8_t* data, size_t first, size_t n, const ClassParams& cp) {
+  if (first + 64 <= n) return BlockAvx512(data + first * sizeof(T), cp).v;
+  alignas(64) uint8_t tail[64];
+  std::memset(tail, kNoClass, sizeof tail);
+  ComputeClasses<T>(data + first * sizeof(T), n - first, ExponentField{cp.shift, cp.mask},
+                    cp.e_lo, cp.top + 1, tail);
+  return _mm512_load_si512(tail);
+}
+
+// The run's sweep (two-byte floats). Returns the index of the first member whose changes do not
+// all fall inside the chunk, or -1.
+template <typename T>
+[[gnu::target("avx512f,avx512bw,avx512vl,bmi2,gfni,avx512bitalg")]] int ApplyRunAvx512(
+    uint8_t* data, size_t n, const ClassParams& cp, bool is_float, const RunMember* members,
+    size_t m) {
+  static_assert(sizeof(T) == 2);
+  const int k = cp.top + 1;
+  __m512i seen[kMaxRun];       // per member: members of each class before the block
+  __m512i next_local[kMaxRun]; // per member: its next change's class-local index per class
+  uint32_t next[kMaxRun][kMaxClasses];  // per member: its next change per class
+  size_t remaining = 0;
+  for (size_t d = 0; d < m; ++d) {
+    alignas(64) uint32_t nl[kMaxClasses];
+    const uint32_t* start = members[d].class_start;
+    for (int c = 0; c < kMaxClasses; ++c) {
+      const bool any = c < k && start[c] < start[c + 1];
+      next[d][c] = c < k ? start[c] : 0;
+      nl[c] = any ? members[d].local[start[c]] : UINT32_MAX;
+    }
+    seen[d] = _mm512_setzero_si512();
+    next_local[d] = _mm512_load_si512(nl);
+    remaining += start[k];
+  }
+  const uint32_t float_mask = is_float ? 0xFFFFu : 0u;
+  const uint32_t exp_bits = cp.mask << cp.shift;
+  // Adds d to the element at pos (as OutputWriter::Patch); true when its exponent changed.
+  auto patch = [&](size_t pos, T d) __attribute__((always_inline)) {
+    uint8_t* slot = data + pos * sizeof(T);
+    const uint32_t u = Load<T>(slot);
+    const uint32_t ord = (u ^ (float_mask & ((0u - (u >> 15)) | 0x8000u))) & 0xFFFFu;
+    const uint32_t o = (ord + d) & 0xFFFFu;
+    const uint32_t v = (o ^ (float_mask & (((o >> 15) - 1u) | 0x8000u))) & 0xFFFFu;
+    Store<T>(slot, static_cast<T>(v));
+    return ((u ^ v) & exp_bits) != 0;
+  };
+  const size_t blocks = (n + 63) / 64;
+  for (size_t b = 0; b < blocks && remaining != 0; ++b) {
+    const size_t first = b * 64;
+    __m512i v = BlockClasses<T>(data, first, n, cp);
+    __m512i counts = ClassCounts(v);
+    for (size_t d = 0; d < m; ++d) {
+      const __m512i after = _mm512_add_epi32(seen[d], counts);
+      __mmask16 hits = _mm512_cmplt_epu32_mask(next_local[d], after);
+      if (hits != 0) {
+        alignas(64) uint32_t before[kMaxClasses];
+        _mm512_store_si512(before, seen[d]);
+        const uint32_t* start = members[d].class_start;
+        const uint32_t* local = members[d].local;
+        const T* diffs = static_cast<const T*>(members[d].diffs);
+        bool moved = false;
+        __m512i nl = next_local[d];
+        for (uint32_t h = hits; h != 0; h &= h - 1) {
+          const int c = std::countr_zero(h);
+          const uint64_t mask = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(static_cast<char>(c)));
+          const uint32_t limit = before[c] + static_cast<uint32_t>(std::popcount(mask));
+          const uint32_t end = start[c + 1];
+          uint32_t j = next[d][c];
+          do {
+            const int at = std::countr_zero(_pdep_u64(uint64_t{1} << (local[j] - before[c]), mask));
+            moved |= patch(first + static_cast<size_t>(at), diffs[j]);
+          } while (++j < end && local[j] < limit);
+          remaining -= j - next[d][c];
+          next[d][c] = j;
+          nl = _mm512_mask_set1_epi32(nl, static_cast<__mmask16>(1u << c),
+                                      static_cast<int>(j < end ? local[j] : UINT32_MAX));
+        }
+        next_local[d] = nl;
+        if (moved) {  // an element left its class: the later members see the new classes
+          v = BlockClasses<T>(data, first, n, cp);
+          counts = ClassCounts(v);
+        }
+      }
+      seen[d] = after;
+    }
+  }
+  for (size_t d = 0; d < m; ++d) {
+    for (int c = 0; c < k; ++c) {
+      if (next[d][c] != members[d].class_start[c + 1]) return static_cast<int>(d);
+    }
+  }
+  return -1;
+}
+#endif
+
+bool RunSweepAvailable() {
+#if defined(__x86_64__)
+  static const bool cpu = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("gfni") &&
+                          __builtin_cpu_supports("avx512bitalg");
+  return cpu && g_simd.load(std::memory_order_relaxed) == Simd::kAvx512;
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodies, uint8_t* data,
+                    size_t n, Scratch* scratch, size_t* failed) {
+  // A body may join a run when it is a version 2 body with exponent classes of a two-byte
+  // float; a run's members share e_lo and K.
+  const bool sweep = sizeof(T) == 2 && RunSweepAvailable();
+  auto joins = [&](const BodyHeader& h) {
+    return sweep && h.version == kBodyVersion2 && h.k > 1 && h.is_float;
+  };
+  size_t i = 0;
+  while (i < bodies.size()) {
+    BodyHeader h;
+    if (Status st = ParseHeader<T>(dtype, bodies[i], n, &h); !st.ok()) {
+      *failed = i;
+      return st;
+    }
+    size_t j = i + 1;
+    uint64_t changes = h.count;
+    if (joins(h)) {
+      for (; j < bodies.size() && j - i < kMaxRun; ++j) {
+        BodyHeader g;
+        if (!ParseHeader<T>(dtype, bodies[j], n, &g).ok() || !joins(g) || g.e_lo != h.e_lo ||
+            g.k != h.k || changes + g.count > n / 2) {
+          break;
+        }
+        changes += g.count;
+      }
+    }
+    if (j - i == 1) {
+      if (Status st = DecodeT<T>(dtype, bodies[i], data, data, n, scratch); !st.ok()) {
+        *failed = i;
+        return st;
+      }
+      i = j;
+      continue;
+    }
+#if defined(__x86_64__)
+    if (scratch->run.size() < j - i) scratch->run.resize(j - i);
+    RunMember members[kMaxRun];
+    for (size_t r = 0; r < j - i; ++r) {
+      BodyHeader g;
+      (void)ParseHeader<T>(dtype, bodies[i + r], n, &g);  // checked above
+      RunBuffers& buffers = scratch->run[r];
+      if (Status st = DecodeStaticT<T>(bodies[i + r], g.count, g.k, n, scratch,
+                                       members[r].class_start, buffers.local, buffers.diffs);
+          !st.ok()) {
+        *failed = i + r;
+        return st;
+      }
+      members[r].local = buffers.local.data();
+      members[r].diffs = buffers.diffs.data();
+    }
+    const ClassParams cp{h.f.shift, h.f.mask, h.e_lo, h.k - 1};
+    if constexpr (sizeof(T) == 2) {
+      const int bad = ApplyRunAvx512<T>(data, n, cp, h.is_float, members, j - i);
+      if (bad >= 0) {
+        *failed = i + static_cast<size_t>(bad);
+        return Status::Corruption("sparse body: a change lies outside the chunk");
+      }
+    }
+#endif
+    i = j;
   }
   return Status::Ok();
 }
@@ -1540,6 +1785,15 @@ bool SetSimd(Simd simd) {
   if (static_cast<int>(simd) > static_cast<int>(BestSimd())) return false;
   g_simd = simd;
   return true;
+}
+
+Status DecodeChain(DType dtype, size_t width, std::span<const std::span<const uint8_t>> bodies,
+                   uint8_t* data, size_t n, Scratch* scratch, size_t* failed) {
+  size_t at = 0;
+  if (failed == nullptr) failed = &at;
+  return elem::DispatchWidth(width, [&]<typename T>() {
+    return DecodeChainT<T>(dtype, bodies, data, n, scratch, failed);
+  });
 }
 
 Status Decode(DType dtype, size_t width, std::span<const uint8_t> body, const uint8_t* parent,

@@ -45,6 +45,12 @@
 
 namespace weightfs::sparse {
 
+// The decoded changes of one delta of a run (DecodeChain).
+struct RunBuffers {
+  std::vector<uint32_t> local;
+  std::vector<uint8_t> diffs;
+};
+
 struct Scratch {
   std::vector<uint8_t> classes;     // one class byte per element, padded to 64
   std::vector<uint32_t> local;      // class-local index of each change
@@ -54,6 +60,7 @@ struct Scratch {
   std::vector<uint32_t> rans_slots; // version 2 decoding tables
   std::vector<uint8_t> bits;        // version 2 bit stream, padded
   std::vector<uint8_t> words;       // version 2 rANS words, padded
+  std::vector<RunBuffers> run;      // DecodeChain: per delta of a run
 };
 
 // The instruction set of the decoder's hot loop (mapping exponent-class indices to positions):
@@ -81,5 +88,13 @@ void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* dat
 // Corruption on any inconsistency; never reads or writes out of bounds.
 Status Decode(DType dtype, size_t width, std::span<const uint8_t> body, const uint8_t* parent,
               uint8_t* out, size_t n, Scratch* scratch);
+
+// Applies bodies[0], bodies[1], ... to data in place, oldest first: the same result as Decode
+// of each in turn with out == parent, faster. Consecutive version 2 bodies of a two-byte float
+// with the same exponent classes share one sweep over the chunk (see "chains" in
+// sparse_coder.cc; AVX-512 with GFNI and BITALG, else one by one). On error, *failed (if not
+// null) is the index of the body at fault and data is unspecified.
+Status DecodeChain(DType dtype, size_t width, std::span<const std::span<const uint8_t>> bodies,
+                   uint8_t* data, size_t n, Scratch* scratch, size_t* failed);
 
 }  // namespace weightfs::sparse

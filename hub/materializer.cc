@@ -398,6 +398,8 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   Scratch scratch[2];
   std::span<uint8_t> out;  // output(), taken before the first step
   enum : int { kInBase = -1, kInOut = 2 };  // else the index of a scratch buffer
+  std::vector<std::span<const uint8_t>> run;  // payloads of a run of in-place steps
+  auto at_of = [](const Step& s) { return static_cast<size_t>(s.chunk - s.file->chunks.data()); };
   auto apply = [&](bool verify_each) -> Status {
     DecodeLimits limits = limits_;
     limits.verify_parent = verify_each;  // the final Hash128 check covers the chain
@@ -429,6 +431,37 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
       } else {
         if (scratch[into].capacity() == 0) scratch[into] = TakeScratch();
         target = scratch[into].Resize(length);  // keeps the bytes when decoding in place
+      }
+      if (in_place && !verify_each) {
+        // This step and the in-place deltas after it in one call: a run of SPARSE steps shares
+        // one sweep over the chunk (ChunkCodec::DecodeChainInPlace).
+        run.assign(1, s.payload);
+        size_t last = i;
+        while (last > 0) {
+          const Step& t = steps[last - 1];
+          if (t.chunk->is_external() || t.chunk->length != length) break;
+          const auto w1 = std::chrono::steady_clock::now();
+          WFS_TRY(wait_for(last - 1));
+          fetch_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w1).count();
+          Expected<PayloadInfo> info = ChunkCodec::Inspect(t.payload, limits);
+          if (!info.ok() || !info->decodes_in_place()) break;
+          run.push_back(t.payload);
+          --last;
+        }
+        size_t bad = 0;
+        Status st = codec->DecodeChainInPlace(run, target, limits, &bad);
+        if (!st.ok()) {
+          const Step& f = steps[i - std::min(bad, i - last)];
+          return st.WithContext(DescribeChunkOf(*f.manifest, *f.file, static_cast<size_t>(f.chunk - f.file->chunks.data())));
+        }
+        i = last;
+        if (i == 0 && HashChunk(target) != steps[0].chunk->hash) {
+          return Status::Corruption("decoded bytes do not match the chunk hash")
+              .WithContext(DescribeChunkOf(*steps[0].manifest, *steps[0].file, at_of(steps[0])));
+        }
+        parent = target;
+        held = into;
+        continue;
       }
       if (s.chunk->is_external()) {
         // Raw bytes of the source's range (the walk stops at it: it is a keyframe).

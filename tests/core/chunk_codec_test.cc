@@ -662,6 +662,144 @@ TEST(ChunkCodecRoundTripTest, SparseBodyVersionsRoundTrip) {
 // Version 2's escapes and extremes: gaps far beyond the table (a change at each end of a large
 // chunk, and one in a lone class), differences beyond its direct symbols (random new values,
 // full-width jumps of every width), a single change, every element changed.
+// ---- chains decoded in place (ChunkCodec::DecodeChainInPlace) --------------------------------
+
+// A chain of `steps` deltas after `base`: trained-looking updates (whose ±1-ulp steps move some
+// elements across an exponent, so into another class), some with elements thrown to another
+// exponent outright, and every `dense_every`-th step (if not 0) changing most elements.
+struct Chain {
+  std::vector<Bytes> versions;  // versions[0] = base
+  std::vector<Bytes> payloads;  // payloads[s] turns versions[s] into versions[s + 1]
+  std::vector<ChunkEncoding> encodings;
+};
+Chain MakeChain(ChunkCodec& codec, DType dt, const Bytes& base, int steps, size_t dense_every,
+                uint64_t seed) {
+  Chain c;
+  c.versions.push_back(base);
+  const size_t w = DTypeSize(dt);
+  for (int s = 0; s < steps; ++s) {
+    const Bytes& parent = c.versions.back();
+    Bytes data;
+    if (dense_every != 0 && (s + 1) % dense_every == 0) {
+      data = Mutate(dt, parent, parent.size() / w * 9 / 10, seed + s, Change::kNudge);
+    } else {
+      data = ExponentSkewedUpdate(dt, parent, 0.1, 0.003, seed + s);
+      if (s % 3 == 1 && DTypeIsFloat(dt)) {
+        Rng rng(seed * 7 + s);
+        for (int m = 0; m < 20; ++m) {  // exponent field +-1: another class
+          const size_t i = rng.Below(parent.size() / w);
+          const int shift = dt == DType::kBF16 ? 7 : dt == DType::kF16 ? 10 : 23;
+          Set(data, i, w, Get(data, i, w) ^ (uint64_t{1} << shift));
+        }
+      }
+    }
+    if (data == parent) data[0] ^= 1;
+    Bytes payload;
+    c.encodings.push_back(codec.EncodeDelta(dt, parent, data, &payload));
+    c.payloads.push_back(std::move(payload));
+    c.versions.push_back(std::move(data));
+  }
+  return c;
+}
+
+std::vector<std::span<const uint8_t>> Spans(const std::vector<Bytes>& payloads, size_t from, size_t to) {
+  std::vector<std::span<const uint8_t>> v;
+  for (size_t i = from; i < to; ++i) v.emplace_back(payloads[i]);
+  return v;
+}
+
+// Every instruction set, float widths with and without classes, integers (no classes), chunk
+// lengths with a partial last block, runs broken by DENSE steps and longer than a run may be:
+// the chain decoded in place equals the versions, from any starting point, with and without
+// the per-step checks.
+TEST(ChunkCodecChainTest, ChainInPlaceEqualsEveryVersion) {
+  int tried = 0;
+  for (sparse::Simd simd : {sparse::Simd::kSse2, sparse::Simd::kAvx2, sparse::Simd::kAvx512}) {
+    if (!sparse::SetSimd(simd)) continue;
+    ++tried;
+    ChunkCodec codec;
+    for (DType dt : {DType::kBF16, DType::kF16, DType::kF32, DType::kI16}) {
+      for (size_t n : {size_t{64}, size_t{4097}, size_t{60000}}) {
+        SCOPED_TRACE(Describe(dt, n * DTypeSize(dt), "simd " + std::to_string(static_cast<int>(simd))));
+        const int steps = n == 4097 ? 40 : 12;  // 40: more than one run of at most 32
+        const Chain c = MakeChain(codec, dt, RandomChunk(dt, n * DTypeSize(dt), 301 + n), steps,
+                                  n == 60000 ? 5 : 0, 302 + n);
+        if (dt == DType::kBF16 && n == 60000) {
+          EXPECT_EQ(std::count(c.encodings.begin(), c.encodings.end(), ChunkEncoding::kSparse), 10);
+        }
+        for (bool verify_parent : {false, true}) {
+          for (auto [from, to] : {std::pair<size_t, size_t>{0, steps}, {3, steps - 1}, {5, 6}}) {
+            Bytes data = c.versions[from];
+            size_t failed = 99;
+            const Status st = codec.DecodeChainInPlace(
+                Spans(c.payloads, from, to), data,
+                DecodeLimits{.verify_output = true, .verify_parent = verify_parent}, &failed);
+            ASSERT_TRUE(st.ok()) << st.ToString() << " at " << failed << " from " << from;
+            ASSERT_TRUE(data == c.versions[to]) << "from " << from << " to " << to;
+          }
+        }
+      }
+    }
+  }
+  sparse::SetSimd(sparse::Simd::kBest);
+  EXPECT_GE(tried, 1);
+}
+
+// A bad step in a chain is named by its index; wrong final bytes by the last one; payloads that
+// cannot decode in place are refused before anything is written.
+TEST(ChunkCodecChainTest, ErrorsNameTheStepAtFault) {
+  ChunkCodec codec;
+  const Chain c = MakeChain(codec, DType::kBF16, RandomChunk(DType::kBF16, 2 * 30000, 311), 8, 0, 312);
+  const DecodeLimits fast{.verify_output = true, .verify_parent = false};
+  for (size_t bad : {size_t{0}, size_t{4}, size_t{7}}) {
+    std::vector<Bytes> payloads = c.payloads;
+    payloads[bad].pop_back();  // the body's streams no longer add up
+    Bytes data = c.versions[0];
+    size_t failed = 99;
+    const Status st = codec.DecodeChainInPlace(Spans(payloads, 0, 8), data, fast, &failed);
+    EXPECT_EQ(st.kind(), ErrorKind::kCorruption) << st.ToString();
+    EXPECT_EQ(failed, bad);
+  }
+  {  // A change count above the chunk's elements, in the middle of a run.
+    std::vector<Bytes> payloads = c.payloads;
+    payloads[3][kPayloadHeaderBytes + 3] = 0x7F;
+    Bytes data = c.versions[0];
+    size_t failed = 99;
+    const Status st = codec.DecodeChainInPlace(Spans(payloads, 0, 8), data, fast, &failed);
+    EXPECT_EQ(st.kind(), ErrorKind::kCorruption) << st.ToString();
+    EXPECT_EQ(failed, 3u);
+  }
+  {  // Applied to the wrong base: a step whose changes no longer fit, or the final checksum.
+    Bytes data = c.versions[1];
+    size_t failed = 99;
+    const Status st = codec.DecodeChainInPlace(Spans(c.payloads, 0, 8), data, fast, &failed);
+    EXPECT_EQ(st.kind(), ErrorKind::kCorruption) << st.ToString();
+    EXPECT_LE(failed, 7u);
+    // With the per-step checks, the first step's parent check fails.
+    data = c.versions[1];
+    const Status checked = codec.DecodeChainInPlace(
+        Spans(c.payloads, 0, 8), data, DecodeLimits{.verify_parent = true}, &failed);
+    EXPECT_EQ(checked.kind(), ErrorKind::kCorruption) << checked.ToString();
+    EXPECT_EQ(failed, 0u);
+  }
+  {  // A FULL payload, and a delta of another length.
+    Bytes full;
+    codec.EncodeFull(DType::kBF16, c.versions[2], &full);
+    std::vector<Bytes> payloads = {c.payloads[0], full};
+    Bytes data = c.versions[0];
+    const Bytes before = data;
+    size_t failed = 99;
+    Status st = codec.DecodeChainInPlace(Spans(payloads, 0, 2), data, fast, &failed);
+    EXPECT_EQ(st.kind(), ErrorKind::kInvalidArgument) << st.ToString();
+    EXPECT_EQ(failed, 1u);
+    EXPECT_TRUE(data == before);
+    Bytes shorter(data.begin(), data.end() - 2);
+    st = codec.DecodeChainInPlace(Spans(c.payloads, 0, 2), shorter, fast, &failed);
+    EXPECT_EQ(st.kind(), ErrorKind::kInvalidArgument) << st.ToString();
+    EXPECT_EQ(failed, 0u);
+  }
+}
+
 TEST(ChunkCodecRoundTripTest, SparseVersion2EscapesAndExtremes) {
   ChunkCodec codec(EncodeOptions{.sparse_max_fraction = 1.0,
                                  .sparse_sufficient_bits_per_byte = 8,
