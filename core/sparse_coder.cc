@@ -1534,14 +1534,26 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
 // operations.
 
 // At most this many deltas share a sweep, and their changes together at most the chunk's
-// elements / 2 (the run's decoded indices and differences stay ~1.5x the chunk's bytes).
+// elements / 2 (the run's decoded indices and differences stay ~1.5x the chunk's bytes). The
+// encoder picks each delta's classes (e_lo, K) from its own histograms, so consecutive steps
+// often differ by one in e_lo: a run takes up to kMaxRunParams distinct ones, each block's
+// classes computed once relative to the lowest e_lo and then shifted and clamped per set.
 constexpr size_t kMaxRun = 32;
+constexpr size_t kMaxRunParams = 4;
 
-// A run member's decoded changes (as ApplyByClassT takes them).
+// A run member's decoded changes (as ApplyByClassT takes them) and its class parameters.
 struct RunMember {
   uint32_t class_start[kMaxClasses + 1];
   const uint32_t* local;
   const void* diffs;
+  int params;  // index into the run's parameter sets
+};
+
+// A parameter set of a run: classes = min(max(e - base, 0) -sat shift, top), base being the
+// run's lowest e_lo; shift = e_lo - base.
+struct RunParams {
+  uint8_t shift;
+  uint8_t top;  // K - 1
 };
 
 #if defined(__x86_64__)
@@ -1564,26 +1576,62 @@ struct RunMember {
   return _mm512_cvtepu8_epi32(s3);
 }
 
-// The classes of the block of 64 elements at `first` (padded with kNoClass past n).
+// The block of 64 elements at `first` as max(exponent - base, 0) bytes (saturated at 255), and
+// in *valid the elements that exist (all but past n).
 template <typename T>
-[[gnu::target("avx512f,avx512bw,avx512vl")]] inline __m512i BlockClasses(
-    const uint8_t* data, size_t first, size_t n, const ClassParams& cp) {
-  if (first + 64 <= n) return BlockAvx512(data + first * sizeof(T), cp).v;
-  alignas(64) uint8_t tail[64];
-  std::memset(tail, kNoClass, sizeof tail);
-  ComputeClasses<T>(data + first * sizeof(T), n - first, ExponentField{cp.shift, cp.mask},
-                    cp.e_lo, cp.top + 1, tail);
+[[gnu::target("avx512f,avx512bw,avx512vl")]] inline __m512i BlockExponents(
+    const uint8_t* data, size_t first, size_t n, const ClassParams& base, __mmask64* valid) {
+  if (first + 64 <= n) {
+    *valid = ~__mmask64{0};
+    return BlockAvx512(data + first * sizeof(T), base).v;
+  }
+  alignas(64) uint8_t tail[64] = {};
+  ComputeClasses<T>(data + first * sizeof(T), n - first, ExponentField{base.shift, base.mask},
+                    base.e_lo, base.top + 1, tail);
+  *valid = (__mmask64{1} << (n - first)) - 1;
   return _mm512_load_si512(tail);
+}
+
+// Classes and class counts of a block for every parameter set of a run.
+struct RunBlock {
+  __m512i classes[kMaxRunParams];
+  __m512i counts[kMaxRunParams];
+};
+template <typename T>
+[[gnu::target("avx512f,avx512bw,avx512vl,gfni,avx512bitalg")]] inline void ComputeRunBlock(
+    const uint8_t* data, size_t first, size_t n, const ClassParams& base, const RunParams* params,
+    size_t num_params, RunBlock* out) {
+  __mmask64 valid;
+  const __m512i e = BlockExponents<T>(data, first, n, base, &valid);
+  for (size_t p = 0; p < num_params; ++p) {
+    const __m512i c = _mm512_min_epu8(_mm512_subs_epu8(e, _mm512_set1_epi8(static_cast<char>(params[p].shift))),
+                                      _mm512_set1_epi8(static_cast<char>(params[p].top)));
+    out->classes[p] = _mm512_mask_blend_epi8(valid, _mm512_set1_epi8(static_cast<char>(kNoClass)), c);
+    out->counts[p] = ClassCounts(out->classes[p]);
+  }
+}
+
+// Moves each member d in [from, m) past the block (seen[d] = before[d] + its counts) and returns
+// which of them have a change in it (bit d).
+[[gnu::target("avx512f,avx512bw,avx512vl")]] inline uint32_t FindRunHits(
+    const uint32_t (*before)[kMaxClasses], const RunBlock& block, const RunMember* members,
+    const __m512i* next_local, __m512i* seen, size_t from, size_t m) {
+  uint32_t any = 0;
+  for (size_t d = from; d < m; ++d) {
+    const __m512i after = _mm512_add_epi32(_mm512_load_si512(before[d]), block.counts[members[d].params]);
+    seen[d] = after;
+    any |= static_cast<uint32_t>(_mm512_cmplt_epu32_mask(next_local[d], after) != 0) << d;
+  }
+  return any;
 }
 
 // The run's sweep (two-byte floats). Returns the index of the first member whose changes do not
 // all fall inside the chunk, or -1.
 template <typename T>
 [[gnu::target("avx512f,avx512bw,avx512vl,bmi2,gfni,avx512bitalg")]] int ApplyRunAvx512(
-    uint8_t* data, size_t n, const ClassParams& cp, bool is_float, const RunMember* members,
-    size_t m) {
+    uint8_t* data, size_t n, const ClassParams& base, const RunParams* params, size_t num_params,
+    bool is_float, const RunMember* members, size_t m) {
   static_assert(sizeof(T) == 2);
-  const int k = cp.top + 1;
   __m512i seen[kMaxRun];       // per member: members of each class before the block
   __m512i next_local[kMaxRun]; // per member: its next change's class-local index per class
   uint32_t next[kMaxRun][kMaxClasses];  // per member: its next change per class
@@ -1591,6 +1639,7 @@ template <typename T>
   for (size_t d = 0; d < m; ++d) {
     alignas(64) uint32_t nl[kMaxClasses];
     const uint32_t* start = members[d].class_start;
+    const int k = params[members[d].params].top + 1;
     for (int c = 0; c < kMaxClasses; ++c) {
       const bool any = c < k && start[c] < start[c + 1];
       next[d][c] = c < k ? start[c] : 0;
@@ -1601,7 +1650,7 @@ template <typename T>
     remaining += start[k];
   }
   const uint32_t float_mask = is_float ? 0xFFFFu : 0u;
-  const uint32_t exp_bits = cp.mask << cp.shift;
+  const uint32_t exp_bits = base.mask << base.shift;
   // Adds d to the element at pos (as OutputWriter::Patch); true when its exponent changed.
   auto patch = [&](size_t pos, T d) __attribute__((always_inline)) {
     uint8_t* slot = data + pos * sizeof(T);
@@ -1612,47 +1661,54 @@ template <typename T>
     Store<T>(slot, static_cast<T>(v));
     return ((u ^ v) & exp_bits) != 0;
   };
+  RunBlock block;
+  // Per member, its class totals before the current block (seen is then moved past it).
+  alignas(64) uint32_t before[kMaxRun][kMaxClasses];
+  // Which members have a change in the block: the members without (most of them at ~1%
+  // changed) cost no branch each.
   const size_t blocks = (n + 63) / 64;
   for (size_t b = 0; b < blocks && remaining != 0; ++b) {
     const size_t first = b * 64;
-    __m512i v = BlockClasses<T>(data, first, n, cp);
-    __m512i counts = ClassCounts(v);
-    for (size_t d = 0; d < m; ++d) {
-      const __m512i after = _mm512_add_epi32(seen[d], counts);
-      __mmask16 hits = _mm512_cmplt_epu32_mask(next_local[d], after);
-      if (hits != 0) {
-        alignas(64) uint32_t before[kMaxClasses];
-        _mm512_store_si512(before, seen[d]);
-        const uint32_t* start = members[d].class_start;
-        const uint32_t* local = members[d].local;
-        const T* diffs = static_cast<const T*>(members[d].diffs);
-        bool moved = false;
-        __m512i nl = next_local[d];
-        for (uint32_t h = hits; h != 0; h &= h - 1) {
-          const int c = std::countr_zero(h);
-          const uint64_t mask = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(static_cast<char>(c)));
-          const uint32_t limit = before[c] + static_cast<uint32_t>(std::popcount(mask));
-          const uint32_t end = start[c + 1];
-          uint32_t j = next[d][c];
-          do {
-            const int at = std::countr_zero(_pdep_u64(uint64_t{1} << (local[j] - before[c]), mask));
-            moved |= patch(first + static_cast<size_t>(at), diffs[j]);
-          } while (++j < end && local[j] < limit);
-          remaining -= j - next[d][c];
-          next[d][c] = j;
-          nl = _mm512_mask_set1_epi32(nl, static_cast<__mmask16>(1u << c),
-                                      static_cast<int>(j < end ? local[j] : UINT32_MAX));
-        }
-        next_local[d] = nl;
-        if (moved) {  // an element left its class: the later members see the new classes
-          v = BlockClasses<T>(data, first, n, cp);
-          counts = ClassCounts(v);
-        }
+    ComputeRunBlock<T>(data, first, n, base, params, num_params, &block);
+    for (size_t d = 0; d < m; ++d) _mm512_store_si512(before[d], seen[d]);
+    uint32_t any = FindRunHits(before, block, members, next_local, seen, 0, m);
+    while (any != 0) {
+      const size_t d = static_cast<size_t>(std::countr_zero(any));
+      any &= any - 1;
+      const int p = members[d].params;
+      const __mmask16 hits = _mm512_cmplt_epu32_mask(next_local[d], seen[d]);
+      const uint32_t* start = members[d].class_start;
+      const uint32_t* local = members[d].local;
+      const T* diffs = static_cast<const T*>(members[d].diffs);
+      const uint32_t* before_d = before[d];
+      const __m512i v = block.classes[p];
+      bool moved = false;
+      __m512i nl = next_local[d];
+      for (uint32_t h = hits; h != 0; h &= h - 1) {
+        const int c = std::countr_zero(h);
+        const uint64_t mask = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(static_cast<char>(c)));
+        const uint32_t limit = before_d[c] + static_cast<uint32_t>(std::popcount(mask));
+        const uint32_t end = start[c + 1];
+        uint32_t j = next[d][c];
+        do {
+          const int at = std::countr_zero(_pdep_u64(uint64_t{1} << (local[j] - before_d[c]), mask));
+          moved |= patch(first + static_cast<size_t>(at), diffs[j]);
+        } while (++j < end && local[j] < limit);
+        remaining -= j - next[d][c];
+        next[d][c] = j;
+        nl = _mm512_mask_set1_epi32(nl, static_cast<__mmask16>(1u << c),
+                                    static_cast<int>(j < end ? local[j] : UINT32_MAX));
       }
-      seen[d] = after;
+      next_local[d] = nl;
+      if (moved) {
+        // An element left its exponent: the later members see the new classes and counts.
+        ComputeRunBlock<T>(data, first, n, base, params, num_params, &block);
+        any = FindRunHits(before, block, members, next_local, seen, d + 1, m);
+      }
     }
   }
   for (size_t d = 0; d < m; ++d) {
+    const int k = params[members[d].params].top + 1;
     for (int c = 0; c < k; ++c) {
       if (next[d][c] != members[d].class_start[c + 1]) return static_cast<int>(d);
     }
@@ -1675,8 +1731,7 @@ bool RunSweepAvailable() {
 template <typename T>
 Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodies, uint8_t* data,
                     size_t n, Scratch* scratch, size_t* failed) {
-  // A body may join a run when it is a version 2 body with exponent classes of a two-byte
-  // float; a run's members share e_lo and K.
+  // A body may join a run when it is a version 2 body with exponent classes of a two-byte float.
   const bool sweep = sizeof(T) == 2 && RunSweepAvailable();
   auto joins = [&](const BodyHeader& h) {
     return sweep && h.version == kBodyVersion2 && h.k > 1 && h.is_float;
@@ -1688,15 +1743,24 @@ Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodie
       *failed = i;
       return st;
     }
+    // The run [i, j) and its distinct (e_lo, K).
+    std::pair<int, int> sets[kMaxRunParams];
+    size_t num_sets = 0;
+    int set_of[kMaxRun] = {};
     size_t j = i + 1;
-    uint64_t changes = h.count;
     if (joins(h)) {
+      sets[num_sets++] = {h.e_lo, h.k};
+      uint64_t changes = h.count;
       for (; j < bodies.size() && j - i < kMaxRun; ++j) {
         BodyHeader g;
-        if (!ParseHeader<T>(dtype, bodies[j], n, &g).ok() || !joins(g) || g.e_lo != h.e_lo ||
-            g.k != h.k || changes + g.count > n / 2) {
-          break;
+        if (!ParseHeader<T>(dtype, bodies[j], n, &g).ok() || !joins(g) || changes + g.count > n / 2) break;
+        const std::pair<int, int> set{g.e_lo, g.k};
+        const auto* found = std::find(sets, sets + num_sets, set);
+        if (found == sets + num_sets) {
+          if (num_sets == kMaxRunParams) break;
+          sets[num_sets++] = set;
         }
+        set_of[j - i] = static_cast<int>(found - sets);
         changes += g.count;
       }
     }
@@ -1709,24 +1773,31 @@ Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodie
       continue;
     }
 #if defined(__x86_64__)
-    if (scratch->run.size() < j - i) scratch->run.resize(j - i);
-    RunMember members[kMaxRun];
-    for (size_t r = 0; r < j - i; ++r) {
-      BodyHeader g;
-      (void)ParseHeader<T>(dtype, bodies[i + r], n, &g);  // checked above
-      RunBuffers& buffers = scratch->run[r];
-      if (Status st = DecodeStaticT<T>(bodies[i + r], g.count, g.k, n, scratch,
-                                       members[r].class_start, buffers.local, buffers.diffs);
-          !st.ok()) {
-        *failed = i + r;
-        return st;
-      }
-      members[r].local = buffers.local.data();
-      members[r].diffs = buffers.diffs.data();
-    }
-    const ClassParams cp{h.f.shift, h.f.mask, h.e_lo, h.k - 1};
     if constexpr (sizeof(T) == 2) {
-      const int bad = ApplyRunAvx512<T>(data, n, cp, h.is_float, members, j - i);
+      if (scratch->run.size() < j - i) scratch->run.resize(j - i);
+      RunMember members[kMaxRun];
+      for (size_t r = 0; r < j - i; ++r) {
+        BodyHeader g;
+        (void)ParseHeader<T>(dtype, bodies[i + r], n, &g);  // checked above
+        RunBuffers& buffers = scratch->run[r];
+        if (Status st = DecodeStaticT<T>(bodies[i + r], g.count, g.k, n, scratch,
+                                         members[r].class_start, buffers.local, buffers.diffs);
+            !st.ok()) {
+          *failed = i + r;
+          return st;
+        }
+        members[r].local = buffers.local.data();
+        members[r].diffs = buffers.diffs.data();
+        members[r].params = set_of[r];
+      }
+      int lowest = sets[0].first;
+      for (size_t p = 1; p < num_sets; ++p) lowest = std::min(lowest, sets[p].first);
+      RunParams params[kMaxRunParams];
+      for (size_t p = 0; p < num_sets; ++p) {
+        params[p] = {static_cast<uint8_t>(sets[p].first - lowest), static_cast<uint8_t>(sets[p].second - 1)};
+      }
+      const ClassParams base{h.f.shift, h.f.mask, lowest, 255};
+      const int bad = ApplyRunAvx512<T>(data, n, base, params, num_sets, h.is_float, members, j - i);
       if (bad >= 0) {
         *failed = i + static_cast<size_t>(bad);
         return Status::Corruption("sparse body: a change lies outside the chunk");

@@ -53,6 +53,45 @@ namespace {
 constexpr size_t kHugePage = 2 << 20;
 }  // namespace
 
+Materializer::FetchThreads::~FetchThreads() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+void Materializer::FetchThreads::Run(std::function<void()> task) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (queue_.size() + 1 > idle_ && threads_.size() < 2 * kFetchParallelism) {
+    try {
+      threads_.emplace_back([this] { Main(); });
+    } catch (...) {
+      if (threads_.empty()) throw;  // nothing would run the task: not queued
+    }
+  }
+  queue_.push_back(std::move(task));
+  lock.unlock();
+  cv_.notify_one();
+}
+
+void Materializer::FetchThreads::Main() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    ++idle_;
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    --idle_;
+    if (queue_.empty()) return;  // stopping
+    std::function<void()> task = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    task();
+    task = nullptr;
+    lock.lock();
+  }
+}
+
 Materializer::Scratch::Scratch(Scratch&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
@@ -371,20 +410,34 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
     arrived.wait(lock, [&] { return done[i] != 0; });
     return fetched[i];
   };
-  std::vector<std::thread> threads;
+  size_t running = 0;  // GUARDED_BY(mu): fetch tasks not yet finished
+  std::condition_variable finished;
   if (n == 1) {
     fetch();
   } else {
     const size_t workers = std::min(n, kFetchParallelism);
     try {
-      for (size_t t = 0; t < workers; ++t) threads.emplace_back(fetch);
+      for (size_t t = 0; t < workers; ++t) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          ++running;
+        }
+        fetch_threads_.Run([&] {
+          fetch();
+          // Notified under the lock: the waiter cannot return (and destroy mu and finished)
+          // before this task is done with them.
+          std::lock_guard<std::mutex> lock(mu);
+          if (--running == 0) finished.notify_all();
+        });
+      }
     } catch (...) {
-      if (threads.empty()) throw;  // else the threads started fetch everything
+      std::lock_guard<std::mutex> lock(mu);
+      if (--running == 0) throw;  // the one that failed was not queued; any queued fetch all
     }
   }
   auto join = [&] {
-    for (std::thread& t : threads) t.join();
-    threads.clear();
+    std::unique_lock<std::mutex> lock(mu);
+    finished.wait(lock, [&] { return running == 0; });
   };
   double fetch_wait_ms = 0;
 

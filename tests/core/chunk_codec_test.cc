@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <set>
 #include <vector>
 
 #include "core/hash.h"
@@ -543,14 +544,14 @@ int ExponentOf(DType dt, uint64_t u) {
 // one of a large one, so small-exponent elements change far more often. Elements whose exponent
 // is below the median step by +-1 ulp with probability `p_small`, the others with `p_large`.
 Bytes ExponentSkewedUpdate(DType dt, const Bytes& parent, double p_small, double p_large,
-                           uint64_t seed) {
+                           uint64_t seed, int threshold_shift = 0) {
   const size_t w = DTypeSize(dt);
   const size_t n = parent.size() / w;
   std::vector<int> exps(n);
   for (size_t i = 0; i < n; ++i) exps[i] = ExponentOf(dt, Get(parent, i, w));
   std::vector<int> sorted = exps;
   std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
-  const int median = sorted[n / 2];
+  const int median = sorted[n / 2] + threshold_shift;
   Rng rng(seed);
   Bytes data = parent;
   for (size_t i = 0; i < n; ++i) {
@@ -683,7 +684,8 @@ Chain MakeChain(ChunkCodec& codec, DType dt, const Bytes& base, int steps, size_
     if (dense_every != 0 && (s + 1) % dense_every == 0) {
       data = Mutate(dt, parent, parent.size() / w * 9 / 10, seed + s, Change::kNudge);
     } else {
-      data = ExponentSkewedUpdate(dt, parent, 0.1, 0.003, seed + s);
+      // The threshold moves: consecutive steps pick different classes (e_lo, K).
+      data = ExponentSkewedUpdate(dt, parent, 0.1, 0.003, seed + s, s % 4 - 2);
       if (s % 3 == 1 && DTypeIsFloat(dt)) {
         Rng rng(seed * 7 + s);
         for (int m = 0; m < 20; ++m) {  // exponent field +-1: another class
@@ -726,6 +728,13 @@ TEST(ChunkCodecChainTest, ChainInPlaceEqualsEveryVersion) {
                                   n == 60000 ? 5 : 0, 302 + n);
         if (dt == DType::kBF16 && n == 60000) {
           EXPECT_EQ(std::count(c.encodings.begin(), c.encodings.end(), ChunkEncoding::kSparse), 10);
+          std::set<std::pair<int, int>> classes;  // (e_lo, K) of the sparse steps
+          for (const Bytes& p : c.payloads) {
+            if (p[5] == static_cast<uint8_t>(ChunkEncoding::kSparse) && SparseClasses(p) > 1) {
+              classes.insert({p[kPayloadHeaderBytes + 8] | p[kPayloadHeaderBytes + 9] << 8, SparseClasses(p)});
+            }
+          }
+          EXPECT_GE(classes.size(), 3u) << "the run should mix class parameters";
         }
         for (bool verify_parent : {false, true}) {
           for (auto [from, to] : {std::pair<size_t, size_t>{0, steps}, {3, steps - 1}, {5, 6}}) {
