@@ -217,7 +217,7 @@ Status ChunkCache::PutReference(const Hash128& hash, const std::string& path, ui
                 static_cast<unsigned long long>(st.st_size),
                 static_cast<long long>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
   std::string body = std::string(head) + path;
-  Status s = WriteEntry(PathOf(hash) + ".ref", {reinterpret_cast<const uint8_t*>(body.data()), body.size()});
+  Status s = WriteEntry(PathOf(hash) + ".ref", {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, 0);
   if (s.ok()) stats_.inserts++;
   return s;
 }
@@ -279,62 +279,84 @@ bool ChunkCache::GetImpl(const Hash128& hash, ByteBuffer* out, ChunkBytes* share
 }
 
 Status ChunkCache::WriteEntry(const std::string& path, std::span<const uint8_t> bytes,
-                              ChunkBytes* mapped) {
+                              size_t direct_capacity) {
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = dir_ + "/.tmp/" + path.substr(path.rfind('/') + 1) + "." +
                           std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
-  int fd = ::open(tmp.c_str(), (mapped ? O_RDWR : O_WRONLY) | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno(errno, "cache insert " + tmp);
+  constexpr size_t kDirectAlign = 4096;
+  const size_t padded = (bytes.size() + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  const bool direct = direct_capacity >= padded && !bytes.empty() &&
+                      reinterpret_cast<uintptr_t>(bytes.data()) % kDirectAlign == 0 &&
+                      direct_ok_.load(std::memory_order_relaxed);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
+  auto refused = [&](int err) {  // O_DIRECT not supported here: buffered from now on
+    if (err != EINVAL) return false;
+    if (direct_ok_.exchange(false)) {
+      spdlog::info("chunk cache: {} does not take O_DIRECT writes; writing through the page cache", dir_);
+    }
+    return true;
+  };
+  if (fd < 0) {
+    const int err = errno;
+    if (direct && refused(err)) return WriteEntry(path, bytes, 0);
+    return Errno(err, "cache insert " + tmp);
+  }
+  // O_DIRECT writes whole 4 KiB blocks (the buffer's bytes past the end), then cuts the file.
+  const size_t length = direct ? padded : bytes.size();
   size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+  while (done < length) {
+    ssize_t n = ::write(fd, bytes.data() + done, length - done);
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
+      if (direct && done == 0 && refused(err)) return WriteEntry(path, bytes, 0);
       return Errno(err, "cache insert " + tmp);
     }
     done += static_cast<size_t>(n);
   }
+  if (direct && padded != bytes.size() && ::ftruncate(fd, static_cast<off_t>(bytes.size())) != 0) {
+    int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return Errno(err, "cache insert " + tmp);
+  }
   // No fsync: a torn entry after a crash fails verification and is dropped, which is cheaper
-  // than an fsync per chunk. A map of the file we have just written holds the page cache's
-  // copy of exactly these bytes (no other process writes this temporary file, and entries are
-  // never written in place once renamed).
-  if (mapped && !bytes.empty() && !MapFile(fd, bytes.size(), mapped)) *mapped = ChunkBytes();
+  // than an fsync per chunk.
   ::close(fd);
   std::string sub = path.substr(0, path.rfind('/'));
   ::mkdir(sub.c_str(), 0755);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    if (mapped) *mapped = ChunkBytes();
     return Errno(err, "cache insert " + path);
   }
   return Status::Ok();
 }
 
 Status ChunkCache::Put(const Hash128& hash, std::span<const uint8_t> bytes) {
-  return PutImpl(hash, bytes, nullptr);
+  return PutImpl(hash, bytes, 0);
 }
 
-Status ChunkCache::PutShared(const Hash128& hash, std::span<const uint8_t> bytes, ChunkBytes* mapped) {
-  return PutImpl(hash, bytes, bytes.size() >= kMapMinBytes ? mapped : nullptr);
+Status ChunkCache::PutAligned(const Hash128& hash, std::span<const uint8_t> bytes, size_t capacity) {
+  return PutImpl(hash, bytes, capacity);
 }
 
-Status ChunkCache::PutImpl(const Hash128& hash, std::span<const uint8_t> bytes, ChunkBytes* mapped) {
+Status ChunkCache::PutImpl(const Hash128& hash, std::span<const uint8_t> bytes,
+                           size_t direct_capacity) {
   if (bytes.size() > max_bytes_) return Status::Ok();
   if (Contains(hash)) return Status::Ok();
   if (total_.load() + bytes.size() > max_bytes_) {
     Status s = EvictTo(max_bytes_ / 10 * 9 > bytes.size() ? max_bytes_ / 10 * 9 - bytes.size() : 0);
     if (!s.ok()) spdlog::warn("cache eviction failed: {}", s.ToString());
   }
-  Status s = WriteEntry(PathOf(hash), bytes, mapped);
+  Status s = WriteEntry(PathOf(hash), bytes, direct_capacity);
   if (s.kind() == ErrorKind::kResourceExhausted) {
     // The disk is fuller than our budget assumed: make room and try once more.
     uint64_t now = total_.load();
     (void)EvictTo(now / 2);
-    s = WriteEntry(PathOf(hash), bytes, mapped);
+    s = WriteEntry(PathOf(hash), bytes, direct_capacity);
   }
   if (!s.ok()) {
     spdlog::warn("chunk cache: {}", s.ToString());

@@ -12,16 +12,18 @@
 //   or corrupted file is a miss, never wrong data). GetShared verifies the same way, once per
 //   call: the mount calls it once per chunk it keeps in memory.
 // - Zero-copy reads: GetShared maps a chunk file (read-only, populated and locked in memory)
-//   instead of copying it into a fresh heap buffer, and PutShared maps the file it has just
-//   written: a reader then serves the page cache's pages. Fresh anonymous pages are expensive
-//   (each costs a fault; ~10 us on the 2-core benchmark VM, ~400 MB/s), mapping page-cache
-//   pages is not (~40 GB/s). Locked, the pages verified once stay in memory until unmapped:
+//   instead of copying it into a fresh heap buffer: a reader then serves the page cache's pages.
+//   Fresh anonymous pages are expensive (each costs a fault; ~10 us on the 2-core benchmark VM,
+//   ~400 MB/s), mapping page-cache pages is not (~40 GB/s).
+// - Zero-copy writes: PutAligned writes from the builder's (reused, aligned) buffer with
+//   O_DIRECT, so inserting a chunk neither copies it into the page cache nor fills the page
+//   cache with a second copy of what the reader's own page cache is about to hold. Locked, the pages verified once stay in memory until unmapped:
 //   nothing is re-read from the disk unchecked. Entries are only ever replaced by rename and
 //   removed by unlink, never written in place, so a map keeps the verified bytes (an outside
 //   process truncating a chunk file in place would make readers of its map fault). An entry
 //   evicted while mapped keeps its disk space until the map goes (the mount bounds its maps by
 //   its memory limit). Where maps cannot be locked (RLIMIT_MEMLOCK of an unprivileged process)
-//   GetShared and PutShared copy, as Get does. References (.ref) point at users' files, which
+//   GetShared copies, as Get does. References (.ref) point at users' files, which
 //   may change in place: they are always copied.
 // - Size-bounded: at most `max_bytes` of chunk files. When an insert takes the total above it,
 //   the least recently used entries (file mtime, refreshed on hits) are removed until the total
@@ -99,10 +101,11 @@ class ChunkCache {
   // Inserts a chunk whose bytes the caller has verified against `hash`. Errors are logged and
   // returned but callers may ignore them.
   Status Put(const Hash128& hash, std::span<const uint8_t> bytes);
-  // Put, and on success *mapped maps the file just written (bytes at least kMapMinBytes long,
-  // and not in the cache before): the caller may then drop its buffer and serve the mapping,
-  // whose pages are the ones this call wrote. Otherwise *mapped is left empty.
-  Status PutShared(const Hash128& hash, std::span<const uint8_t> bytes, ChunkBytes* mapped);
+  // Put from a buffer that starts on a 4 KiB boundary and may be read up to `capacity` bytes
+  // (at least bytes.size() rounded up to 4 KiB): written with O_DIRECT, so the bytes go to the
+  // disk without a copy into (and without filling) the page cache. Falls back to Put where the
+  // filesystem refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE filesystems).
+  Status PutAligned(const Hash128& hash, std::span<const uint8_t> bytes, size_t capacity);
   // Records that bytes [offset, offset + length) of the local file `path` are the chunk `hash`
   // (the caller verified them). Costs a small entry, not a copy.
   Status PutReference(const Hash128& hash, const std::string& path, uint64_t offset,
@@ -123,11 +126,10 @@ class ChunkCache {
  private:
   ChunkCache(std::string dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {}
   std::string PathOf(const Hash128& hash) const;
-  // Writes `bytes` to a temporary file and renames it to `path`; if `mapped`, also maps the
-  // written file into *mapped (left empty if the map fails).
-  Status WriteEntry(const std::string& path, std::span<const uint8_t> bytes,
-                    ChunkBytes* mapped = nullptr);
-  Status PutImpl(const Hash128& hash, std::span<const uint8_t> bytes, ChunkBytes* mapped);
+  // Writes `bytes` to a temporary file and renames it to `path`; with a `direct_capacity` (as
+  // PutAligned's capacity) through O_DIRECT where the filesystem allows.
+  Status WriteEntry(const std::string& path, std::span<const uint8_t> bytes, size_t direct_capacity);
+  Status PutImpl(const Hash128& hash, std::span<const uint8_t> bytes, size_t direct_capacity);
   bool GetReference(const Hash128& hash, ByteBuffer* out);
   // Get (into *out) or GetShared (into *shared): exactly one of them is non-null.
   bool GetImpl(const Hash128& hash, ByteBuffer* out, ChunkBytes* shared);
@@ -136,6 +138,7 @@ class ChunkCache {
   const uint64_t max_bytes_;
   std::atomic<uint64_t> total_{0};  // this process's view; resynced by every eviction scan
   std::mutex evict_mu_;             // one eviction at a time in this process (flock for others)
+  std::atomic<bool> direct_ok_{true};  // false once the filesystem refused O_DIRECT
   ChunkCacheStats stats_;
 };
 

@@ -15,9 +15,9 @@
 //
 // Memory: intermediate results live in a small pool of reused buffers (2 MiB pages), and codecs
 // are pooled too: fresh memory costs a page fault per 4 KiB (~10 us each on the 2-core benchmark
-// VM, about what decoding the page costs). Shared() hands out a map of the cache file it has
-// just written (or found), so a chunk the mount keeps in memory costs page cache that the disk
-// cache holds anyway, not a second, fresh heap buffer.
+// VM, about what decoding the page costs). Shared() hands out the pooled buffer a chunk was built
+// in (written to the disk cache from there with O_DIRECT; the buffer returns to the pool when
+// its last reader lets go), or a map of the cache file it found.
 //
 // Fetching overlaps applying: payloads are fetched oldest first, and each step is applied as
 // soon as its payload is in (the keyframe decodes while the deltas are still being fetched).
@@ -61,9 +61,9 @@ class Materializer {
   // The bytes of chunk `index` of `file` in `manifest`, verified against the chunk's hash.
   Expected<ByteBuffer> Chunk(const Manifest& manifest, const ManifestFile& file,
                                        size_t index);
-  // The same bytes, shared and immutable: a map of the chunk's cache file when there is a cache
-  // (and the chunk is at least ChunkCache::kMapMinBytes), else a heap buffer. The read path of
-  // the mount keeps these in memory.
+  // The same bytes, shared and immutable: with a cache, a map of the chunk's cache file on a hit,
+  // else the pooled buffer it was built in (chunks of at least ChunkCache::kMapMinBytes that
+  // fill it); otherwise a heap buffer. The read path of the mount keeps these in memory.
   Expected<ChunkBytes> Shared(const Manifest& manifest, const ManifestFile& file, size_t index);
 
   // Prepares `builds` concurrent chunk builds of up to `chunk_bytes`: codecs that have decoded a
@@ -117,11 +117,19 @@ class Materializer {
   std::unique_ptr<ChunkCodec> TakeCodec();
   void GiveCodec(std::unique_ptr<ChunkCodec> codec);
   bool cache_results_ = true;
+  // The buffer pool is shared with the chunks Shared() hands out, which give their buffer back
+  // when the last reference goes (possibly after the Materializer).
+  struct ScratchPool {
+    std::mutex mu;
+    uint64_t max_bytes = 64ull << 20;  // GUARDED_BY(mu)
+    std::vector<Scratch> buffers;      // GUARDED_BY(mu)
+    size_t bytes = 0;                  // GUARDED_BY(mu): capacity of buffers
+    Scratch Take();
+    void Give(Scratch buffer);
+  };
+  std::shared_ptr<ScratchPool> scratch_pool_ = std::make_shared<ScratchPool>();
   std::mutex pool_mu_;
   size_t max_codecs_ = 16;                            // GUARDED_BY(pool_mu_)
-  uint64_t max_scratch_bytes_ = 64ull << 20;          // GUARDED_BY(pool_mu_)
-  std::vector<Scratch> scratch_;                      // GUARDED_BY(pool_mu_)
-  size_t scratch_bytes_ = 0;                          // GUARDED_BY(pool_mu_): capacity of scratch_
   std::vector<std::unique_ptr<ChunkCodec>> codecs_;  // GUARDED_BY(pool_mu_)
   Bucket* bucket_;
   ChunkCache* cache_;
