@@ -71,7 +71,8 @@ std::string LocalStore::PathOf(std::string_view key) const { return root_ + "/" 
 
 std::string LocalStore::Describe() const { return "file://" + root_; }
 
-Expected<std::vector<uint8_t>> LocalStore::Get(std::string_view key, std::optional<ByteRange> range) {
+template <typename Buffer>
+Status LocalStore::ReadRange(std::string_view key, std::optional<ByteRange> range, Buffer* out) {
   WFS_TRY(ValidateKey(key));
   const std::string path = PathOf(key);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -90,10 +91,10 @@ Expected<std::vector<uint8_t>> LocalStore::Get(std::string_view key, std::option
   }
   uint64_t length = size - offset;
   if (range && range->length) length = std::min(length, *range->length);
-  std::vector<uint8_t> out(length);
+  out->resize(length);
   uint64_t done = 0;
   while (done < length) {
-    ssize_t r = ::pread(fd, out.data() + done, length - done, static_cast<off_t>(offset + done));
+    ssize_t r = ::pread(fd, out->data() + done, length - done, static_cast<off_t>(offset + done));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
       int err = r < 0 ? errno : EIO;
@@ -103,7 +104,17 @@ Expected<std::vector<uint8_t>> LocalStore::Get(std::string_view key, std::option
     done += static_cast<uint64_t>(r);
   }
   ::close(fd);
+  return Status::Ok();
+}
+
+Expected<std::vector<uint8_t>> LocalStore::Get(std::string_view key, std::optional<ByteRange> range) {
+  std::vector<uint8_t> out;
+  WFS_TRY(ReadRange(key, range, &out));
   return out;
+}
+
+Status LocalStore::GetInto(std::string_view key, ByteRange range, ByteBuffer* out) {
+  return ReadRange(key, range, out);
 }
 
 Status LocalStore::Put(std::string_view key, std::span<const uint8_t> data, PutMode mode) {

@@ -22,6 +22,7 @@ class LocalStore : public Store {
 
   Expected<std::vector<uint8_t>> Get(std::string_view key,
                                      std::optional<ByteRange> range = std::nullopt) override;
+  Status GetInto(std::string_view key, ByteRange range, ByteBuffer* out) override;
   Status Put(std::string_view key, std::span<const uint8_t> data,
              PutMode mode = PutMode::kOverwrite) override;
   Expected<ObjectInfo> Head(std::string_view key) override;
@@ -33,6 +34,9 @@ class LocalStore : public Store {
  private:
   explicit LocalStore(std::string root) : root_(std::move(root)) {}
   std::string PathOf(std::string_view key) const;
+  // Get's read into a vector or a ByteBuffer (no zero-fill).
+  template <typename Buffer>
+  Status ReadRange(std::string_view key, std::optional<ByteRange> range, Buffer* out);
 
   const std::string root_;  // absolute, without a trailing slash
 };

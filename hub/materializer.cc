@@ -25,7 +25,7 @@ struct Step {
   const Manifest* manifest;
   const ManifestFile* file;
   const ManifestChunk* chunk;
-  std::vector<uint8_t> payload;
+  ByteBuffer payload;
 };
 
 // The chunk of `file` with `key`, trying the same position first (versions usually share
@@ -387,30 +387,33 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
     Step& s = steps[i];
     const PayloadRef& ref = s.chunk->ref;
     std::string key;
-    Expected<std::vector<uint8_t>> bytes = std::vector<uint8_t>();
+    Status st;
     if (s.chunk->is_external()) {
       key = s.manifest->sources[ref.pack];
       ExternalSources* external = bucket_->external_sources();
       if (!external) {
-        bytes = Status::Unsupported("this weightfs cannot read external sources");
+        st = Status::Unsupported("this weightfs cannot read external sources");
       } else {
-        bytes = external->Read(key, ref.offset, ref.length);
+        Expected<std::vector<uint8_t>> bytes = external->Read(key, ref.offset, ref.length);
+        if (bytes.ok()) {
+          s.payload.assign(bytes->begin(), bytes->end());
+        } else {
+          st = bytes.status();
+        }
       }
     } else {
       key = Bucket::PackKey(s.manifest->packs[ref.pack]);
-      bytes = bucket_->store().Get(key, ByteRange{ref.offset, ref.length});
+      st = bucket_->store().GetInto(key, ByteRange{ref.offset, ref.length}, &s.payload);
     }
-    Status st;
-    if (!bytes.ok()) {
-      st = bytes.status().WithContext("fetching " + key);
-    } else if (bytes->size() != ref.length) {
-      st = Status::Corruption(std::string(s.chunk->is_external() ? "source " : "pack ") + key + " is truncated: " + std::to_string(bytes->size()) +
+    if (!st.ok()) {
+      st = st.WithContext("fetching " + key);
+    } else if (s.payload.size() != ref.length) {
+      st = Status::Corruption(std::string(s.chunk->is_external() ? "source " : "pack ") + key + " is truncated: " + std::to_string(s.payload.size()) +
                               " of " + std::to_string(ref.length) + " payload bytes at offset " +
                               std::to_string(ref.offset));
     } else {
       stats_.payloads_fetched++;
-      stats_.payload_bytes += bytes->size();
-      s.payload = std::move(bytes).value();
+      stats_.payload_bytes += s.payload.size();
     }
     if (!st.ok()) {
       st = st.WithContext(DescribeChunkOf(*s.manifest, *s.file, static_cast<size_t>(s.chunk - s.file->chunks.data())));

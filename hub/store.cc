@@ -2,6 +2,12 @@
 
 namespace weightfs {
 
+Status Store::GetInto(std::string_view key, ByteRange range, ByteBuffer* out) {
+  WFS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, Get(key, range));
+  out->assign(bytes.begin(), bytes.end());
+  return Status::Ok();
+}
+
 Status ValidateKey(std::string_view key) {
   auto bad = [&](const char* rule) {
     std::string shown(key.substr(0, 80));

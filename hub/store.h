@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/bytes.h"
 #include "core/status.h"
 
 namespace weightfs {
@@ -50,6 +51,10 @@ class Store {
   // offset past the end is InvalidArgument).
   virtual Expected<std::vector<uint8_t>> Get(std::string_view key,
                                              std::optional<ByteRange> range = std::nullopt) = 0;
+  // Get into the caller's buffer (resized to the bytes read): a store that reads in place
+  // (local files) skips the zero-filled vector, its page faults and a copy; a chain's payloads
+  // go into reused buffers. The default calls Get and copies.
+  virtual Status GetInto(std::string_view key, ByteRange range, ByteBuffer* out);
   // Stores `data` under `key`. Readers never see a partially written object.
   virtual Status Put(std::string_view key, std::span<const uint8_t> data,
                      PutMode mode = PutMode::kOverwrite) = 0;

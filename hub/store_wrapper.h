@@ -1,5 +1,7 @@
 // StoreWrapper: a Store that forwards every call to another one — the base for stores that
 // add one behaviour (counting, fault injection in tests) without re-implementing the rest.
+// GetInto is not forwarded: it goes through the wrapper's Get (Store's default), so a wrapper
+// that changes Get changes GetInto too; one that does not may forward it (CountingStore).
 // CountingStore counts requests and payload bytes for `--stats`.
 // Both are thread-safe when the wrapped store is.
 #pragma once
@@ -54,6 +56,13 @@ class CountingStore : public StoreWrapper {
     auto r = inner_->Get(key, range);
     if (r.ok()) counters_.bytes_received += r->size();
     return r;
+  }
+  Status GetInto(std::string_view key, ByteRange range, ByteBuffer* out) override {
+    counters_.requests++;
+    counters_.gets++;
+    Status s = inner_->GetInto(key, range, out);
+    if (s.ok()) counters_.bytes_received += out->size();
+    return s;
   }
   Status Put(std::string_view key, std::span<const uint8_t> data,
              PutMode mode = PutMode::kOverwrite) override {
