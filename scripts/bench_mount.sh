@@ -49,13 +49,20 @@ if [[ ! -f "$data/versions.json" ]]; then
   echo "== generating $params params x $((versions + 1)) versions (lr 1e-6)"
   "$wfs" gen "$data" --params "$params" --versions "$versions" --lr 1e-6 --shard-size 500M --seed 21
 fi
-if [[ ! -f "$bucket/.complete" ]]; then
+# The bucket is reused only if it was written by the same codec: the tree of core/ (or, outside
+# a git checkout, the binary) is recorded in .complete. A reused bucket of an older encoder once
+# measured the old decoder.
+codec_id=$(git -C "$root" rev-parse HEAD:core 2>/dev/null || sha256sum "$wfs" | cut -d' ' -f1)
+if [[ -n "$(git -C "$root" status --porcelain core 2>/dev/null)" ]]; then
+  codec_id=$(sha256sum "$wfs" | cut -d' ' -f1)  # uncommitted codec changes
+fi
+if [[ "$(cat "$bucket/.complete" 2>/dev/null)" != "$codec_id" ]]; then
   rm -rf "$bucket"
   "$wfs" init "$bucket" >/dev/null
   for ((k = 0; k <= versions; k++)); do
     "$wfs" push "$bucket" "bench/model@v$k" "$data/$(printf v%03d $k)" --no-cache | sed 's/^/   /'
   done
-  touch "$bucket/.complete"
+  echo "$codec_id" >"$bucket/.complete"
 fi
 src="$data/$(printf v%03d "$versions")"
 size=$(du -sb "$src" | cut -f1)
