@@ -1534,10 +1534,12 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
 // operations.
 
 // At most this many deltas share a sweep, and their changes together at most the chunk's
-// elements / 2 (the run's decoded indices and differences stay ~1.5x the chunk's bytes). The
-// encoder picks each delta's classes (e_lo, K) from its own histograms, so consecutive steps
-// often differ by one in e_lo: a run takes up to kMaxRunParams distinct ones, each block's
-// classes computed once relative to the lowest e_lo and then shifted and clamped per set.
+// elements / 4: the run's decoded indices and differences (6 bytes per change of a two-byte
+// element) stay within ~0.75x the chunk's bytes, inside a build's memory share
+// (fs/chunk_reader.h). The encoder picks each delta's classes (e_lo, K) from its own
+// histograms, so consecutive steps often differ by one in e_lo: a run takes up to
+// kMaxRunParams distinct ones, each block's classes computed once relative to the lowest e_lo
+// and then shifted and clamped per set.
 constexpr size_t kMaxRun = 32;
 constexpr size_t kMaxRunParams = 4;
 
@@ -1753,7 +1755,7 @@ Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodie
       uint64_t changes = h.count;
       for (; j < bodies.size() && j - i < kMaxRun; ++j) {
         BodyHeader g;
-        if (!ParseHeader<T>(dtype, bodies[j], n, &g).ok() || !joins(g) || changes + g.count > n / 2) break;
+        if (!ParseHeader<T>(dtype, bodies[j], n, &g).ok() || !joins(g) || changes + g.count > n / 4) break;
         const std::pair<int, int> set{g.e_lo, g.k};
         const auto* found = std::find(sets, sets + num_sets, set);
         if (found == sets + num_sets) {

@@ -11,6 +11,7 @@
 //              bit 3: decode with verify_output off (bytes may differ, must not crash)
 //              bit 4: (synthesized) EncodeFull instead of EncodeDelta
 //              bits 5-6: (synthesized) SPARSE body version the encoder writes: 0 its choice, 1, 2
+//              bit 7: also apply the payload twice as a chain in place (DecodeChainInPlace)
 //   u16 n      parent length, then n parent bytes
 //   verbatim:    the rest is the payload
 //   synthesized: u8 dtype, u8 k, k records (u16 pos, u8 xor) turning the parent into the data,
@@ -120,5 +121,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (ctrl & 4) Set64(payload, 16, parent.size());
   }
   DecodeAndCheck(codec, payload, parent, !(ctrl & 8));
+
+  // The same (possibly damaged) payload applied twice as a chain in place, without parent checks
+  // (how the materializer applies runs): any outcome but a crash or an unpromised error kind.
+  if (payload.size() >= weightfs::kPayloadHeaderBytes && (ctrl & 128)) {
+    std::vector<uint8_t> data(parent.begin(), parent.end());
+    const std::span<const uint8_t> one(payload);
+    const std::span<const uint8_t> chain[] = {one, one};
+    weightfs::DecodeLimits limits;
+    limits.verify_parent = false;
+    limits.verify_output = !(ctrl & 8);
+    size_t failed = 99;
+    const weightfs::Status st = codec.DecodeChainInPlace(chain, data, limits, &failed);
+    // Inspect's own kinds (Unsupported: a newer format; ResourceExhausted: above the size
+    // limit), Corruption, or InvalidArgument (wrong length for in place).
+    Check(st.ok() || st.kind() == ErrorKind::kCorruption || st.kind() == ErrorKind::kInvalidArgument ||
+          st.kind() == ErrorKind::kResourceExhausted || st.kind() == ErrorKind::kUnsupported);
+    Check(st.ok() || failed < 2);
+    Check(data.size() == parent.size());
+  }
   return 0;
 }

@@ -9,7 +9,8 @@
 //                1: the parent with (u16 pos, u8 xor) records applied
 //                2: the parent with elements stepped by +-1 in order space (one input bit per
 //                   element: set = changed, the next bit = direction), concentrated on small
-//                   magnitudes when bit 4 is set (what exponent classes are for)
+//                   magnitudes when bit 4 is set (what exponent classes are for); then two
+//                   more such steps, and the three deltas decoded as one chain in place
 //                3: the parent, cut or extended by the rest (lengths differ)
 //              bits 2-3: EncodeOptions preset; bit 5: encode with a reused codec
 //              bits 6-7: (fresh codec) SPARSE body version to write: 0 the encoder's choice, 1, 2
@@ -155,5 +156,38 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
   }
   Check(ChunkCodec::Inspect(delta).ok() && ChunkCodec::Inspect(delta)->encoding == enc);
   CheckPayload(codec, delta, parent, data);
+
+  // Training-like data: two more steps (the same bits, rotated), and the three deltas decoded
+  // as one chain in place (a SPARSE run shares one sweep) give the last version exactly.
+  if ((ctrl & 3) == 2 && !data.empty()) {
+    const size_t w = data.size() % weightfs::DTypeSize(dtype) == 0 ? weightfs::DTypeSize(dtype) : 1;
+    const bool is_float = weightfs::DTypeIsFloat(dtype) && w == weightfs::DTypeSize(dtype);
+    std::vector<std::vector<uint8_t>> versions = {std::vector<uint8_t>(parent.begin(), parent.end()), data};
+    std::vector<std::vector<uint8_t>> payloads = {delta};
+    const size_t n = data.size() / w;
+    for (size_t step = 1; step <= 2; ++step) {
+      std::vector<uint8_t> next = versions.back();
+      for (size_t i = 0; i < n; ++i) {
+        const uint8_t byte = input[(i * 7 + step * 13) % size];
+        if (((byte >> step) & 3) == 1) Step(next, i, w, is_float, (byte >> 5) & 1);
+      }
+      std::vector<uint8_t> p;
+      if (codec.EncodeDelta(dtype, versions.back(), next, &p) == ChunkEncoding::kSame) break;
+      payloads.push_back(std::move(p));
+      versions.push_back(std::move(next));
+    }
+    bool in_place = true;
+    for (const auto& p : payloads) in_place = in_place && ChunkCodec::Inspect(p)->decodes_in_place();
+    if (in_place) {
+      std::vector<std::span<const uint8_t>> spans(payloads.begin(), payloads.end());
+      for (bool verify_parent : {false, true}) {
+        std::vector<uint8_t> out = versions.front();
+        weightfs::DecodeLimits limits;
+        limits.verify_parent = verify_parent;
+        Check(codec.DecodeChainInPlace(spans, out, limits).ok());
+        Check(out == versions.back());
+      }
+    }
+  }
   return 0;
 }
