@@ -1632,7 +1632,7 @@ template <typename T>
 template <typename T>
 [[gnu::target("avx512f,avx512bw,avx512vl,bmi2,gfni,avx512bitalg")]] int ApplyRunAvx512(
     uint8_t* data, size_t n, const ClassParams& base, const RunParams* params, size_t num_params,
-    bool is_float, const RunMember* members, size_t m) {
+    const RunMember* members, size_t m) {
   static_assert(sizeof(T) == 2);
   __m512i seen[kMaxRun];       // per member: members of each class before the block
   __m512i next_local[kMaxRun]; // per member: its next change's class-local index per class
@@ -1651,15 +1651,15 @@ template <typename T>
     next_local[d] = _mm512_load_si512(nl);
     remaining += start[k];
   }
-  const uint32_t float_mask = is_float ? 0xFFFFu : 0u;
   const uint32_t exp_bits = base.mask << base.shift;
-  // Adds d to the element at pos (as OutputWriter::Patch); true when its exponent changed.
+  // Adds d to the float at pos in order space (as OutputWriter::Patch; runs are of floats
+  // only); true when its exponent changed.
   auto patch = [&](size_t pos, T d) __attribute__((always_inline)) {
     uint8_t* slot = data + pos * sizeof(T);
     const uint32_t u = Load<T>(slot);
-    const uint32_t ord = (u ^ (float_mask & ((0u - (u >> 15)) | 0x8000u))) & 0xFFFFu;
+    const uint32_t ord = (u ^ ((0u - (u >> 15)) | 0x8000u)) & 0xFFFFu;
     const uint32_t o = (ord + d) & 0xFFFFu;
-    const uint32_t v = (o ^ (float_mask & (((o >> 15) - 1u) | 0x8000u))) & 0xFFFFu;
+    const uint32_t v = (o ^ (((o >> 15) - 1u) | 0x8000u)) & 0xFFFFu;
     Store<T>(slot, static_cast<T>(v));
     return ((u ^ v) & exp_bits) != 0;
   };
@@ -1799,7 +1799,7 @@ Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodie
         params[p] = {static_cast<uint8_t>(sets[p].first - lowest), static_cast<uint8_t>(sets[p].second - 1)};
       }
       const ClassParams base{h.f.shift, h.f.mask, lowest, 255};
-      const int bad = ApplyRunAvx512<T>(data, n, base, params, num_sets, h.is_float, members, j - i);
+      const int bad = ApplyRunAvx512<T>(data, n, base, params, num_sets, members, j - i);
       if (bad >= 0) {
         *failed = i + static_cast<size_t>(bad);
         return Status::Corruption("sparse body: a change lies outside the chunk");
