@@ -310,7 +310,7 @@ ChunkEncoding ChunkCodec::EncodeDelta(DType dtype, std::span<const uint8_t> pare
                   parent_hash);
       sparse::Encode(dtype, width, parent.data(), data.data(), n, impl_->positions,
                      opt.exponent_class_max_fraction, opt.sparse_body_version,
-                     &impl_->sparse_scratch, &cand);
+                     &impl_->sparse_scratch, &cand, opt.sparse_force_classes);
       consider(ChunkEncoding::kSparse);
       // Byte planes + zstd cannot go much below ~1 bit per byte on noise-like weights: when the
       // sparse stream is already this small, DENSE is not worth its encoding time, and FULL only

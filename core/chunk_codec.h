@@ -97,6 +97,9 @@ struct EncodeOptions {
   // SPARSE body layout (core/sparse_coder.h): 0 lets the encoder pick (version 2, the fast
   // table-driven one, unless version 1 is clearly smaller), 1 or 2 forces one (tests, benches).
   int sparse_body_version = 0;
+  // Tests: SPARSE bodies of floats use this many exponent classes (2..16; 0 lets the encoder
+  // choose among 2-8). Decoders must take any K the format allows.
+  int sparse_force_classes = 0;
 };
 
 struct DecodeLimits {

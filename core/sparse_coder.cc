@@ -830,11 +830,17 @@ void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, in
 template <typename T>
 void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
              const std::vector<uint32_t>& positions, double max_class_fraction, int version,
-             Scratch* scratch, std::vector<uint8_t>* out) {
+             int force_classes, Scratch* scratch, std::vector<uint8_t>* out) {
   const bool is_float = DTypeIsFloat(dtype) && DTypeSize(dtype) == sizeof(T);
   const ExponentField f = is_float ? ExponentOf(dtype) : ExponentField{};
   int e_lo = 0, k = 1;
-  if (static_cast<double>(positions.size()) <= max_class_fraction * static_cast<double>(n)) {
+  if (force_classes >= 2 && f.mask != 0 && !positions.empty()) {
+    e_lo = static_cast<int>(f.mask);  // the lowest changed exponent
+    for (uint32_t p : positions) {
+      e_lo = std::min(e_lo, static_cast<int>((Load<T>(parent + size_t{p} * sizeof(T)) >> f.shift) & f.mask));
+    }
+    k = std::min(force_classes, kMaxClasses);
+  } else if (static_cast<double>(positions.size()) <= max_class_fraction * static_cast<double>(n)) {
     ChooseClasses<T>(f, parent, n, positions, &e_lo, &k);
   }
   std::vector<uint32_t>& local = scratch->local;
@@ -973,6 +979,7 @@ struct BlockSse2 {
 struct BlockAvx2 {
   static constexpr bool kFusable = true;
   __m256i lo, hi;
+  BlockAvx2() = default;
   [[gnu::target("avx2")]] explicit BlockAvx2(const uint8_t* bytes)
       : lo(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes))),
         hi(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 32))) {}
@@ -1559,85 +1566,196 @@ struct RunParams {
 };
 
 #if defined(__x86_64__)
-// Members per class of the 64 class bytes in v (classes 0..15; other bytes count nowhere), as 16
-// dwords. One-hot bytes (a shuffle, once for classes 0-7 and once for 8-15), an 8x8 bit transpose
-// per qword (GF2P8AFFINEQB with the unit matrix as the vector: byte i of a qword becomes the
-// elements of class i among its 8), byte popcounts, and a sum of the 8 qwords (at most 64 per
-// byte, so 64-bit adds do not carry between bytes).
-[[gnu::target("avx512f,avx512bw,avx512vl,gfni,avx512bitalg")]] inline __m512i ClassCounts(__m512i v) {
-  const __m512i lut_lo = _mm512_set4_epi32(0, 0, static_cast<int>(0x80402010u), 0x08040201);
-  const __m512i lut_hi = _mm512_set4_epi32(static_cast<int>(0x80402010u), 0x08040201, 0, 0);
-  const __m512i unit = _mm512_set1_epi64(static_cast<int64_t>(0x8040201008040201ull));
-  const __m512i lo = _mm512_popcnt_epi8(
-      _mm512_gf2p8affine_epi64_epi8(unit, _mm512_shuffle_epi8(lut_lo, v), 0));
-  const __m512i hi = _mm512_popcnt_epi8(
-      _mm512_gf2p8affine_epi64_epi8(unit, _mm512_shuffle_epi8(lut_hi, v), 0));
-  const __m512i s = _mm512_add_epi64(_mm512_unpacklo_epi64(lo, hi), _mm512_unpackhi_epi64(lo, hi));
-  const __m256i s2 = _mm256_add_epi64(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-  const __m128i s3 = _mm_add_epi64(_mm256_castsi256_si128(s2), _mm256_extracti128_si256(s2, 1));
-  return _mm512_cvtepu8_epi32(s3);
-}
+// The vector side of a run's sweep, per instruction set: Counters holds 16 per-class u32
+// totals (class-local indices are below 2^31; kNone marks a class with no change left), Classes
+// a block's 64 class bytes.
+constexpr uint32_t kNone = 0x7FFFFFFF;
 
-// The block of 64 elements at `first` as max(exponent - base, 0) bytes (saturated at 255), and
-// in *valid the elements that exist (all but past n).
-template <typename T>
-[[gnu::target("avx512f,avx512bw,avx512vl")]] inline __m512i BlockExponents(
-    const uint8_t* data, size_t first, size_t n, const ClassParams& base, __mmask64* valid) {
-  if (first + 64 <= n) {
-    *valid = ~__mmask64{0};
-    return BlockAvx512(data + first * sizeof(T), base).v;
+// AVX-512 with GFNI and BITALG (Ice Lake and later, Zen 4 and later).
+struct RunAvx512 {
+  using Counters = __m512i;
+  using Classes = __m512i;
+  [[gnu::target("avx512f")]] static Counters Zero() { return _mm512_setzero_si512(); }
+  [[gnu::target("avx512f")]] static Counters Load(const uint32_t* p) { return _mm512_load_si512(p); }
+  [[gnu::target("avx512f")]] static void Store(uint32_t* p, Counters v) { _mm512_store_si512(p, v); }
+  [[gnu::target("avx512f")]] static Counters Add(Counters a, Counters b) { return _mm512_add_epi32(a, b); }
+  // Bit c: a[c] < b[c].
+  [[gnu::target("avx512f")]] static uint32_t Less(Counters a, Counters b) {
+    return _mm512_cmplt_epu32_mask(a, b);
   }
-  alignas(64) uint8_t tail[64] = {};
-  ComputeClasses<T>(data + first * sizeof(T), n - first, ExponentField{base.shift, base.mask},
-                    base.e_lo, base.top + 1, tail);
-  *valid = (__mmask64{1} << (n - first)) - 1;
-  return _mm512_load_si512(tail);
-}
+  [[gnu::target("avx512f")]] static Counters Set(Counters v, int c, uint32_t x) {
+    return _mm512_mask_set1_epi32(v, static_cast<__mmask16>(1u << c), static_cast<int>(x));
+  }
+  [[gnu::target("avx512f,avx512bw")]] static uint64_t Mask(const Classes& v, int c) {
+    return _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(static_cast<char>(c)));
+  }
+  [[gnu::target("bmi2")]] static int Select(uint64_t mask, uint32_t r) {
+    return std::countr_zero(_pdep_u64(uint64_t{1} << r, mask));
+  }
+  // Members per class of the 64 class bytes in v (classes 0..15; other bytes count nowhere).
+  // One-hot bytes (a shuffle, once for classes 0-7 and once for 8-15), an 8x8 bit transpose per
+  // qword (GF2P8AFFINEQB with the unit matrix as the vector: byte i of a qword becomes the
+  // elements of class i among its 8), byte popcounts, and a sum of the 8 qwords (at most 64 per
+  // byte, so 64-bit adds do not carry between bytes).
+  [[gnu::target("avx512f,avx512bw,avx512vl,gfni,avx512bitalg")]] static Counters Count(const Classes& v, int) {
+    const __m512i lut_lo = _mm512_set4_epi32(0, 0, static_cast<int>(0x80402010u), 0x08040201);
+    const __m512i lut_hi = _mm512_set4_epi32(static_cast<int>(0x80402010u), 0x08040201, 0, 0);
+    const __m512i unit = _mm512_set1_epi64(static_cast<int64_t>(0x8040201008040201ull));
+    const __m512i lo = _mm512_popcnt_epi8(
+        _mm512_gf2p8affine_epi64_epi8(unit, _mm512_shuffle_epi8(lut_lo, v), 0));
+    const __m512i hi = _mm512_popcnt_epi8(
+        _mm512_gf2p8affine_epi64_epi8(unit, _mm512_shuffle_epi8(lut_hi, v), 0));
+    const __m512i s = _mm512_add_epi64(_mm512_unpacklo_epi64(lo, hi), _mm512_unpackhi_epi64(lo, hi));
+    const __m256i s2 = _mm256_add_epi64(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+    const __m128i s3 = _mm_add_epi64(_mm256_castsi256_si128(s2), _mm256_extracti128_si256(s2, 1));
+    return _mm512_cvtepu8_epi32(s3);
+  }
+  // The classes of a parameter set from the block's exponent bytes e (max(exponent - base, 0)):
+  // min(e -sat shift, top), kNoClass past the chunk's end.
+  [[gnu::target("avx512f,avx512bw")]] static Classes FromExponents(const Classes& e, uint64_t valid,
+                                                                  const RunParams& p) {
+    const __m512i c = _mm512_min_epu8(_mm512_subs_epu8(e, _mm512_set1_epi8(static_cast<char>(p.shift))),
+                                      _mm512_set1_epi8(static_cast<char>(p.top)));
+    return _mm512_mask_blend_epi8(valid, _mm512_set1_epi8(static_cast<char>(kNoClass)), c);
+  }
+  template <typename T>
+  [[gnu::target("avx512f,avx512bw")]] static Classes Exponents(const uint8_t* elems, const ClassParams& base) {
+    return BlockAvx512(elems, base).v;
+  }
+  [[gnu::target("avx512f")]] static Classes LoadBytes(const uint8_t* p) { return _mm512_load_si512(p); }
+};
+
+// AVX2 (Haswell and later, Zen 1-3): 16 counters in two registers, counts by mask popcounts of
+// the run's classes, select by broadword (Zen 1-2 microcode PDEP).
+struct RunAvx2 {
+  struct Counters {
+    __m256i lo, hi;
+  };
+  using Classes = BlockAvx2;
+  [[gnu::target("avx2")]] static Counters Zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  [[gnu::target("avx2")]] static Counters Load(const uint32_t* p) {
+    return {_mm256_load_si256(reinterpret_cast<const __m256i*>(p)),
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 8))};
+  }
+  [[gnu::target("avx2")]] static void Store(uint32_t* p, const Counters& v) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(p), v.lo);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(p + 8), v.hi);
+  }
+  [[gnu::target("avx2")]] static Counters Add(const Counters& a, const Counters& b) {
+    return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
+  }
+  // Signed compares: every value is below 2^31 (kNone included).
+  [[gnu::target("avx2")]] static uint32_t Less(const Counters& a, const Counters& b) {
+    const auto lo = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(b.lo, a.lo))));
+    const auto hi = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(b.hi, a.hi))));
+    return lo | hi << 8;
+  }
+  [[gnu::target("avx2")]] static Counters Set(const Counters& v, int c, uint32_t x) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i value = _mm256_set1_epi32(static_cast<int>(x));
+    const __m256i at_lo = _mm256_cmpeq_epi32(lanes, _mm256_set1_epi32(c));
+    const __m256i at_hi = _mm256_cmpeq_epi32(lanes, _mm256_set1_epi32(c - 8));
+    return {_mm256_blendv_epi8(v.lo, value, at_lo), _mm256_blendv_epi8(v.hi, value, at_hi)};
+  }
+  [[gnu::target("avx2")]] static uint64_t Mask(const Classes& v, int c) { return v.Mask(static_cast<uint8_t>(c)); }
+  static int Select(uint64_t mask, uint32_t r) { return SelectBit(mask, r); }
+  [[gnu::target("avx2,popcnt")]] static Counters Count(const Classes& v, int classes) {
+    alignas(32) uint32_t n[kMaxClasses] = {};
+    for (int c = 0; c < classes; ++c) n[c] = static_cast<uint32_t>(std::popcount(v.Mask(static_cast<uint8_t>(c))));
+    return Load(n);
+  }
+  [[gnu::target("avx2")]] static Classes FromExponents(const Classes& e, uint64_t valid, const RunParams& p) {
+    const __m256i shift = _mm256_set1_epi8(static_cast<char>(p.shift));
+    const __m256i top = _mm256_set1_epi8(static_cast<char>(p.top));
+    Classes c = e;
+    c.lo = _mm256_min_epu8(_mm256_subs_epu8(e.lo, shift), top);
+    c.hi = _mm256_min_epu8(_mm256_subs_epu8(e.hi, shift), top);
+    if (~valid != 0) {  // the chunk's last block: kNoClass past its end
+      alignas(32) uint8_t bytes[64];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), c.lo);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes + 32), c.hi);
+      for (int i = 0; i < 64; ++i) {
+        if (!((valid >> i) & 1)) bytes[i] = kNoClass;
+      }
+      c = Classes(bytes);
+    }
+    return c;
+  }
+  template <typename T>
+  [[gnu::target("avx2")]] static Classes Exponents(const uint8_t* elems, const ClassParams& base) {
+    return BlockAvx2(elems, base);
+  }
+  [[gnu::target("avx2")]] static Classes LoadBytes(const uint8_t* p) { return BlockAvx2(p); }
+};
+
+// The generic sweep below passes the ISA's vectors by value between its helpers. It is only
+// ever compiled inlined into the target wrappers (ApplyRunAvx512/ApplyRunAvx2, flatten), so the
+// ABI of an out-of-line call, which -Wpsabi warns about, never arises.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 // Classes and class counts of a block for every parameter set of a run.
+template <typename Isa>
 struct RunBlock {
-  __m512i classes[kMaxRunParams];
-  __m512i counts[kMaxRunParams];
+  typename Isa::Classes classes[kMaxRunParams];
+  typename Isa::Counters counts[kMaxRunParams];
 };
-template <typename T>
-[[gnu::target("avx512f,avx512bw,avx512vl,gfni,avx512bitalg")]] inline void ComputeRunBlock(
-    const uint8_t* data, size_t first, size_t n, const ClassParams& base, const RunParams* params,
-    size_t num_params, RunBlock* out) {
-  __mmask64 valid;
-  const __m512i e = BlockExponents<T>(data, first, n, base, &valid);
+
+// The block of 64 elements at `first`, for every parameter set (`count_classes`: how many
+// classes the largest set has).
+template <typename Isa, typename T>
+[[gnu::always_inline]] inline void ComputeRunBlock(const uint8_t* data, size_t first, size_t n,
+                                                   const ClassParams& base, const RunParams* params,
+                                                   size_t num_params, int count_classes,
+                                                   RunBlock<Isa>* out) {
+  uint64_t valid = ~uint64_t{0};
+  typename Isa::Classes e;
+  if (first + 64 <= n) {
+    e = Isa::template Exponents<T>(data + first * sizeof(T), base);
+  } else {
+    alignas(64) uint8_t tail[64] = {};
+    ComputeClasses<T>(data + first * sizeof(T), n - first, ExponentField{base.shift, base.mask},
+                      base.e_lo, base.top + 1, tail);
+    valid = (uint64_t{1} << (n - first)) - 1;
+    e = Isa::LoadBytes(tail);
+  }
   for (size_t p = 0; p < num_params; ++p) {
-    const __m512i c = _mm512_min_epu8(_mm512_subs_epu8(e, _mm512_set1_epi8(static_cast<char>(params[p].shift))),
-                                      _mm512_set1_epi8(static_cast<char>(params[p].top)));
-    out->classes[p] = _mm512_mask_blend_epi8(valid, _mm512_set1_epi8(static_cast<char>(kNoClass)), c);
-    out->counts[p] = ClassCounts(out->classes[p]);
+    out->classes[p] = Isa::FromExponents(e, valid, params[p]);
+    out->counts[p] = Isa::Count(out->classes[p], count_classes);
   }
 }
 
 // Moves each member d in [from, m) past the block (seen[d] = before[d] + its counts) and returns
 // which of them have a change in it (bit d).
-[[gnu::target("avx512f,avx512bw,avx512vl")]] inline uint32_t FindRunHits(
-    const uint32_t (*before)[kMaxClasses], const RunBlock& block, const RunMember* members,
-    const __m512i* next_local, __m512i* seen, size_t from, size_t m) {
+template <typename Isa>
+[[gnu::always_inline]] inline uint32_t FindRunHits(const uint32_t (*before)[kMaxClasses],
+                                                   const RunBlock<Isa>& block,
+                                                   const RunMember* members,
+                                                   const typename Isa::Counters* next_local,
+                                                   typename Isa::Counters* seen, size_t from,
+                                                   size_t m) {
   uint32_t any = 0;
   for (size_t d = from; d < m; ++d) {
-    const __m512i after = _mm512_add_epi32(_mm512_load_si512(before[d]), block.counts[members[d].params]);
+    const typename Isa::Counters after = Isa::Add(Isa::Load(before[d]), block.counts[members[d].params]);
     seen[d] = after;
-    any |= static_cast<uint32_t>(_mm512_cmplt_epu32_mask(next_local[d], after) != 0) << d;
+    any |= static_cast<uint32_t>(Isa::Less(next_local[d], after) != 0) << d;
   }
   return any;
 }
 
 // The run's sweep (two-byte floats). Returns the index of the first member whose changes do not
-// all fall inside the chunk, or -1.
-template <typename T>
-[[gnu::target("avx512f,avx512bw,avx512vl,bmi2,gfni,avx512bitalg")]] int ApplyRunAvx512(
-    uint8_t* data, size_t n, const ClassParams& base, const RunParams* params, size_t num_params,
-    const RunMember* members, size_t m) {
+// all fall inside the chunk, or -1. (Not always_inline: the ISA wrappers below flatten it.)
+template <typename Isa, typename T>
+int ApplyRunT(uint8_t* data, size_t n, const ClassParams& base, const RunParams* params,
+              size_t num_params, const RunMember* members, size_t m) {
   static_assert(sizeof(T) == 2);
-  __m512i seen[kMaxRun];       // per member: members of each class before the block
-  __m512i next_local[kMaxRun]; // per member: its next change's class-local index per class
+  using Counters = typename Isa::Counters;
+  Counters seen[kMaxRun];       // per member: members of each class before the block
+  Counters next_local[kMaxRun]; // per member: its next change's class-local index per class
   uint32_t next[kMaxRun][kMaxClasses];  // per member: its next change per class
   size_t remaining = 0;
+  int count_classes = 0;
+  for (size_t p = 0; p < num_params; ++p) count_classes = std::max(count_classes, params[p].top + 1);
   for (size_t d = 0; d < m; ++d) {
     alignas(64) uint32_t nl[kMaxClasses];
     const uint32_t* start = members[d].class_start;
@@ -1645,10 +1763,10 @@ template <typename T>
     for (int c = 0; c < kMaxClasses; ++c) {
       const bool any = c < k && start[c] < start[c + 1];
       next[d][c] = c < k ? start[c] : 0;
-      nl[c] = any ? members[d].local[start[c]] : UINT32_MAX;
+      nl[c] = any ? members[d].local[start[c]] : kNone;
     }
-    seen[d] = _mm512_setzero_si512();
-    next_local[d] = _mm512_load_si512(nl);
+    seen[d] = Isa::Zero();
+    next_local[d] = Isa::Load(nl);
     remaining += start[k];
   }
   const uint32_t exp_bits = base.mask << base.shift;
@@ -1663,7 +1781,7 @@ template <typename T>
     Store<T>(slot, static_cast<T>(v));
     return ((u ^ v) & exp_bits) != 0;
   };
-  RunBlock block;
+  RunBlock<Isa> block;
   // Per member, its class totals before the current block (seen is then moved past it).
   alignas(64) uint32_t before[kMaxRun][kMaxClasses];
   // Which members have a change in the block: the members without (most of them at ~1%
@@ -1671,41 +1789,40 @@ template <typename T>
   const size_t blocks = (n + 63) / 64;
   for (size_t b = 0; b < blocks && remaining != 0; ++b) {
     const size_t first = b * 64;
-    ComputeRunBlock<T>(data, first, n, base, params, num_params, &block);
-    for (size_t d = 0; d < m; ++d) _mm512_store_si512(before[d], seen[d]);
-    uint32_t any = FindRunHits(before, block, members, next_local, seen, 0, m);
+    ComputeRunBlock<Isa, T>(data, first, n, base, params, num_params, count_classes, &block);
+    for (size_t d = 0; d < m; ++d) Isa::Store(before[d], seen[d]);
+    uint32_t any = FindRunHits<Isa>(before, block, members, next_local, seen, 0, m);
     while (any != 0) {
       const size_t d = static_cast<size_t>(std::countr_zero(any));
       any &= any - 1;
       const int p = members[d].params;
-      const __mmask16 hits = _mm512_cmplt_epu32_mask(next_local[d], seen[d]);
+      const uint32_t hits = Isa::Less(next_local[d], seen[d]);
       const uint32_t* start = members[d].class_start;
       const uint32_t* local = members[d].local;
       const T* diffs = static_cast<const T*>(members[d].diffs);
       const uint32_t* before_d = before[d];
-      const __m512i v = block.classes[p];
+      const typename Isa::Classes& v = block.classes[p];
       bool moved = false;
-      __m512i nl = next_local[d];
+      Counters nl = next_local[d];
       for (uint32_t h = hits; h != 0; h &= h - 1) {
         const int c = std::countr_zero(h);
-        const uint64_t mask = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(static_cast<char>(c)));
+        const uint64_t mask = Isa::Mask(v, c);
         const uint32_t limit = before_d[c] + static_cast<uint32_t>(std::popcount(mask));
         const uint32_t end = start[c + 1];
         uint32_t j = next[d][c];
         do {
-          const int at = std::countr_zero(_pdep_u64(uint64_t{1} << (local[j] - before_d[c]), mask));
+          const int at = Isa::Select(mask, local[j] - before_d[c]);
           moved |= patch(first + static_cast<size_t>(at), diffs[j]);
         } while (++j < end && local[j] < limit);
         remaining -= j - next[d][c];
         next[d][c] = j;
-        nl = _mm512_mask_set1_epi32(nl, static_cast<__mmask16>(1u << c),
-                                    static_cast<int>(j < end ? local[j] : UINT32_MAX));
+        nl = Isa::Set(nl, c, j < end ? local[j] : kNone);
       }
       next_local[d] = nl;
       if (moved) {
         // An element left its exponent: the later members see the new classes and counts.
-        ComputeRunBlock<T>(data, first, n, base, params, num_params, &block);
-        any = FindRunHits(before, block, members, next_local, seen, d + 1, m);
+        ComputeRunBlock<Isa, T>(data, first, n, base, params, num_params, count_classes, &block);
+        any = FindRunHits<Isa>(before, block, members, next_local, seen, d + 1, m);
       }
     }
   }
@@ -1717,16 +1834,36 @@ template <typename T>
   }
   return -1;
 }
+
+#pragma GCC diagnostic pop
+
+template <typename T>
+[[gnu::target("avx512f,avx512bw,avx512vl,bmi2,gfni,avx512bitalg"), gnu::flatten]] int ApplyRunAvx512(
+    uint8_t* data, size_t n, const ClassParams& base, const RunParams* params, size_t num_params,
+    const RunMember* members, size_t m) {
+  return ApplyRunT<RunAvx512, T>(data, n, base, params, num_params, members, m);
+}
+template <typename T>
+[[gnu::target("avx2,popcnt"), gnu::flatten]] int ApplyRunAvx2(
+    uint8_t* data, size_t n, const ClassParams& base, const RunParams* params, size_t num_params,
+    const RunMember* members, size_t m) {
+  return ApplyRunT<RunAvx2, T>(data, n, base, params, num_params, members, m);
+}
 #endif
 
-bool RunSweepAvailable() {
+// Which sweep chains use: AVX-512 with GFNI and BITALG, else AVX2, else none (one by one).
+Simd RunSweep() {
 #if defined(__x86_64__)
-  static const bool cpu = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("gfni") &&
-                          __builtin_cpu_supports("avx512bitalg");
-  return cpu && g_simd.load(std::memory_order_relaxed) == Simd::kAvx512;
+  static const bool gfni = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                           __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("gfni") &&
+                           __builtin_cpu_supports("avx512bitalg");
+  switch (g_simd.load(std::memory_order_relaxed)) {
+    case Simd::kAvx512: return gfni ? Simd::kAvx512 : Simd::kAvx2;
+    case Simd::kAvx2: return Simd::kAvx2;
+    default: return Simd::kSse2;
+  }
 #else
-  return false;
+  return Simd::kSse2;
 #endif
 }
 
@@ -1734,7 +1871,8 @@ template <typename T>
 Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodies, uint8_t* data,
                     size_t n, Scratch* scratch, size_t* failed) {
   // A body may join a run when it is a version 2 body with exponent classes of a two-byte float.
-  const bool sweep = sizeof(T) == 2 && RunSweepAvailable();
+  const Simd run_sweep = RunSweep();
+  const bool sweep = sizeof(T) == 2 && run_sweep != Simd::kSse2;
   auto joins = [&](const BodyHeader& h) {
     return sweep && h.version == kBodyVersion2 && h.k > 1 && h.is_float;
   };
@@ -1799,7 +1937,9 @@ Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodie
         params[p] = {static_cast<uint8_t>(sets[p].first - lowest), static_cast<uint8_t>(sets[p].second - 1)};
       }
       const ClassParams base{h.f.shift, h.f.mask, lowest, 255};
-      const int bad = ApplyRunAvx512<T>(data, n, base, params, num_sets, members, j - i);
+      const int bad = run_sweep == Simd::kAvx512
+                          ? ApplyRunAvx512<T>(data, n, base, params, num_sets, members, j - i)
+                          : ApplyRunAvx2<T>(data, n, base, params, num_sets, members, j - i);
       if (bad >= 0) {
         *failed = i + static_cast<size_t>(bad);
         return Status::Corruption("sparse body: a change lies outside the chunk");
@@ -1847,9 +1987,10 @@ bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, siz
 
 void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* data, size_t n,
             const std::vector<uint32_t>& positions, double max_class_fraction, int version,
-            Scratch* scratch, std::vector<uint8_t>* out) {
+            Scratch* scratch, std::vector<uint8_t>* out, int force_classes) {
   elem::DispatchWidth(width, [&]<typename T>() {
-    EncodeT<T>(dtype, parent, data, n, positions, max_class_fraction, version, scratch, out);
+    EncodeT<T>(dtype, parent, data, n, positions, max_class_fraction, version, force_classes,
+               scratch, out);
   });
 }
 

@@ -79,9 +79,11 @@ bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, siz
 // Exponent classes are considered only when at most `max_class_fraction` of the elements
 // changed (they cost decode time per change; see EncodeOptions).
 // `version`: 0 picks (version 2 unless version 1 is clearly smaller), 1 or 2 forces one.
+// `force_classes` (tests; 2..16): K exponent classes from the lowest changed exponent, instead
+// of the encoder's choice (2, 3, 4, 6 or 8) - the format allows 16, and decoders must take them.
 void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* data, size_t n,
             const std::vector<uint32_t>& positions, double max_class_fraction, int version,
-            Scratch* scratch, std::vector<uint8_t>* out);
+            Scratch* scratch, std::vector<uint8_t>* out, int force_classes = 0);
 
 // Writes parent with the body's changes applied into out (n elements of `width` bytes).
 // out may be parent itself (decoding in place touches only the changed elements).

@@ -665,6 +665,34 @@ TEST(ChunkCodecRoundTripTest, SparseBodyVersionsRoundTrip) {
 // full-width jumps of every width), a single change, every element changed.
 // ---- chains decoded in place (ChunkCodec::DecodeChainInPlace) --------------------------------
 
+// Weights of log-uniform magnitudes (exponents over ~24 values) and an Adam-like step: an
+// element changes by one ulp with a probability that halves with every ~3 exponents (the step
+// is a fixed amount, the ulp grows with the magnitude), so the encoder uses many exponent
+// classes (up to 16).
+Bytes LogUniformBf16(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  Bytes b(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    const float mag = std::ldexp(1.0f + static_cast<float>(rng.Unit()), -static_cast<int>(rng.Below(24)));
+    Set(b, i, 2, Bf16((rng.Next() & 1) ? -mag : mag));
+  }
+  return b;
+}
+Bytes AdamLikeStep(const Bytes& parent, uint64_t seed) {
+  Rng rng(seed);
+  Bytes data = parent;
+  const size_t n = parent.size() / 2;
+  int top = 0;
+  for (size_t i = 0; i < n; ++i) top = std::max(top, ExponentOf(DType::kBF16, Get(parent, i, 2)));
+  for (size_t i = 0; i < n; ++i) {
+    const int e = ExponentOf(DType::kBF16, Get(parent, i, 2));
+    if (rng.Unit() >= 0.5 * std::exp2(-0.35 * (24 - (top - e)))) continue;
+    const uint64_t o = ToOrd(Get(parent, i, 2), 2);
+    Set(data, i, 2, FromOrd(((rng.Next() & 1) ? o + 1 : o - 1) & Mask(2), 2));
+  }
+  return data;
+}
+
 // A chain of `steps` deltas after `base`: trained-looking updates (whose ±1-ulp steps move some
 // elements across an exponent, so into another class), some with elements thrown to another
 // exponent outright, and every `dense_every`-th step (if not 0) changing most elements.
@@ -756,6 +784,39 @@ TEST(ChunkCodecChainTest, ChainInPlaceEqualsEveryVersion) {
 
 // A bad step in a chain is named by its index; wrong final bytes by the last one; payloads that
 // cannot decode in place are refused before anything is written.
+// Runs whose deltas use more than 8 classes (the AVX2 sweep keeps classes 8-15 in a second
+// register; the encoder itself picks at most 8, the format allows 16), mixed with the encoder's
+// own choice: every instruction set, exact.
+TEST(ChunkCodecChainTest, ManyClassesAcrossARun) {
+  int tried = 0;
+  for (sparse::Simd simd : {sparse::Simd::kSse2, sparse::Simd::kAvx2, sparse::Simd::kAvx512}) {
+    if (!sparse::SetSimd(simd)) continue;
+    ++tried;
+    std::vector<Bytes> versions = {LogUniformBf16(1 << 18, 321)};
+    std::vector<Bytes> payloads;
+    std::set<int> classes;
+    for (int s = 0; s < 8; ++s) {
+      ChunkCodec codec(EncodeOptions{.sparse_body_version = 2,
+                                     .sparse_force_classes = s % 4 == 3 ? 0 : 10 + s});
+      versions.push_back(AdamLikeStep(versions.back(), 322 + s));
+      Bytes p;
+      ASSERT_EQ(codec.EncodeDelta(DType::kBF16, versions[s], versions[s + 1], &p), ChunkEncoding::kSparse);
+      classes.insert(SparseClasses(p));
+      payloads.push_back(std::move(p));
+    }
+    EXPECT_GE(classes.size(), 5u);
+    EXPECT_EQ(*classes.rbegin(), 16);
+    ChunkCodec codec;
+    Bytes data = versions[0];
+    const Status st = codec.DecodeChainInPlace(Spans(payloads, 0, 8), data,
+                                               DecodeLimits{.verify_parent = false});
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_TRUE(data == versions[8]) << "simd " << static_cast<int>(simd);
+  }
+  sparse::SetSimd(sparse::Simd::kBest);
+  EXPECT_GE(tried, 1);
+}
+
 TEST(ChunkCodecChainTest, ErrorsNameTheStepAtFault) {
   ChunkCodec codec;
   const Chain c = MakeChain(codec, DType::kBF16, RandomChunk(DType::kBF16, 2 * 30000, 311), 8, 0, 312);
