@@ -1572,19 +1572,24 @@ struct RunParams {
 constexpr uint32_t kNone = 0x7FFFFFFF;
 
 // AVX-512 with GFNI and BITALG (Ice Lake and later, Zen 4 and later).
+// Vectors go in by reference and out through pointers: the generic sweep has no target
+// attribute of its own (it is compiled inlined into ApplyRunAvx512/ApplyRunAvx2), and clang
+// refuses vector arguments and returns between functions whose targets differ.
 struct RunAvx512 {
   using Counters = __m512i;
   using Classes = __m512i;
-  [[gnu::target("avx512f")]] static Counters Zero() { return _mm512_setzero_si512(); }
-  [[gnu::target("avx512f")]] static Counters Load(const uint32_t* p) { return _mm512_load_si512(p); }
-  [[gnu::target("avx512f")]] static void Store(uint32_t* p, Counters v) { _mm512_store_si512(p, v); }
-  [[gnu::target("avx512f")]] static Counters Add(Counters a, Counters b) { return _mm512_add_epi32(a, b); }
+  [[gnu::target("avx512f")]] static void Zero(Counters* v) { *v = _mm512_setzero_si512(); }
+  [[gnu::target("avx512f")]] static void Load(Counters* v, const uint32_t* p) { *v = _mm512_load_si512(p); }
+  [[gnu::target("avx512f")]] static void Store(uint32_t* p, const Counters& v) { _mm512_store_si512(p, v); }
+  [[gnu::target("avx512f")]] static void Add(Counters* out, const Counters& a, const Counters& b) {
+    *out = _mm512_add_epi32(a, b);
+  }
   // Bit c: a[c] < b[c].
-  [[gnu::target("avx512f")]] static uint32_t Less(Counters a, Counters b) {
+  [[gnu::target("avx512f")]] static uint32_t Less(const Counters& a, const Counters& b) {
     return _mm512_cmplt_epu32_mask(a, b);
   }
-  [[gnu::target("avx512f")]] static Counters Set(Counters v, int c, uint32_t x) {
-    return _mm512_mask_set1_epi32(v, static_cast<__mmask16>(1u << c), static_cast<int>(x));
+  [[gnu::target("avx512f")]] static void Set(Counters* v, int c, uint32_t x) {
+    *v = _mm512_mask_set1_epi32(*v, static_cast<__mmask16>(1u << c), static_cast<int>(x));
   }
   [[gnu::target("avx512f,avx512bw")]] static uint64_t Mask(const Classes& v, int c) {
     return _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(static_cast<char>(c)));
@@ -1597,7 +1602,7 @@ struct RunAvx512 {
   // qword (GF2P8AFFINEQB with the unit matrix as the vector: byte i of a qword becomes the
   // elements of class i among its 8), byte popcounts, and a sum of the 8 qwords (at most 64 per
   // byte, so 64-bit adds do not carry between bytes).
-  [[gnu::target("avx512f,avx512bw,avx512vl,gfni,avx512bitalg")]] static Counters Count(const Classes& v, int) {
+  [[gnu::target("avx512f,avx512bw,avx512vl,gfni,avx512bitalg")]] static void Count(Counters* out, const Classes& v, int) {
     const __m512i lut_lo = _mm512_set4_epi32(0, 0, static_cast<int>(0x80402010u), 0x08040201);
     const __m512i lut_hi = _mm512_set4_epi32(static_cast<int>(0x80402010u), 0x08040201, 0, 0);
     const __m512i unit = _mm512_set1_epi64(static_cast<int64_t>(0x8040201008040201ull));
@@ -1608,21 +1613,24 @@ struct RunAvx512 {
     const __m512i s = _mm512_add_epi64(_mm512_unpacklo_epi64(lo, hi), _mm512_unpackhi_epi64(lo, hi));
     const __m256i s2 = _mm256_add_epi64(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
     const __m128i s3 = _mm_add_epi64(_mm256_castsi256_si128(s2), _mm256_extracti128_si256(s2, 1));
-    return _mm512_cvtepu8_epi32(s3);
+    *out = _mm512_cvtepu8_epi32(s3);
   }
   // The classes of a parameter set from the block's exponent bytes e (max(exponent - base, 0)):
   // min(e -sat shift, top), kNoClass past the chunk's end.
-  [[gnu::target("avx512f,avx512bw")]] static Classes FromExponents(const Classes& e, uint64_t valid,
-                                                                  const RunParams& p) {
+  [[gnu::target("avx512f,avx512bw")]] static void FromExponents(Classes* out, const Classes& e,
+                                                               uint64_t valid, const RunParams& p) {
     const __m512i c = _mm512_min_epu8(_mm512_subs_epu8(e, _mm512_set1_epi8(static_cast<char>(p.shift))),
                                       _mm512_set1_epi8(static_cast<char>(p.top)));
-    return _mm512_mask_blend_epi8(valid, _mm512_set1_epi8(static_cast<char>(kNoClass)), c);
+    *out = _mm512_mask_blend_epi8(valid, _mm512_set1_epi8(static_cast<char>(kNoClass)), c);
   }
   template <typename T>
-  [[gnu::target("avx512f,avx512bw")]] static Classes Exponents(const uint8_t* elems, const ClassParams& base) {
-    return BlockAvx512(elems, base).v;
+  [[gnu::target("avx512f,avx512bw")]] static void Exponents(Classes* out, const uint8_t* elems,
+                                                           const ClassParams& base) {
+    *out = BlockAvx512(elems, base).v;
   }
-  [[gnu::target("avx512f")]] static Classes LoadBytes(const uint8_t* p) { return _mm512_load_si512(p); }
+  [[gnu::target("avx512f")]] static void LoadBytes(Classes* out, const uint8_t* p) {
+    *out = _mm512_load_si512(p);
+  }
 };
 
 // AVX2 (Haswell and later, Zen 1-3): 16 counters in two registers, counts by mask popcounts of
@@ -1632,17 +1640,17 @@ struct RunAvx2 {
     __m256i lo, hi;
   };
   using Classes = BlockAvx2;
-  [[gnu::target("avx2")]] static Counters Zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-  [[gnu::target("avx2")]] static Counters Load(const uint32_t* p) {
-    return {_mm256_load_si256(reinterpret_cast<const __m256i*>(p)),
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 8))};
+  [[gnu::target("avx2")]] static void Zero(Counters* v) { *v = {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  [[gnu::target("avx2")]] static void Load(Counters* v, const uint32_t* p) {
+    *v = {_mm256_load_si256(reinterpret_cast<const __m256i*>(p)),
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 8))};
   }
   [[gnu::target("avx2")]] static void Store(uint32_t* p, const Counters& v) {
     _mm256_store_si256(reinterpret_cast<__m256i*>(p), v.lo);
     _mm256_store_si256(reinterpret_cast<__m256i*>(p + 8), v.hi);
   }
-  [[gnu::target("avx2")]] static Counters Add(const Counters& a, const Counters& b) {
-    return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
+  [[gnu::target("avx2")]] static void Add(Counters* out, const Counters& a, const Counters& b) {
+    *out = {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
   }
   // Signed compares: every value is below 2^31 (kNone included).
   [[gnu::target("avx2")]] static uint32_t Less(const Counters& a, const Counters& b) {
@@ -1650,24 +1658,25 @@ struct RunAvx2 {
     const auto hi = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(b.hi, a.hi))));
     return lo | hi << 8;
   }
-  [[gnu::target("avx2")]] static Counters Set(const Counters& v, int c, uint32_t x) {
+  [[gnu::target("avx2")]] static void Set(Counters* v, int c, uint32_t x) {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i value = _mm256_set1_epi32(static_cast<int>(x));
     const __m256i at_lo = _mm256_cmpeq_epi32(lanes, _mm256_set1_epi32(c));
     const __m256i at_hi = _mm256_cmpeq_epi32(lanes, _mm256_set1_epi32(c - 8));
-    return {_mm256_blendv_epi8(v.lo, value, at_lo), _mm256_blendv_epi8(v.hi, value, at_hi)};
+    *v = {_mm256_blendv_epi8(v->lo, value, at_lo), _mm256_blendv_epi8(v->hi, value, at_hi)};
   }
   [[gnu::target("avx2")]] static uint64_t Mask(const Classes& v, int c) { return v.Mask(static_cast<uint8_t>(c)); }
   static int Select(uint64_t mask, uint32_t r) { return SelectBit(mask, r); }
-  [[gnu::target("avx2,popcnt")]] static Counters Count(const Classes& v, int classes) {
+  [[gnu::target("avx2,popcnt")]] static void Count(Counters* out, const Classes& v, int classes) {
     alignas(32) uint32_t n[kMaxClasses] = {};
     for (int c = 0; c < classes; ++c) n[c] = static_cast<uint32_t>(std::popcount(v.Mask(static_cast<uint8_t>(c))));
-    return Load(n);
+    Load(out, n);
   }
-  [[gnu::target("avx2")]] static Classes FromExponents(const Classes& e, uint64_t valid, const RunParams& p) {
+  [[gnu::target("avx2")]] static void FromExponents(Classes* out, const Classes& e, uint64_t valid,
+                                                   const RunParams& p) {
     const __m256i shift = _mm256_set1_epi8(static_cast<char>(p.shift));
     const __m256i top = _mm256_set1_epi8(static_cast<char>(p.top));
-    Classes c = e;
+    Classes& c = *out;
     c.lo = _mm256_min_epu8(_mm256_subs_epu8(e.lo, shift), top);
     c.hi = _mm256_min_epu8(_mm256_subs_epu8(e.hi, shift), top);
     if (~valid != 0) {  // the chunk's last block: kNoClass past its end
@@ -1679,18 +1688,17 @@ struct RunAvx2 {
       }
       c = Classes(bytes);
     }
-    return c;
   }
   template <typename T>
-  [[gnu::target("avx2")]] static Classes Exponents(const uint8_t* elems, const ClassParams& base) {
-    return BlockAvx2(elems, base);
+  [[gnu::target("avx2")]] static void Exponents(Classes* out, const uint8_t* elems, const ClassParams& base) {
+    *out = BlockAvx2(elems, base);
   }
-  [[gnu::target("avx2")]] static Classes LoadBytes(const uint8_t* p) { return BlockAvx2(p); }
+  [[gnu::target("avx2")]] static void LoadBytes(Classes* out, const uint8_t* p) { *out = BlockAvx2(p); }
 };
 
 // The generic sweep below passes the ISA's vectors by value between its helpers. It is only
 // ever compiled inlined into the target wrappers (ApplyRunAvx512/ApplyRunAvx2, flatten), so the
-// ABI of an out-of-line call, which -Wpsabi warns about, never arises.
+// ABI of an out-of-line call, which GCC's -Wpsabi warns about, never arises.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -1711,17 +1719,17 @@ template <typename Isa, typename T>
   uint64_t valid = ~uint64_t{0};
   typename Isa::Classes e;
   if (first + 64 <= n) {
-    e = Isa::template Exponents<T>(data + first * sizeof(T), base);
+    Isa::template Exponents<T>(&e, data + first * sizeof(T), base);
   } else {
     alignas(64) uint8_t tail[64] = {};
     ComputeClasses<T>(data + first * sizeof(T), n - first, ExponentField{base.shift, base.mask},
                       base.e_lo, base.top + 1, tail);
     valid = (uint64_t{1} << (n - first)) - 1;
-    e = Isa::LoadBytes(tail);
+    Isa::LoadBytes(&e, tail);
   }
   for (size_t p = 0; p < num_params; ++p) {
-    out->classes[p] = Isa::FromExponents(e, valid, params[p]);
-    out->counts[p] = Isa::Count(out->classes[p], count_classes);
+    Isa::FromExponents(&out->classes[p], e, valid, params[p]);
+    Isa::Count(&out->counts[p], out->classes[p], count_classes);
   }
 }
 
@@ -1736,9 +1744,10 @@ template <typename Isa>
                                                    size_t m) {
   uint32_t any = 0;
   for (size_t d = from; d < m; ++d) {
-    const typename Isa::Counters after = Isa::Add(Isa::Load(before[d]), block.counts[members[d].params]);
-    seen[d] = after;
-    any |= static_cast<uint32_t>(Isa::Less(next_local[d], after) != 0) << d;
+    typename Isa::Counters b;
+    Isa::Load(&b, before[d]);
+    Isa::Add(&seen[d], b, block.counts[members[d].params]);
+    any |= static_cast<uint32_t>(Isa::Less(next_local[d], seen[d]) != 0) << d;
   }
   return any;
 }
@@ -1765,8 +1774,8 @@ int ApplyRunT(uint8_t* data, size_t n, const ClassParams& base, const RunParams*
       next[d][c] = c < k ? start[c] : 0;
       nl[c] = any ? members[d].local[start[c]] : kNone;
     }
-    seen[d] = Isa::Zero();
-    next_local[d] = Isa::Load(nl);
+    Isa::Zero(&seen[d]);
+    Isa::Load(&next_local[d], nl);
     remaining += start[k];
   }
   const uint32_t exp_bits = base.mask << base.shift;
@@ -1816,7 +1825,7 @@ int ApplyRunT(uint8_t* data, size_t n, const ClassParams& base, const RunParams*
         } while (++j < end && local[j] < limit);
         remaining -= j - next[d][c];
         next[d][c] = j;
-        nl = Isa::Set(nl, c, j < end ? local[j] : kNone);
+        Isa::Set(&nl, c, j < end ? local[j] : kNone);
       }
       next_local[d] = nl;
       if (moved) {
