@@ -1862,6 +1862,14 @@ template <typename T>
 
 // Which sweep chains use: AVX-512 with GFNI and BITALG, else AVX2, else none (one by one).
 Simd RunSweep() {
+#if defined(__SANITIZE_ADDRESS__) && !defined(__clang__)
+  // OPEN: in GCC 12's AddressSanitizer build at -O1 (scripts/test.sh) the run sweep reads a
+  // garbage class-local index and faults, in ChunkCodecChainTest. Not reproduced at -O0 or -O3
+  // with GCC, nor by clang's ASan+UBSan fuzz build (which runs it), nor in any release test:
+  // suspected to be the compiler (stack realignment of the flattened AVX-512 code under ASan),
+  // not yet shown. That build applies chains one delta at a time until it is understood.
+  return Simd::kSse2;
+#endif
 #if defined(__x86_64__)
   static const bool gfni = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                            __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("gfni") &&
