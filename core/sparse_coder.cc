@@ -1594,8 +1594,8 @@ struct RunAvx512 {
   [[gnu::target("avx512f,avx512bw")]] static uint64_t Mask(const Classes& v, int c) {
     return _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(static_cast<char>(c)));
   }
-  [[gnu::target("bmi2")]] static int Select(uint64_t mask, uint32_t r) {
-    return std::countr_zero(_pdep_u64(uint64_t{1} << r, mask));
+  [[gnu::target("avx512f,avx512bw,bmi2")]] static int Select(uint64_t mask, uint32_t r) {
+    return BlockAvx512::Select(mask, r);
   }
   // Members per class of the 64 class bytes in v (classes 0..15; other bytes count nowhere).
   // One-hot bytes (a shuffle, once for classes 0-7 and once for 8-15), an 8x8 bit transpose per
@@ -1904,6 +1904,8 @@ Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodie
     std::pair<int, int> sets[kMaxRunParams];
     size_t num_sets = 0;
     int set_of[kMaxRun] = {};
+    BodyHeader headers[kMaxRun];  // of the run's members, parsed once
+    headers[0] = h;
     size_t j = i + 1;
     if (joins(h)) {
       sets[num_sets++] = {h.e_lo, h.k};
@@ -1918,6 +1920,7 @@ Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodie
           sets[num_sets++] = set;
         }
         set_of[j - i] = static_cast<int>(found - sets);
+        headers[j - i] = g;
         changes += g.count;
       }
     }
@@ -1934,8 +1937,7 @@ Status DecodeChainT(DType dtype, std::span<const std::span<const uint8_t>> bodie
       if (scratch->run.size() < j - i) scratch->run.resize(j - i);
       RunMember members[kMaxRun];
       for (size_t r = 0; r < j - i; ++r) {
-        BodyHeader g;
-        (void)ParseHeader<T>(dtype, bodies[i + r], n, &g);  // checked above
+        const BodyHeader& g = headers[r];
         RunBuffers& buffers = scratch->run[r];
         if (Status st = DecodeStaticT<T>(bodies[i + r], g.count, g.k, n, scratch,
                                          members[r].class_start, buffers.local, buffers.diffs);
