@@ -145,13 +145,47 @@ int PreadAll(int fd, uint8_t* p, size_t n, uint64_t off) {
 
 }  // namespace
 
+// Who owns a node of a draft (its directories and files), its permission bits and times: what
+// stat shows and what the kernel checks (the mount runs with default_permissions).
+struct NodeMeta {
+  mode_t mode = 0755;  // permission bits (07777)
+  uid_t uid = 0;
+  gid_t gid = 0;
+  int64_t atime_ns = 0, mtime_ns = 0, ctime_ns = 0;
+
+  static NodeMeta At(mode_t mode, uid_t uid, gid_t gid, int64_t time_ns) {
+    return NodeMeta{static_cast<mode_t>(mode & 07777), uid, gid, time_ns, time_ns, time_ns};
+  }
+  nlohmann::json ToJson() const {
+    return {{"mode", mode & 07777}, {"uid", uid}, {"gid", gid},
+            {"atime_ns", atime_ns}, {"mtime_ns", mtime_ns}, {"ctime_ns", ctime_ns}};
+  }
+  // Fields a journal of an older weightfs lacks keep `defaults`'.
+  static NodeMeta FromJson(const nlohmann::json& j, NodeMeta m) {
+    m.mode = static_cast<mode_t>(j.value("mode", static_cast<unsigned>(m.mode)) & 07777);
+    m.uid = j.value("uid", m.uid);
+    m.gid = j.value("gid", m.gid);
+    m.mtime_ns = j.value("mtime_ns", m.mtime_ns);
+    m.atime_ns = j.value("atime_ns", m.mtime_ns);
+    m.ctime_ns = j.value("ctime_ns", m.mtime_ns);
+    return m;
+  }
+  void Touch(int64_t now_ns) { mtime_ns = ctime_ns = now_ns; }
+  void Fill(struct stat* st) const {
+    st->st_uid = uid;
+    st->st_gid = gid;
+    st->st_atim = {static_cast<time_t>(atime_ns / 1000000000), static_cast<long>(atime_ns % 1000000000)};
+    st->st_mtim = {static_cast<time_t>(mtime_ns / 1000000000), static_cast<long>(mtime_ns % 1000000000)};
+    st->st_ctim = {static_cast<time_t>(ctime_ns / 1000000000), static_cast<long>(ctime_ns % 1000000000)};
+  }
+};
+
 // A file of a draft. Inherited (id 0): its bytes are the parent's file `parent_path`. Staged:
 // its bytes are the staging file, except — while `backed` — the parent chunks not `present`
 // below `backing_limit`, which are still the parent's.
 struct DraftFile {
   std::mutex mu;  // guards everything below, and orders copy-up against writes
-  mode_t mode = 0644;
-  int64_t mtime_ns = 0;
+  NodeMeta meta;
   uint64_t id = 0;
   std::string staging;
   int fd = -1;
@@ -164,6 +198,7 @@ struct DraftFile {
   int writers = 0;
   uint64_t generation = 0;  // bumped by every change of the bytes
   bool encoding = false;
+  int mapped = 0;  // encodes holding a map of the staging file: it must not shrink in place
   std::string encoded;       // part file name; "" = not encoded
   std::string encoded_path;  // the path it was encoded as
   uint64_t encoded_generation = 0;
@@ -188,8 +223,9 @@ struct Draft {
   std::shared_ptr<const Manifest> parent_manifest;
   int64_t created_ms = 0;
   uint64_t next_id = 1;
+  NodeMeta root;  // the draft's directory
   std::map<std::string, std::shared_ptr<DraftFile>> files;
-  std::set<std::string> dirs;
+  std::map<std::string, NodeMeta> dirs;
   bool commit_requested = false;
   std::string commit_as;
   bool committing = false;
@@ -202,27 +238,40 @@ struct Draft {
   uint64_t journal_seq = 0, journal_written = 0;
 
   std::string name() const { return model + "@" + version; }
-  // The draft lists exactly the parent's files, unchanged (a new draft, or a new parent).
-  void InheritAll(std::shared_ptr<const Manifest> manifest) {
+  // The draft lists exactly the parent's files, unchanged (a new draft, or a new parent);
+  // they and their directories belong to `uid`/`gid` (the mount's owner).
+  void InheritAll(std::shared_ptr<const Manifest> manifest, uid_t uid, gid_t gid) {
     parent_manifest = std::move(manifest);
     parent = parent_manifest->version;
     files.clear();
     dirs.clear();
+    const int64_t t = parent_manifest->created_ms * 1000000;
     for (const ManifestFile& pf : parent_manifest->files) {
       auto f = std::make_shared<DraftFile>();
-      f->mtime_ns = parent_manifest->created_ms * 1000000;
+      f->meta = NodeMeta::At(0644, uid, gid, t);
       f->parent_path = pf.path;
       f->parent_file = &pf;
-      for (std::string p = ParentPath(pf.path); !p.empty(); p = ParentPath(p)) dirs.insert(p);
+      for (std::string p = ParentPath(pf.path); !p.empty(); p = ParentPath(p)) {
+        dirs.emplace(p, NodeMeta::At(0755, uid, gid, t));
+      }
       files.emplace(pf.path, std::move(f));
     }
   }
   // Whether a file or directory lies inside directory `path`.
   bool HasEntriesUnder(const std::string& path) const {
     const std::string prefix = path + "/";
-    auto under = [&](const std::string& p) { return p.starts_with(prefix); };
-    return std::any_of(files.begin(), files.end(), [&](const auto& e) { return under(e.first); }) ||
-           std::any_of(dirs.begin(), dirs.end(), under);
+    auto under = [&](const auto& e) { return e.first.starts_with(prefix); };
+    return std::any_of(files.begin(), files.end(), under) || std::any_of(dirs.begin(), dirs.end(), under);
+  }
+  // The owner and times of directory `path` ("" = the draft's own); null if there is none.
+  NodeMeta* DirMeta(const std::string& path) {
+    if (path.empty()) return &root;
+    auto it = dirs.find(path);
+    return it == dirs.end() ? nullptr : &it->second;
+  }
+  // Directory `path`'s entries changed: its mtime and ctime are now.
+  void TouchDir(const std::string& path) {
+    if (NodeMeta* m = DirMeta(path)) m->Touch(NowNs());
   }
   std::string StagingPath(uint64_t id_) const { return dir + "/files/" + std::to_string(id_); }
   std::string PartPath(const std::string& part) const { return dir + "/parts/" + part; }
@@ -243,11 +292,16 @@ struct Drafts::State {
   std::map<std::string, std::shared_ptr<Draft>> drafts;  // by "model@version"
   std::set<std::string> new_dirs;                         // made by mkdir, above versions
   std::map<std::string, std::vector<std::string>> published_dirs;  // model -> retired state dirs
+  std::set<std::string> published_names;  // drafts published by this mount, by "model@version"
   enum class Type : char { kNewDir = 'n', kDraftDir = 'd', kItem = 'i' };
   struct Ref {
     Type type;
     std::string a;  // kNewDir: its path; kDraftDir, kItem: the draft's name
     std::string b;  // kItem: the path inside the draft
+    // An item removed (unlink, rmdir, renamed over): its number never names the path again;
+    // a file still open answers getattr through `removed_file` (nlink 0), else ENOENT.
+    bool removed = false;
+    std::weak_ptr<DraftFile> removed_file;
   };
   std::map<std::string, uint64_t> inos;
   std::unordered_map<uint64_t, Ref> refs;
@@ -276,7 +330,17 @@ struct Drafts::State {
   }
   const Ref* RefLocked(uint64_t ino) const {
     auto it = refs.find(ino);
-    return it == refs.end() ? nullptr : &it->second;
+    return it == refs.end() || it->second.removed ? nullptr : &it->second;
+  }
+  // Item `path` of draft `name` is gone: a new node at the path gets a new number (the kernel
+  // must not take it for the old one, which an open file may still hold).
+  void RetireLocked(const std::string& name, const std::string& path, std::weak_ptr<DraftFile> file) {
+    auto it = inos.find(Key(Type::kItem, name, path));
+    if (it == inos.end()) return;
+    Ref& r = refs[it->second];
+    r.removed = true;
+    r.removed_file = std::move(file);
+    inos.erase(it);
   }
   // Moves the inodes of `from` (and everything under it) to `to` inside draft `name`.
   void RekeyLocked(const std::string& name, const std::string& from, const std::string& to) {
@@ -300,10 +364,30 @@ struct Drafts::State {
     }
   }
 
+  // Every node of draft `name` (removed, or published and replaced by a new draft of the same
+  // name): their numbers never name anything again.
+  void RetireDraftLocked(const std::string& name) {
+    for (Type t : {Type::kDraftDir, Type::kItem}) {
+      const std::string prefix = Key(t, name, "");
+      for (auto it = inos.lower_bound(prefix); it != inos.end() && it->first.starts_with(prefix);) {
+        if (t == Type::kItem || it->first == prefix) {
+          refs[it->second].removed = true;
+          it = inos.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
   std::shared_ptr<Draft> DraftLocked(const std::string& name) const {
     auto it = drafts.find(name);
     return it == drafts.end() ? nullptr : it->second;
   }
+  // The errno for a node of draft `name`, which is gone: ESTALE if it was published (the
+  // kernel then walks the path again and finds the published version: a lookup that raced
+  // the commit retries instead of failing), else ENOENT.
+  int GoneLocked(const std::string& name) const { return published_names.count(name) ? ESTALE : ENOENT; }
 
   // The model path of draft directories listed in `dir_path` ("leaf@version" there).
   static std::string ModelDir(const std::string& model) { return ParentPath(model); }
@@ -332,52 +416,56 @@ struct Drafts::State {
   }
 
   // ---- attributes (REQUIRES mu) ----
-  void DirAttr(uint64_t ino, int64_t mtime_ns, NodeAttr* out) const {
+  void DirAttr(uint64_t ino, const NodeMeta& meta, NodeAttr* out) const {
     out->ino = ino;
     out->st = {};
     out->st.st_ino = ino;
-    out->st.st_mode = S_IFDIR | 0755;
+    out->st.st_mode = S_IFDIR | (meta.mode & 07777);
     out->st.st_nlink = 2;
-    out->st.st_uid = options.uid;
-    out->st.st_gid = options.gid;
+    out->st.st_size = 4096;
     out->st.st_blksize = 1 << 20;
-    out->st.st_mtim.tv_sec = mtime_ns / 1000000000;
-    out->st.st_mtim.tv_nsec = mtime_ns % 1000000000;
-    out->st.st_ctim = out->st.st_atim = out->st.st_mtim;
+    meta.Fill(&out->st);
     out->timeout_s = 0;
   }
   void FileAttr(uint64_t ino, DraftFile& f, NodeAttr* out) const {
     std::lock_guard<std::mutex> lock(f.mu);
-    DirAttr(ino, f.mtime_ns, out);
-    out->st.st_mode = S_IFREG | (f.mode & 07777);
+    DirAttr(ino, f.meta, out);
+    out->st.st_mode = S_IFREG | (f.meta.mode & 07777);
     out->st.st_nlink = 1;
     out->st.st_size = static_cast<off_t>(f.id == 0 && f.parent_file ? f.parent_file->size : f.size);
     out->st.st_blocks = (out->st.st_size + 511) / 512;
   }
   int AttrLocked(uint64_t ino, NodeAttr* out) {
+    if (auto it = refs.find(ino); it != refs.end() && it->second.removed) {
+      std::shared_ptr<DraftFile> f = it->second.removed_file.lock();
+      if (!f) return ENOENT;
+      FileAttr(ino, *f, out);
+      out->st.st_nlink = 0;
+      return 0;
+    }
     const Ref* r = RefLocked(ino);
     if (!r) return ENOENT;
     switch (r->type) {
       case Type::kNewDir: {
         if (!new_dirs.count(r->a) && NewDirsInLocked(ParentPath(r->a)).count(r->a) == 0) return ENOENT;
-        DirAttr(ino, 0, out);
+        DirAttr(ino, NodeMeta::At(0755, options.uid, options.gid, 0), out);
         return 0;
       }
       case Type::kDraftDir: {
         std::shared_ptr<Draft> d = DraftLocked(r->a);
-        if (!d) return ENOENT;
-        DirAttr(ino, d->created_ms * 1000000, out);
+        if (!d) return GoneLocked(r->a);
+        DirAttr(ino, d->root, out);
         return 0;
       }
       case Type::kItem: {
         std::shared_ptr<Draft> d = DraftLocked(r->a);
-        if (!d) return ENOENT;
+        if (!d) return GoneLocked(r->a);
         if (auto it = d->files.find(r->b); it != d->files.end()) {
           FileAttr(ino, *it->second, out);
           return 0;
         }
-        if (d->dirs.count(r->b)) {
-          DirAttr(ino, d->created_ms * 1000000, out);
+        if (auto it = d->dirs.find(r->b); it != d->dirs.end()) {
+          DirAttr(ino, it->second, out);
           return 0;
         }
         return ENOENT;
@@ -398,15 +486,19 @@ struct Drafts::State {
     j["commit"] = d.commit_requested;
     j["commit_as"] = d.commit_as;
     j["published"] = published;
+    j["root"] = d.root.ToJson();
     j["dirs"] = nlohmann::json::array();
-    for (const std::string& dir : d.dirs) j["dirs"].push_back(dir);
+    for (const auto& [path, meta] : d.dirs) {
+      nlohmann::json e = meta.ToJson();
+      e["path"] = path;
+      j["dirs"].push_back(std::move(e));
+    }
     j["files"] = nlohmann::json::array();
     for (auto& [path, f] : d.files) {
       std::lock_guard<std::mutex> lock(f->mu);
       nlohmann::json e;
+      e = f->meta.ToJson();
       e["path"] = path;
-      e["mode"] = f->mode & 07777;
-      e["mtime_ns"] = f->mtime_ns;
       e["id"] = f->id;
       e["parent_path"] = f->parent_path;
       e["backed"] = f->backed;
@@ -467,6 +559,54 @@ struct Drafts::State {
       f.present.assign(f.parent_file->chunks.size(), '0');
       f.backing_limit = f.parent_file->size;
     }
+    return 0;
+  }
+
+  // Sets a staged file's length to `size`. A file that an encode has mapped must not shrink
+  // in place (the encoder would fault on the pages cut off): it moves to a new staging file,
+  // numbered `spare_id` (allocated by the caller under mu), holding the bytes that stay; the
+  // map keeps the old one's pages until it goes. The old file's path is returned in
+  // *unlink_after: the caller removes it once the journal names the new one (a crash before
+  // leaves the old, consistent state). Returns 0 or an errno. REQUIRES f.mu.
+  int ResizeLocked(Draft& d, DraftFile& f, uint64_t size, uint64_t spare_id, std::string* unlink_after) {
+    if (f.mapped == 0 || size >= f.size) {
+      if (::ftruncate(f.fd, static_cast<off_t>(size)) != 0) return errno;
+      f.size = size;
+      return 0;
+    }
+    const std::string path = d.StagingPath(spare_id);
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return errno;
+    auto fail = [&](int err) {
+      ::close(fd);
+      ::unlink(path.c_str());
+      return err;
+    };
+    loff_t in = 0, out = 0;
+    while (static_cast<uint64_t>(in) < size) {
+      ssize_t n = ::copy_file_range(f.fd, &in, fd, &out, size - static_cast<uint64_t>(in), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
+        std::vector<uint8_t> buf(1 << 20);
+        while (static_cast<uint64_t>(in) < size) {
+          const size_t want = std::min<uint64_t>(buf.size(), size - static_cast<uint64_t>(in));
+          if (int err = PreadAll(f.fd, buf.data(), want, static_cast<uint64_t>(in)); err != 0) return fail(err);
+          if (int err = PwriteAll(fd, buf.data(), want, static_cast<uint64_t>(in)); err != 0) return fail(err);
+          in += static_cast<loff_t>(want);
+        }
+        break;
+      }
+      if (n < 0) return fail(errno);
+      if (n == 0) break;  // the old file is shorter than f.size said: the rest reads as zeros
+    }
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) return fail(errno);
+    spdlog::debug("draft {}: staging file {} shrinks while it is encoded; moved to {}", d.name(), f.staging, path);
+    unlink_after->assign(f.staging);
+    ::close(f.fd);
+    f.fd = fd;
+    f.staging = path;
+    f.id = spare_id;
+    f.size = size;
     return 0;
   }
 
@@ -560,13 +700,6 @@ struct Drafts::State {
     std::lock_guard<std::mutex> serial(encode_mu);
     const auto start = std::chrono::steady_clock::now();
     WFS_TRY(Fill(*d, *f));
-    std::string staging;
-    {
-      std::lock_guard<std::mutex> lock(f->mu);
-      if (f->generation != generation) return Status::Ok();  // changed: encoded on its next close
-      if (::fdatasync(f->fd) != 0) return Status::IOError(Errno("fsync " + f->staging, errno));
-      staging = f->staging;
-    }
     {
       std::unique_lock<std::mutex> lock(mu);
       if (!d->lease) {
@@ -577,20 +710,59 @@ struct Drafts::State {
         if (!d->lease) d->lease = std::move(lease).value();
       }
     }
+    // The staging file is mapped under the file's lock and counted in `mapped` until the map
+    // goes: while it is, the file never shrinks in place (ResizeLocked moves it instead), so
+    // the encoder cannot fault on pages cut off under it. Writes may still change it: the
+    // result is then stale (generation) and thrown away.
+    std::string staging;
+    uint64_t id;
     MappedFile mapped;
-    std::span<const uint8_t> data;
     {
+      std::lock_guard<std::mutex> lock(f->mu);
+      if (f->generation != generation) return Status::Ok();  // changed: encoded on its next close
+      if (::fdatasync(f->fd) != 0) return Status::IOError(Errno("fsync " + f->staging, errno));
+      staging = f->staging;
+      id = f->id;
       Expected<MappedFile> m = MappedFile::Open(staging);
       if (!m.ok()) return m.status();
       mapped = std::move(m).value();
-      data = mapped.bytes();
+      f->mapped++;
     }
-    VersionEncoder encoder(*bucket, cache, pool, VersionRef{d->model, d->version}, d->parent_manifest,
-                           options.push, data.size());
-    WFS_TRY(encoder.AddFile(path, data, staging));
+    struct Unmap {
+      DraftFile& f;
+      MappedFile& mapped;
+      ~Unmap() {
+        mapped = MappedFile();
+        std::lock_guard<std::mutex> lock(f.mu);
+        f.mapped--;
+      }
+    };
+    // Whether the bytes the encoder saw are not the file's any more (a write since, or a
+    // truncation from outside weightfs that the map's guard caught).
+    auto stale = [&] {
+      std::lock_guard<std::mutex> lock(f->mu);
+      return f->generation != generation;
+    };
+    Expected<Manifest> encoded = Status::IOError("not encoded");
     PushResult result;
-    WFS_ASSIGN_OR_RETURN(Manifest part, encoder.Finish(&result));
-    const std::string part_name = std::to_string(f->id) + "-" + std::to_string(NowNs());
+    const uint64_t size = mapped.size();
+    bool faulted = false;
+    {
+      Unmap unmap{*f, mapped};
+      VersionEncoder encoder(*bucket, cache, pool, VersionRef{d->model, d->version}, d->parent_manifest,
+                             options.push, size);
+      Status added = encoder.AddFile(path, mapped.bytes(), staging);
+      encoded = added.ok() ? encoder.Finish(&result) : Expected<Manifest>(added);
+      faulted = mapped.faulted();
+    }
+    if (stale()) return Status::Ok();  // encoded again on its next close
+    if (faulted) {
+      return Status::IOError("staging file " + staging + " of " + d->name() + "/" + path +
+                             " shrank while it was encoded, not through the mount; write the file again");
+    }
+    if (!encoded.ok()) return encoded.status();
+    Manifest part = std::move(encoded).value();
+    const std::string part_name = std::to_string(id) + "-" + std::to_string(NowNs());
     const std::vector<uint8_t> bytes = SerializeManifest(part);
     WFS_TRY(WriteAtomically(d->PartPath(part_name),
                             std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
@@ -618,7 +790,7 @@ struct Drafts::State {
     if (!old_part.empty()) ::unlink(d->PartPath(old_part).c_str());
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     spdlog::info("draft {}: encoded {} ({} bytes -> {} stored, {} full / {} delta / {} same chunks) in {:.2f} s",
-                 d->name(), path, data.size(), part.stats.stored_bytes, result.full_chunks,
+                 d->name(), path, size, part.stats.stored_bytes, result.full_chunks,
                  result.delta_chunks, result.same_chunks, secs);
     return SaveJournal(*d);
   }
@@ -656,6 +828,8 @@ struct Drafts::State {
   }
 
   Status CommitDraft(const std::shared_ptr<Draft>& d, const std::string& as_in);
+  // Forgets draft `d` and deletes its staging directory. 0, or EBUSY while it is committed.
+  int RemoveDraft(const std::shared_ptr<Draft>& d);
   void WorkerMain();
   Status LoadDraft(const std::string& dir, const nlohmann::json& j);
 };
@@ -768,6 +942,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
       }
     }
   }
+  std::shared_ptr<const Manifest> published_manifest;
   for (int attempt = 0;; ++attempt) {
     for (const std::string& path : paths) WFS_TRY(EnsureEncoded(d, path));
     // The parts, and a check that their packs are still in the bucket (a draft left alone
@@ -876,8 +1051,11 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     WFS_TRY(published);
     Expected<std::shared_ptr<const Manifest>> back = bucket->ReadManifest(d->model, as);
     if (!back.ok()) return back.status().WithContext("reading back the published manifest");
+    published_manifest = *back;
     break;
   }
+  // The mount shows the version before the draft that held its name goes.
+  if (options.on_published) options.on_published(published_manifest);
 
   // Published: the draft becomes history; its staging files stay as the cache's source for
   // the next draft of this model, until a newer one is published from here.
@@ -885,6 +1063,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   {
     std::lock_guard<std::mutex> lock(mu);
     drafts.erase(d->name());
+    published_names.insert(d->name());
     auto& older = published_dirs[d->model];
     retire = std::move(older);
     older = {d->dir};
@@ -899,7 +1078,6 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("published draft {} as {}@{} in {:.2f} s", d->name(), d->model, as, secs);
-  if (options.on_published) options.on_published();
   return Status::Ok();
 }
 
@@ -928,13 +1106,23 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j)
     if (!pm.ok()) return pm.status().WithContext("reading the parent of draft " + d->name());
     d->parent_manifest = *pm;
   }
-  for (const auto& dj : j.at("dirs")) d->dirs.insert(dj.get<std::string>());
+  // (A journal of an older weightfs lists directories by name and has no owners or times.)
+  const NodeMeta defaults = NodeMeta::At(0755, options.uid, options.gid, d->created_ms * 1000000);
+  d->root = j.contains("root") ? NodeMeta::FromJson(j.at("root"), defaults) : defaults;
+  for (const auto& dj : j.at("dirs")) {
+    if (dj.is_string()) {
+      d->dirs.emplace(dj.get<std::string>(), defaults);
+    } else {
+      const std::string path = dj.at("path").get<std::string>();
+      WFS_TRY(ValidateFilePath(path));
+      d->dirs.emplace(path, NodeMeta::FromJson(dj, defaults));
+    }
+  }
   for (const auto& e : j.at("files")) {
     auto f = std::make_shared<DraftFile>();
     const std::string path = e.at("path").get<std::string>();
     WFS_TRY(ValidateFilePath(path));
-    f->mode = static_cast<mode_t>(e.at("mode").get<unsigned>());
-    f->mtime_ns = e.at("mtime_ns").get<int64_t>();
+    f->meta = NodeMeta::FromJson(e, NodeMeta::At(0644, options.uid, options.gid, 0));
     f->id = e.at("id").get<uint64_t>();
     f->parent_path = e.at("parent_path").get<std::string>();
     if (!f->parent_path.empty()) {
@@ -1075,7 +1263,8 @@ std::vector<DirEntry> Drafts::EntriesIn(const std::string& dir_path) {
   return out;
 }
 
-int Drafts::MkdirIn(const std::string& dir_path, std::string_view name, NodeAttr* out) {
+int Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_t mode, const Caller& who,
+                    NodeAttr* out) {
   State& s = *state_;
   if (!enabled()) {
     spdlog::warn("mkdir {}: {}", Join(dir_path, name), s.disabled_reason.empty() ? "drafts are off" : s.disabled_reason);
@@ -1111,9 +1300,10 @@ int Drafts::MkdirIn(const std::string& dir_path, std::string_view name, NodeAttr
   d->model = model;
   d->version = version;
   d->created_ms = NowMs();
+  d->root = NodeMeta::At(mode, who.uid, who.gid, d->created_ms * 1000000);
   Expected<std::shared_ptr<const Manifest>> latest = s.bucket->Latest(model);
   if (latest.ok()) {
-    d->InheritAll(*latest);
+    d->InheritAll(*latest, who.uid, who.gid);
   } else if (latest.status().kind() != ErrorKind::kNotFound) {
     spdlog::error("mkdir {}: cannot find the parent: {}", draft_name, latest.status().ToString());
     return EIO;
@@ -1136,6 +1326,7 @@ int Drafts::MkdirIn(const std::string& dir_path, std::string_view name, NodeAttr
       std::filesystem::remove_all(d->dir, ec);
       return EEXIST;
     }
+    s.RetireDraftLocked(draft_name);  // an earlier draft of this name (published as another)
     s.drafts[draft_name] = d;
   }
   if (Status js = s.SaveJournal(*d); !js.ok()) {
@@ -1170,13 +1361,44 @@ int Drafts::RmdirIn(const std::string& dir_path, std::string_view name) {
     d = s.DraftLocked(Join(dir_path, n));
     if (!d) return ENOENT;
     if (!d->files.empty() || !d->dirs.empty()) return ENOTEMPTY;
-    if (d->committing) return EBUSY;
-    s.drafts.erase(d->name());
   }
+  return s.RemoveDraft(d);
+}
+
+int Drafts::State::RemoveDraft(const std::shared_ptr<Draft>& d) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (d->committing) return EBUSY;
+    if (DraftLocked(d->name()) != d) return ENOENT;
+    drafts.erase(d->name());
+    RetireDraftLocked(d->name());
+  }
+  // Queued encodes of it find no draft and do nothing; one running holds its own references.
   std::error_code ec;
   std::filesystem::remove_all(d->dir, ec);
-  spdlog::info("draft {} removed", d->name());
+  if (ec) spdlog::warn("draft {}: cannot remove its staging directory {}: {}", d->name(), d->dir, ec.message());
+  spdlog::info("draft {} removed (nothing of it was published)", d->name());
   return 0;
+}
+
+int Drafts::Discard(uint64_t draft_ino) {
+  State& s = *state_;
+  std::shared_ptr<Draft> d;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    const State::Ref* r = s.RefLocked(draft_ino);
+    if (!r || r->type != State::Type::kDraftDir) return ENOTSUP;
+    d = s.DraftLocked(r->a);
+    if (!d) return s.GoneLocked(r->a);
+    for (auto& [path, f] : d->files) {
+      std::lock_guard<std::mutex> flock(f->mu);
+      if (f->writers > 0) {
+        spdlog::warn("discard {}: {} is open for writing; close it first", d->name(), path);
+        return EBUSY;
+      }
+    }
+  }
+  return s.RemoveDraft(d);
 }
 
 std::optional<std::string> Drafts::DirPath(uint64_t ino) const {
@@ -1198,7 +1420,7 @@ int DirOf(Drafts::State& s, uint64_t ino, std::shared_ptr<Draft>* d, std::string
   if (!r) return ENOENT;
   if (r->type == Drafts::State::Type::kNewDir) return EPERM;
   *d = s.DraftLocked(r->a);
-  if (!*d) return ENOENT;
+  if (!*d) return s.GoneLocked(r->a);
   if (r->type == Drafts::State::Type::kDraftDir) {
     path->clear();
     return 0;
@@ -1239,7 +1461,7 @@ int Drafts::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
   out->push_back({".", ino, S_IFDIR});
   out->push_back({"..", ino, S_IFDIR});
   std::map<std::string, mode_t> names;
-  for (const std::string& p : d->dirs) {
+  for (const auto& [p, meta] : d->dirs) {
     if (ParentPath(p) == dir) names[p] = S_IFDIR;
   }
   for (const auto& [p, f] : d->files) {
@@ -1251,9 +1473,9 @@ int Drafts::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
   return 0;
 }
 
-int Drafts::Mkdir(uint64_t parent, std::string_view name, mode_t, NodeAttr* out) {
+int Drafts::Mkdir(uint64_t parent, std::string_view name, mode_t mode, const Caller& who, NodeAttr* out) {
   State& s = *state_;
-  if (std::optional<std::string> nd = DirPath(parent)) return MkdirIn(*nd, name, out);
+  if (std::optional<std::string> nd = DirPath(parent)) return MkdirIn(*nd, name, mode, who, out);
   std::shared_ptr<Draft> d;
   std::string path;
   {
@@ -1263,7 +1485,8 @@ int Drafts::Mkdir(uint64_t parent, std::string_view name, mode_t, NodeAttr* out)
     path = Join(dir, name);
     if (!ValidateFilePath(path).ok()) return EINVAL;
     if (d->files.count(path) || d->dirs.count(path)) return EEXIST;
-    d->dirs.insert(path);
+    d->dirs.emplace(path, NodeMeta::At(mode, who.uid, who.gid, NowNs()));
+    d->TouchDir(dir);
   }
   if (int e = s.SaveJournalErrno(*d); e != 0) return e;
   std::lock_guard<std::mutex> lock(s.mu);
@@ -1283,6 +1506,8 @@ int Drafts::Rmdir(uint64_t parent, std::string_view name) {
     if (!d->dirs.count(path)) return ENOENT;
     if (d->HasEntriesUnder(path)) return ENOTEMPTY;
     d->dirs.erase(path);
+    d->TouchDir(dir);
+    s.RetireLocked(d->name(), path, {});
   }
   return s.SaveJournalErrno(*d);
 }
@@ -1302,6 +1527,8 @@ int Drafts::Unlink(uint64_t parent, std::string_view name) {
     if (it == d->files.end()) return ENOENT;
     f = it->second;
     d->files.erase(it);
+    d->TouchDir(dir);
+    s.RetireLocked(d->name(), path, f);
   }
   // The staging file goes first: on a full disk removing files is how space comes back, and
   // the journal write below needs some. (A journal still naming the file after a crash is
@@ -1348,6 +1575,7 @@ int Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_parent, 
       if (to_file) {
         replaced = d->files[to];
         d->files.erase(to);
+        s.RetireLocked(d->name(), to, replaced);
       }
       auto f = d->files[from];
       d->files.erase(from);
@@ -1357,13 +1585,17 @@ int Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_parent, 
     } else {
       if (to_file) return ENOTDIR;
       if (to_dir && d->HasEntriesUnder(to)) return ENOTEMPTY;
+      if (to_dir) {
+        d->dirs.erase(to);
+        s.RetireLocked(d->name(), to, {});
+      }
       std::map<std::string, std::shared_ptr<DraftFile>> files;
       for (auto& [p, f] : d->files) {
         files[p.starts_with(from + "/") ? to + p.substr(from.size()) : p] = f;
       }
-      std::set<std::string> dirs;
-      for (const std::string& p : d->dirs) {
-        dirs.insert(p == from ? to : p.starts_with(from + "/") ? to + p.substr(from.size()) : p);
+      std::map<std::string, NodeMeta> dirs;
+      for (const auto& [p, meta] : d->dirs) {
+        dirs.emplace(p == from ? to : p.starts_with(from + "/") ? to + p.substr(from.size()) : p, meta);
       }
       d->files = std::move(files);
       d->dirs = std::move(dirs);
@@ -1374,10 +1606,22 @@ int Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_parent, 
       }
     }
     s.RekeyLocked(d->name(), from, to);
+    d->TouchDir(dir);
+    d->TouchDir(dir2);
+    const int64_t now = NowNs();
+    if (is_file) {
+      std::lock_guard<std::mutex> flock(d->files[to]->mu);
+      d->files[to]->meta.ctime_ns = now;
+    } else if (NodeMeta* m = d->DirMeta(to)) {
+      m->ctime_ns = now;
+    }
   }
   if (replaced) {
     std::lock_guard<std::mutex> flock(replaced->mu);
-    if (replaced->id != 0) ::unlink(replaced->staging.c_str());
+    if (replaced->id != 0) {
+      ::unlink(replaced->staging.c_str());
+      if (!replaced->encoded.empty()) ::unlink(d->PartPath(replaced->encoded).c_str());
+    }
   }
   return s.SaveJournalErrno(*d);
 }
@@ -1386,8 +1630,8 @@ namespace {
 bool Writes(int flags) { return (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC); }
 }  // namespace
 
-int Drafts::Create(uint64_t parent, std::string_view name, mode_t mode, int flags, NodeAttr* out,
-                   std::unique_ptr<DraftHandle>* handle) {
+int Drafts::Create(uint64_t parent, std::string_view name, mode_t mode, int flags, const Caller& who,
+                   NodeAttr* out, std::unique_ptr<DraftHandle>* handle) {
   State& s = *state_;
   if (DirPath(parent)) return EPERM;  // files live in versions
   std::shared_ptr<Draft> d;
@@ -1407,11 +1651,11 @@ int Drafts::Create(uint64_t parent, std::string_view name, mode_t mode, int flag
     ino = s.InoLocked(State::Type::kItem, d->name(), path);
     if (!d->files.count(path)) {
       auto f = std::make_shared<DraftFile>();
-      f->mode = mode & 07777;
-      f->mtime_ns = NowNs();
+      f->meta = NodeMeta::At(mode, who.uid, who.gid, NowNs());
       std::lock_guard<std::mutex> flock(f->mu);
       if (int err = s.StageLocked(*d, *f, false); err != 0) return err;
       d->files[path] = f;
+      d->TouchDir(dir);
       created = true;
     } else if (flags & O_EXCL) {
       return EEXIST;
@@ -1427,12 +1671,13 @@ int Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle) 
   State& s = *state_;
   auto h = std::make_unique<DraftHandle>();
   bool journal = false;
+  std::string unlink_after;  // a staging file replaced by a new one (see ResizeLocked)
   {
     std::lock_guard<std::mutex> lock(s.mu);
     const State::Ref* r = s.RefLocked(ino);
     if (!r || r->type != State::Type::kItem) return EISDIR;
     std::shared_ptr<Draft> d = s.DraftLocked(r->a);
-    if (!d) return ENOENT;
+    if (!d) return s.GoneLocked(r->a);
     auto it = d->files.find(r->b);
     if (it == d->files.end()) return d->dirs.count(r->b) ? EISDIR : ENOENT;
     h->draft = d;
@@ -1446,8 +1691,11 @@ int Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle) 
         if (int err = s.StageLocked(*d, f, !(flags & O_TRUNC)); err != 0) return err;
         journal = true;
       } else if (flags & O_TRUNC) {
-        if (::ftruncate(f.fd, 0) != 0) return errno;
-        f.size = 0;
+        if (int err = s.ResizeLocked(*d, f, 0, d->next_id, &unlink_after); err != 0) return err;
+        if (!unlink_after.empty()) {
+          d->next_id++;
+          journal = true;
+        }
         f.backed = false;
         f.present.clear();
         if (!f.write_error.empty()) journal = true;
@@ -1456,7 +1704,7 @@ int Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle) 
       if (!f.encoded.empty()) journal = true;  // the encoded part is stale from now on
       f.writers++;
       f.generation++;
-      f.mtime_ns = NowNs();
+      if (flags & O_TRUNC) f.meta.Touch(NowNs());
       h->write = true;
     }
   }
@@ -1465,33 +1713,53 @@ int Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle) 
     h->file->writers--;
     return EIO;
   }
+  if (!unlink_after.empty()) ::unlink(unlink_after.c_str());
   *handle = std::move(h);
   return 0;
 }
 
-int Drafts::SetAttr(uint64_t ino, std::optional<uint64_t> size, std::optional<mode_t> mode,
-                    std::optional<int64_t> mtime_ns, NodeAttr* out) {
+int Drafts::SetAttr(uint64_t ino, const AttrChange& change, NodeAttr* out) {
   State& s = *state_;
   std::shared_ptr<Draft> d;
   std::shared_ptr<DraftFile> f;
   std::string path;
+  uint64_t spare_id = 0;
+  std::string unlink_after;  // a staging file replaced by a new one (see ResizeLocked)
+  const std::optional<uint64_t>& size = change.size;
+  const int64_t now = NowNs();
+  // Owner, mode and times (the kernel checked the caller may change them: default_permissions).
+  auto apply = [&](NodeMeta& m) {
+    if (change.mode) m.mode = *change.mode & 07777;
+    if (change.uid) m.uid = *change.uid;
+    if (change.gid) m.gid = *change.gid;
+    if (change.atime_ns) m.atime_ns = *change.atime_ns;
+    if (change.mtime_ns) m.mtime_ns = *change.mtime_ns;
+    m.ctime_ns = now;
+  };
   {
     std::lock_guard<std::mutex> lock(s.mu);
     const State::Ref* r = s.RefLocked(ino);
     if (!r) return ENOENT;
-    if (r->type != State::Type::kItem) return size ? EISDIR : s.AttrLocked(ino, out);
+    // The directories above the versions are the mount's, not a draft's: nothing to keep
+    // their owner or times in.
+    if (r->type == State::Type::kNewDir) return size ? EISDIR : EPERM;
     d = s.DraftLocked(r->a);
-    if (!d) return ENOENT;
-    auto it = d->files.find(r->b);
-    if (it == d->files.end()) return size ? EISDIR : s.AttrLocked(ino, out);
-    f = it->second;
-    path = r->b;
-    std::lock_guard<std::mutex> flock(f->mu);
-    if (mode) f->mode = *mode & 07777;
-    if (mtime_ns) f->mtime_ns = *mtime_ns;
-    if (size && f->id == 0) {
-      if (d->committing) return EBUSY;
-      if (int err = s.StageLocked(*d, *f, true); err != 0) return err;
+    if (!d) return s.GoneLocked(r->a);
+    if (r->type == State::Type::kDraftDir || d->dirs.count(r->b)) {
+      if (size) return EISDIR;
+      apply(*d->DirMeta(r->type == State::Type::kDraftDir ? std::string() : r->b));
+    } else {
+      auto it = d->files.find(r->b);
+      if (it == d->files.end()) return ENOENT;
+      f = it->second;
+      path = r->b;
+      std::lock_guard<std::mutex> flock(f->mu);
+      if (size && f->id == 0) {
+        if (d->committing) return EBUSY;
+        if (int err = s.StageLocked(*d, *f, true); err != 0) return err;
+      }
+      if (size) spare_id = d->next_id++;  // in case the file must move (ResizeLocked)
+      apply(f->meta);
     }
   }
   if (size) {
@@ -1515,17 +1783,15 @@ int Drafts::SetAttr(uint64_t ino, std::optional<uint64_t> size, std::optional<mo
       }
     }
     std::lock_guard<std::mutex> flock(f->mu);
-    if (::ftruncate(f->fd, static_cast<off_t>(*size)) != 0) return errno;
-    f->size = *size;
+    if (int err = s.ResizeLocked(*d, *f, *size, spare_id, &unlink_after); err != 0) return err;
     if (*size == 0) f->write_error.clear();
     if (f->backed) f->backing_limit = std::min(f->backing_limit, *size);
     f->generation++;
-    f->mtime_ns = mtime_ns.value_or(NowNs());
+    if (!change.mtime_ns) f->meta.mtime_ns = now;
     if (f->writers == 0) s.Enqueue(d->name(), path);
   }
-  if (size || mode) {
-    if (int e = s.SaveJournalErrno(*d); e != 0) return e;
-  }
+  if (int e = s.SaveJournalErrno(*d); e != 0) return e;
+  if (!unlink_after.empty()) ::unlink(unlink_after.c_str());
   return GetAttr(ino, out);
 }
 
@@ -1535,7 +1801,6 @@ int Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8
   uint64_t id, fsize, limit = 0;
   bool backed;
   std::vector<char> present;
-  int fd;
   {
     std::lock_guard<std::mutex> lock(f.mu);
     id = f.id;
@@ -1545,8 +1810,13 @@ int Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8
       present = f.present;
       limit = f.backing_limit;
     }
-    fd = f.fd;
   }
+  // Under the file's lock: a truncate may move the file to a new staging file (ResizeLocked)
+  // and close the descriptor.
+  auto pread_staged = [&f](uint8_t* p, size_t n, uint64_t off) {
+    std::lock_guard<std::mutex> lock(f.mu);
+    return PreadAll(f.fd, p, n, off);
+  };
   out->clear();
   if (offset >= fsize) return 0;
   const uint64_t end = std::min<uint64_t>(fsize, offset + size);
@@ -1570,13 +1840,13 @@ int Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8
         Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(h.draft->parent_manifest, *f.parent_file, c);
         if (!bytes.ok()) return StatusToErrnoLogged(bytes.status(), "read " + h.draft->name() + "/" + h.path);
         std::memcpy(out->data() + (pos - offset), (*bytes)->data() + (pos - ch.offset), cend - pos);
-      } else if (int err = PreadAll(fd, out->data() + (pos - offset), cend - pos, pos); err != 0) {
+      } else if (int err = pread_staged(out->data() + (pos - offset), cend - pos, pos); err != 0) {
         return err;
       }
       pos = cend;
       continue;
     }
-    if (int err = PreadAll(fd, out->data() + (pos - offset), end - pos, pos); err != 0) return err;
+    if (int err = pread_staged(out->data() + (pos - offset), end - pos, pos); err != 0) return err;
     pos = end;
   }
   return 0;
@@ -1630,6 +1900,8 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
   }
   f.size = std::max(f.size, end);
   f.generation++;
+  f.meta.Touch(NowNs());
+  f.journal_dirty = true;  // (the times; written at the next fsync or close)
   return 0;
 }
 
@@ -1675,7 +1947,7 @@ int Drafts::GetXattr(uint64_t ino, std::string_view name, std::string* out) {
   if (!r) return ENOENT;
   if (r->type != State::Type::kDraftDir) return ENODATA;
   std::shared_ptr<Draft> d = s.DraftLocked(r->a);
-  if (!d) return ENOENT;
+  if (!d) return s.GoneLocked(r->a);
   if (name == kXattrParent) {
     if (!d->parent) return ENODATA;
     *out = *d->parent;
@@ -1698,7 +1970,7 @@ int Drafts::ListXattr(uint64_t ino, std::vector<std::string>* out) {
   out->clear();
   if (r->type != State::Type::kDraftDir) return 0;
   std::shared_ptr<Draft> d = s.DraftLocked(r->a);
-  if (!d) return ENOENT;
+  if (!d) return s.GoneLocked(r->a);
   if (d->parent) out->push_back(kXattrParent);
   out->push_back(kXattrState);
   if (!d->error.empty()) out->push_back(kXattrError);
@@ -1714,7 +1986,7 @@ int Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view value
     if (!r) return ENOENT;
     if (r->type != State::Type::kDraftDir || name != kXattrParent) return ENOTSUP;
     d = s.DraftLocked(r->a);
-    if (!d) return ENOENT;
+    if (!d) return s.GoneLocked(r->a);
     // Only an unchanged draft can change its parent: every file still the parent's.
     for (const auto& [p, f] : d->files) {
       std::lock_guard<std::mutex> flock(f->mu);
@@ -1734,7 +2006,7 @@ int Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view value
   }
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    d->InheritAll(*pm);
+    d->InheritAll(*pm, d->root.uid, d->root.gid);
   }
   spdlog::info("draft {}: parent is now {}", d->name(), v);
   return s.SaveJournalErrno(*d);
@@ -1799,11 +2071,12 @@ std::string Drafts::StatusJson() {
     nlohmann::json dj;
     dj["name"] = name;
     dj["parent"] = d->parent ? nlohmann::json(*d->parent) : nlohmann::json(nullptr);
-    uint64_t staged = 0, encoded = 0, bytes_to_go = 0, staged_bytes = 0, writers = 0;
+    uint64_t staged = 0, encoded = 0, bytes_to_go = 0, staged_bytes = 0, writers = 0, encoding = 0;
     for (auto& [p, f] : d->files) {
       std::lock_guard<std::mutex> flock(f->mu);
       if (f->id == 0) continue;
       staged++;
+      encoding += f->mapped > 0;
       staged_bytes += f->size;
       writers += static_cast<uint64_t>(f->writers);
       if (f->Encoded(p)) {
@@ -1819,6 +2092,7 @@ std::string Drafts::StatusJson() {
     dj["pending_files"] = staged - encoded;
     dj["bytes_to_go"] = bytes_to_go;
     dj["open_for_writing"] = writers;
+    dj["encoding_now"] = encoding;  // files whose encode is reading them right now
     dj["state"] = d->committing ? "committing" : d->commit_requested ? "commit requested" : "draft";
     std::string error = !d->error.empty() ? d->error : d->encode_error;
     for (auto& [p, f] : d->files) {

@@ -57,12 +57,29 @@ struct DraftsOptions {
   size_t encode_threads = 0;  // 0: one per core
   uid_t uid = 0;
   gid_t gid = 0;
-  // Called after a draft was published (the Namespace re-lists to show it).
-  std::function<void()> on_published;
+  // Called with a draft's published manifest before the draft goes (the Namespace shows the
+  // version from then on, so the name never answers ENOENT in between).
+  std::function<void(std::shared_ptr<const Manifest>)> on_published;
 };
 
 struct Draft;
 struct DraftFile;
+
+// Who makes a node (the FUSE request's caller): it belongs to them.
+struct Caller {
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// What a setattr changes; each field optional. The kernel has checked that the caller may
+// (the mount runs with default_permissions).
+struct AttrChange {
+  std::optional<uint64_t> size;
+  std::optional<mode_t> mode;
+  std::optional<uid_t> uid;
+  std::optional<gid_t> gid;
+  std::optional<int64_t> atime_ns, mtime_ns;
+};
 
 // An open file of a draft.
 struct DraftHandle {
@@ -96,8 +113,10 @@ class Drafts {
   // Drafts and new (not yet published) model directories shown in `dir_path`.
   int LookupIn(const std::string& dir_path, std::string_view name, NodeAttr* out);
   std::vector<DirEntry> EntriesIn(const std::string& dir_path);
-  // "leaf@version": a new draft; any other name: a new directory for models to come.
-  int MkdirIn(const std::string& dir_path, std::string_view name, NodeAttr* out);
+  // "leaf@version": a new draft (owned by `who`, with `mode`); any other name: a new
+  // directory for models to come.
+  int MkdirIn(const std::string& dir_path, std::string_view name, mode_t mode, const Caller& who,
+              NodeAttr* out);
   // Removes an empty draft (all files deleted) or an empty new directory.
   int RmdirIn(const std::string& dir_path, std::string_view name);
 
@@ -107,17 +126,17 @@ class Drafts {
   int ReadDir(uint64_t ino, std::vector<DirEntry>* out);
   // The path of a new model directory (for DirPath-like routing), else nullopt.
   std::optional<std::string> DirPath(uint64_t ino) const;
-  int Mkdir(uint64_t parent, std::string_view name, mode_t mode, NodeAttr* out);
+  int Mkdir(uint64_t parent, std::string_view name, mode_t mode, const Caller& who, NodeAttr* out);
   int Rmdir(uint64_t parent, std::string_view name);
   int Unlink(uint64_t parent, std::string_view name);
   int Rename(uint64_t parent, std::string_view name, uint64_t new_parent, std::string_view new_name,
              unsigned flags);
-  int Create(uint64_t parent, std::string_view name, mode_t mode, int flags, NodeAttr* out,
-             std::unique_ptr<DraftHandle>* handle);
+  int Create(uint64_t parent, std::string_view name, mode_t mode, int flags, const Caller& who,
+             NodeAttr* out, std::unique_ptr<DraftHandle>* handle);
   int Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle);
-  // `size`, `mode`, `mtime_ns` (each optional) as setattr asks.
-  int SetAttr(uint64_t ino, std::optional<uint64_t> size, std::optional<mode_t> mode,
-              std::optional<int64_t> mtime_ns, NodeAttr* out);
+  // Files: size, owner, mode, times. A draft's directories: owner, mode, times. The
+  // directories above the versions: EPERM (they are the mount's).
+  int SetAttr(uint64_t ino, const AttrChange& change, NodeAttr* out);
   int Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8_t>* out);
   int Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data);
   int Fsync(DraftHandle& h);
@@ -135,6 +154,9 @@ class Drafts {
   Status Commit(uint64_t draft_ino, const std::string& as);
   // Commits every draft (unmount); the first error, after trying all.
   Status CommitAll();
+  // Abandons a draft: forgets it and deletes its staging files (`weightfs discard`). EBUSY
+  // while it is committed or a file of it is open for writing.
+  int Discard(uint64_t draft_ino);
   // Drafts, pending encodes, bytes to go, errors (JSON object) for `weightfs status`.
   std::string StatusJson();
 

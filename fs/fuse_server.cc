@@ -40,6 +40,12 @@ constexpr const char* kXattrStatus = "user.weightfs.status";
 constexpr const char* kXattrCommit = "user.weightfs.commit";
 constexpr const char* kXattrCommitAll = "user.weightfs.commit_all";
 constexpr const char* kXattrKeepDrafts = "user.weightfs.keep_drafts";
+constexpr const char* kXattrDiscard = "user.weightfs.discard";
+
+// The longest name of a directory entry (NAME_MAX, what statfs reports): a longer one is
+// refused where it enters (ENAMETOOLONG), as local file systems do, not accepted and lost.
+constexpr size_t kNameMax = 255;
+bool TooLong(const char* name) { return std::strlen(name) > kNameMax; }
 
 // libfuse's messages, into our log; the last error is kept for Mount()'s error message.
 std::mutex g_fuse_log_mu;
@@ -93,17 +99,25 @@ struct FuseServer::Impl {
   bool mounted = false;
 
   Impl(ServerParts p, MountOptions o)
-      : parts(p), options(std::move(o)), names(p.bucket, options.names),
+      : parts(p), options(std::move(o)), names(p.bucket, NamesOptions(options)),
         reader(p.materializer, options.reader) {
-    if (!options.drafts.state_dir.empty() && !options.read_only) {
+    if (WithDrafts(options)) {
       DraftsOptions d = options.drafts;
       d.uid = options.names.uid;
       d.gid = options.names.gid;
-      d.on_published = [this] { names.Invalidate(); };
+      d.on_published = [this](std::shared_ptr<const Manifest> m) { names.AddPublished(std::move(m)); };
       drafts = std::make_unique<Drafts>(p.bucket, p.cache, p.materializer, &reader, std::move(d));
     }
   }
   bool Owned(uint64_t ino) const { return drafts && Drafts::Owns(ino); }
+  bool WithDrafts(const MountOptions& o) const { return !o.drafts.state_dir.empty() && !o.read_only; }
+  // The directories above the versions take drafts (mkdir) when drafts are on: their mode
+  // says so, for the kernel's permission checks.
+  NamespaceOptions NamesOptions(const MountOptions& o) const {
+    NamespaceOptions n = o.names;
+    n.writable_dirs = WithDrafts(o);
+    return n;
+  }
   // A directory above the versions (the Namespace's or a new one), where mkdir makes drafts.
   std::optional<std::string> DirPath(uint64_t ino) const {
     if (Drafts::Owns(ino)) return drafts ? drafts->DirPath(ino) : std::nullopt;
@@ -181,6 +195,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Serve(req, "lookup", [&] {
     Impl& s = Server(req);
+    if (TooLong(name)) return ENAMETOOLONG;
     if (s.drafts) {
       NodeAttr da;
       int err = ENOENT;
@@ -593,24 +608,35 @@ void ReplyEntryOrErr(fuse_req_t req, int err, const NodeAttr& a) {
   fuse_reply_entry(req, &e);
 }
 
+Caller CallerOf(fuse_req_t req) {
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  return Caller{ctx->uid, ctx->gid};
+}
+
 void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
   Serve(req, "setattr", [&] {
     Impl& s = Server(req);
     if (!s.Owned(ino)) return WriteDenied("setattr", ino);
-    if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) return EPERM;
-    std::optional<uint64_t> size;
-    std::optional<mode_t> mode;
-    std::optional<int64_t> mtime;
-    if (to_set & FUSE_SET_ATTR_SIZE) size = static_cast<uint64_t>(attr->st_size);
-    if (to_set & FUSE_SET_ATTR_MODE) mode = attr->st_mode;
+    AttrChange c;
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+    auto ns = [](const timespec& t) { return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec; };
+    if (to_set & FUSE_SET_ATTR_SIZE) c.size = static_cast<uint64_t>(attr->st_size);
+    if (to_set & FUSE_SET_ATTR_MODE) c.mode = attr->st_mode;
+    if (to_set & FUSE_SET_ATTR_UID) c.uid = attr->st_uid;
+    if (to_set & FUSE_SET_ATTR_GID) c.gid = attr->st_gid;
+    if (to_set & FUSE_SET_ATTR_ATIME_NOW) {
+      c.atime_ns = now;
+    } else if (to_set & FUSE_SET_ATTR_ATIME) {
+      c.atime_ns = ns(attr->st_atim);
+    }
     if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
-      mtime = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::chrono::system_clock::now().time_since_epoch()).count();
+      c.mtime_ns = now;
     } else if (to_set & FUSE_SET_ATTR_MTIME) {
-      mtime = int64_t{attr->st_mtim.tv_sec} * 1000000000 + attr->st_mtim.tv_nsec;
+      c.mtime_ns = ns(attr->st_mtim);
     }
     NodeAttr a;
-    if (int err = s.drafts->SetAttr(ino, size, mode, mtime, &a); err != 0) return err;
+    if (int err = s.drafts->SetAttr(ino, c, &a); err != 0) return err;
     fuse_reply_attr(req, &a.st, a.timeout_s);
     return 0;
   });
@@ -621,6 +647,7 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char*, mode_t, dev_t) {
 void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   Serve(req, "mkdir", [&] {
     Impl& s = Server(req);
+    if (TooLong(name)) return ENAMETOOLONG;
     if (!s.drafts) {
       if (s.parts.bucket->derived()) {
         spdlog::warn("mkdir {}: the bucket's versions are derived from another layout (a TRL delta-sync "
@@ -632,10 +659,10 @@ void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
     NodeAttr a;
     int err;
     if (Drafts::Owns(parent)) {
-      err = s.drafts->Mkdir(parent, name, mode, &a);
+      err = s.drafts->Mkdir(parent, name, mode, CallerOf(req), &a);
     } else if (std::optional<std::string> dir = s.names.DirPath(parent)) {
       if (s.names.Lookup(parent, name).ok()) return EEXIST;
-      err = s.drafts->MkdirIn(*dir, name, &a);
+      err = s.drafts->MkdirIn(*dir, name, mode, CallerOf(req), &a);
     } else {
       return WriteDenied("mkdir", parent);
     }
@@ -676,6 +703,7 @@ void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
   Serve(req, "rename", [&] {
     Impl& s = Server(req);
     if (!s.Owned(parent) && !s.Owned(new_parent)) return WriteDenied("rename", parent);
+    if (TooLong(new_name)) return ENAMETOOLONG;
     if (!s.Owned(parent) || !s.Owned(new_parent)) return EXDEV;
     fuse_reply_err(req, s.drafts->Rename(parent, name, new_parent, new_name, flags));
     return 0;
@@ -712,6 +740,10 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
       return 0;
     }
     if (!s.Owned(ino)) return WriteDenied("setxattr", ino);
+    if (n == kXattrDiscard) {
+      fuse_reply_err(req, s.drafts->Discard(ino));
+      return 0;
+    }
     if (n == kXattrCommit) {
       Status st = s.drafts->Commit(ino, v);
       int err = 0;
@@ -739,7 +771,10 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
     if (!s.Owned(parent)) return WriteDenied("create", parent);
     auto file = std::make_unique<OpenFile>();
     NodeAttr a;
-    if (int err = s.drafts->Create(parent, name, mode, fi->flags, &a, &file->draft); err != 0) return err;
+    if (TooLong(name)) return ENAMETOOLONG;
+    if (int err = s.drafts->Create(parent, name, mode, fi->flags, CallerOf(req), &a, &file->draft); err != 0) {
+      return err;
+    }
     fi->fh = reinterpret_cast<uint64_t>(file.get());
     fi->keep_cache = 0;
     fi->direct_io = 0;
@@ -825,7 +860,11 @@ FuseServer::~FuseServer() {
 Status FuseServer::Mount() {
   fuse_set_log_func(FuseLog);
   const MountOptions& o = impl_->options;
-  std::string opts = "max_read=" + std::to_string(kMaxRead) + ",subtype=weightfs,fsname=" + OptionSafe(o.fsname);
+  // default_permissions: the kernel checks every access against the owners and modes we
+  // report (a draft's files belong to whoever made them), so with --allow-other one user cannot
+  // read, change or remove another's files.
+  std::string opts = "max_read=" + std::to_string(kMaxRead) + ",default_permissions,subtype=weightfs,fsname=" +
+                     OptionSafe(o.fsname);
   if (o.allow_other) opts += ",allow_other";
   if (o.read_only) opts += ",ro";
   for (const std::string& extra : o.fuse_options) opts += "," + extra;

@@ -112,6 +112,18 @@ void Namespace::Invalidate() {
   invalidated_ = true;
 }
 
+void Namespace::AddPublished(std::shared_ptr<const Manifest> manifest) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t ino = AddVersionLocked(manifest->model, manifest->version);
+  Model& m = models_[manifest->model];
+  m.generation++;  // the newest may have changed even if the name was known
+  UpdateLatestLinkLocked(manifest->model, m);
+  Node& v = *NodeLocked(ino);
+  if (!v.summary) v.summary = Summarize(*manifest);
+  published_[manifest->model + "@" + manifest->version] = ++publish_seq_;
+  invalidated_ = true;  // versions published elsewhere meanwhile come with the next listing
+}
+
 std::optional<std::string> Namespace::DirPath(uint64_t ino) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Node* n = NodeLocked(ino);
@@ -160,7 +172,7 @@ uint64_t Namespace::DirForModelLocked(const std::string& model, std::string* lea
   return dir;
 }
 
-void Namespace::ApplyListingLocked(const std::vector<VersionInfo>& versions) {
+void Namespace::ApplyListingLocked(const std::vector<VersionInfo>& versions, uint64_t listing_seq) {
   std::map<std::string, std::set<std::string>> listed;
   for (const VersionInfo& v : versions) listed[v.model].insert(v.version);
 
@@ -168,7 +180,11 @@ void Namespace::ApplyListingLocked(const std::vector<VersionInfo>& versions) {
   for (auto& [name, m] : models_) {
     auto now_listed = listed.find(name);
     for (auto it = m.versions.begin(); it != m.versions.end();) {
-      if (now_listed == listed.end() || !now_listed->second.count(it->first)) {
+      const bool listed_here = now_listed != listed.end() && now_listed->second.count(it->first);
+      // A version this mount published after the listing began is not in it, yet it exists.
+      auto pinned = published_.find(name + "@" + it->first);
+      const bool newer = pinned != published_.end() && pinned->second > listing_seq;
+      if (!listed_here && !newer) {
         Node& dir = *NodeLocked(m.dir);
         auto entry = dir.children.find(m.leaf + "@" + it->first);
         if (entry != dir.children.end() && entry->second == it->second) {
@@ -183,35 +199,40 @@ void Namespace::ApplyListingLocked(const std::vector<VersionInfo>& versions) {
   }
   // New versions.
   for (const auto& [name, vs] : listed) {
-    Model& m = models_[name];
-    if (m.dir == 0) m.dir = DirForModelLocked(name, &m.leaf);
-    for (const std::string& version : vs) {
-      if (m.versions.count(version)) continue;
-      Node& v = NewNodeLocked(Kind::kVersionDir, m.dir, m.leaf + "@" + version);
-      v.model = name;
-      v.version = version;
-      AddChildLocked(*NodeLocked(m.dir), v.name, v.ino);
-      m.versions.emplace(version, v.ino);
-      m.generation++;
-    }
+    for (const std::string& version : vs) AddVersionLocked(name, version);
   }
+  for (auto& [name, m] : models_) UpdateLatestLinkLocked(name, m);
+}
+
+uint64_t Namespace::AddVersionLocked(const std::string& model, const std::string& version) {
+  Model& m = models_[model];
+  if (m.dir == 0) m.dir = DirForModelLocked(model, &m.leaf);
+  if (auto it = m.versions.find(version); it != m.versions.end()) return it->second;
+  Node& v = NewNodeLocked(Kind::kVersionDir, m.dir, m.leaf + "@" + version);
+  v.model = model;
+  v.version = version;
+  AddChildLocked(*NodeLocked(m.dir), v.name, v.ino);
+  m.versions.emplace(version, v.ino);
+  m.generation++;
+  return v.ino;
+}
+
+void Namespace::UpdateLatestLinkLocked(const std::string& name, Model& m) {
   // name@latest, unless a version is itself called "latest" (then that directory wins).
-  for (auto& [name, m] : models_) {
-    Node& dir = *NodeLocked(m.dir);
-    const std::string link_name = m.leaf + "@latest";
-    const bool want = !m.versions.empty() && !m.versions.count("latest");
-    auto entry = dir.children.find(link_name);
-    const bool present = entry != dir.children.end() && m.link != 0 && entry->second == m.link;
-    if (want && !present) {
-      if (m.link == 0) {
-        Node& l = NewNodeLocked(Kind::kLatestLink, m.dir, link_name);
-        l.model = name;
-        m.link = l.ino;
-      }
-      AddChildLocked(dir, link_name, m.link);
-    } else if (!want && present) {
-      RemoveChildLocked(dir, link_name);
+  Node& dir = *NodeLocked(m.dir);
+  const std::string link_name = m.leaf + "@latest";
+  const bool want = !m.versions.empty() && !m.versions.count("latest");
+  auto entry = dir.children.find(link_name);
+  const bool present = entry != dir.children.end() && m.link != 0 && entry->second == m.link;
+  if (want && !present) {
+    if (m.link == 0) {
+      Node& l = NewNodeLocked(Kind::kLatestLink, m.dir, link_name);
+      l.model = name;
+      m.link = l.ino;
     }
+    AddChildLocked(dir, link_name, m.link);
+  } else if (!want && present) {
+    RemoveChildLocked(dir, link_name);
   }
 }
 
@@ -227,6 +248,7 @@ Status Namespace::RefreshIfStale() {
   }
   refreshing_ = true;
   invalidated_ = false;
+  const uint64_t listing_seq = publish_seq_;
   lock.unlock();
   // Whatever happens below (exceptions included), the next refresh must be possible.
   struct Done {
@@ -244,7 +266,7 @@ Status Namespace::RefreshIfStale() {
     std::lock_guard<std::mutex> l(mu_);
     listed_at_ = std::chrono::steady_clock::now();
     if (versions.ok()) {
-      ApplyListingLocked(*versions);
+      ApplyListingLocked(*versions, listing_seq);
       listed_ = true;
       last_refresh_ = Status::Ok();
     } else {
@@ -440,7 +462,7 @@ Status Namespace::FillAttrLocked(const Node& node, NodeAttr* out) const {
   out->timeout_s = options_.immutable_timeout_s;
   switch (node.kind) {
     case Kind::kDir:
-      st.st_mode = S_IFDIR | 0555;
+      st.st_mode = S_IFDIR | (options_.writable_dirs ? 0755 : 0555);
       st.st_nlink = 2 + node.subdirs;
       st.st_size = 4096;
       time_ms = node.mtime_ms;

@@ -49,6 +49,9 @@ struct NamespaceOptions {
   double immutable_timeout_s = 86400;        // attr/entry timeout inside versions
   uid_t uid = 0;                             // owner shown for every node
   gid_t gid = 0;
+  // The directories above the versions are writable by their owner (mkdir makes drafts in
+  // them): mode 0755 instead of 0555.
+  bool writable_dirs = false;
 };
 
 // A node's attributes as a FUSE reply needs them (copied out under the lock).
@@ -106,6 +109,10 @@ class Namespace {
   size_t inode_count() const;
   // Forces the next directory access to re-list the bucket.
   void Invalidate();
+  // A version this mount has just published (a draft's commit): shown at once, before the
+  // draft that held its name goes, so its path never answers ENOENT in between; a listing that
+  // began before the publish does not remove it.
+  void AddPublished(std::shared_ptr<const Manifest> manifest);
 
  private:
   enum class Kind : uint8_t { kDir, kVersionDir, kVersionSubdir, kFile, kLatestLink };
@@ -166,7 +173,11 @@ class Namespace {
   void AddChildLocked(Node& dir, const std::string& name, uint64_t child);
   void RemoveChildLocked(Node& dir, const std::string& name);
   uint64_t DirForModelLocked(const std::string& model, std::string* leaf);
-  void ApplyListingLocked(const std::vector<VersionInfo>& versions);
+  // `listing_seq`: publish_seq_ when the listing began.
+  void ApplyListingLocked(const std::vector<VersionInfo>& versions, uint64_t listing_seq);
+  // The version's directory node (made if new).
+  uint64_t AddVersionLocked(const std::string& model, const std::string& version);
+  void UpdateLatestLinkLocked(const std::string& name, Model& m);
   void BuildContentsLocked(Node& version, std::shared_ptr<const Manifest> manifest);
   Status FillAttrLocked(const Node& node, NodeAttr* out) const;
   int64_t VersionTimeLocked(const Node& node) const;
@@ -190,6 +201,9 @@ class Namespace {
   bool invalidated_ = false;                                           // GUARDED_BY(mu_)
   std::chrono::steady_clock::time_point listed_at_;                    // GUARDED_BY(mu_)
   Status last_refresh_;                                                // GUARDED_BY(mu_)
+  // Versions published through AddPublished ("model@version" -> publish_seq_ then).
+  std::map<std::string, uint64_t> published_;                          // GUARDED_BY(mu_)
+  uint64_t publish_seq_ = 0;                                           // GUARDED_BY(mu_)
   std::condition_variable refreshed_;
 };
 

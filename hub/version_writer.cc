@@ -343,6 +343,12 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
   PushResult result;
   Expected<Manifest> manifest = encoder.Finish(&result);
   if (!manifest.ok()) return manifest.status().WithContext("pushing " + name);
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    if (mapped[fi].faulted()) {
+      return Status::IOError(files[fi].local_path + " was truncated while it was being read; nothing was "
+                             "published (push it again once it is complete)");
+    }
+  }
   Status published = bucket.PublishManifest(*manifest);
   if (!published.ok()) return published;
   // Reading it back through the bucket validates what we wrote and caches it.

@@ -42,7 +42,5 @@ done
 
 echo "== tests (Release)"
 cd "$root/build"
-# A test that fails is run once more: the real-mount tests kill daemons at timed moments and
-# were seen to fail once in ~10 loaded runs (WriteTest.KilledWhileItsCommit...). A failure is
-# still printed in full, and one that repeats fails the run.
-ctest --output-on-failure -j "$jobs" --repeat until-pass:2
+# No retries: a test that fails once is a bug report (a race in the product or in the test).
+ctest --output-on-failure -j "$jobs"

@@ -12,6 +12,7 @@ int MountMain(int argc, char** argv);       // weightfs mount
 int UnmountMain(int argc, char** argv);     // weightfs unmount
 int CommitMain(int argc, char** argv);      // weightfs commit
 int StatusMain(int argc, char** argv);      // weightfs status
+int DiscardMain(int argc, char** argv);     // weightfs discard
 int ImportMain(int argc, char** argv);      // weightfs import (a TRL delta-sync bucket)
 // Publishes every draft of the mount at `mountpoint` (progress on a TTY, errors on stderr);
 // 0 or the errno of the failure.

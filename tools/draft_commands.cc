@@ -41,6 +41,18 @@ options:
   -h, --help     show this help
 )";
 
+constexpr const char* kDiscardHelp = R"(usage: weightfs discard MOUNTPOINT/MODEL@VERSION
+
+Abandons a draft of a weightfs mount: forgets it and deletes its staging files. Nothing of it
+was published and nothing is (packs it already uploaded are left to `weightfs gc`, which
+removes them once the draft's lease has expired). `rm -r` of the draft directory does the same
+one file at a time. Fails while the draft is being committed or a file of it is open for
+writing.
+
+options:
+  -h, --help     show this help
+)";
+
 constexpr const char* kStatusHelp = R"(usage: weightfs status MOUNTPOINT [--json]
 
 Shows the drafts of a weightfs mount: their parent, files staged, files still to encode and
@@ -170,6 +182,29 @@ int CommitMain(int argc, char** argv) {
               DraftName(root, published).c_str(), FormatBytes(static_cast<double>(logical)).c_str(),
               FormatBytes(stored_bytes).c_str(), stored_bytes > 0 ? static_cast<double>(logical) / stored_bytes : 0.0,
               changed ? 100 * std::atof(changed->c_str()) : 0.0, secs);
+  return 0;
+}
+
+int DiscardMain(int argc, char** argv) {
+  ArgParser args({}, {"--help", "-h"});
+  if (auto rc = ParseArgs(args, argc, argv, kDiscardHelp, 1)) return *rc;
+  std::string dir = AbsolutePath(args.positionals()[0]);
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (!GetXattr(dir, "user.weightfs.state")) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) return Fail(dir + ": " + std::strerror(errno));
+    return Fail(dir + " is not a draft of a weightfs mount (published versions cannot be discarded; "
+                "`weightfs gc` retires old versions)");
+  }
+  const std::string name = DraftName(MountRootOf(dir), dir);
+  if (::setxattr(dir.c_str(), "user.weightfs.discard", "", 0, 0) != 0) {
+    const int err = errno;
+    if (err == EBUSY) {
+      return Fail("cannot discard " + name + ": it is being committed or a file of it is open for writing");
+    }
+    return Fail("cannot discard " + name + ": " + std::strerror(err));
+  }
+  std::printf("discarded draft %s\n", name.c_str());
   return 0;
 }
 

@@ -26,6 +26,7 @@ commands:
   unmount      publish a mount's drafts, unmount it and wait for its daemon to exit
   commit       publish a draft (a new version directory written on a mount)
   status       a mount's drafts: files to encode and upload, errors
+  discard      abandon a draft (nothing of it is published)
   gen          generate a realistic checkpoint sequence (safetensors shards) for tests and demos
   bench codec  measure the delta codec against zstd, zstd --patch-from and the entropy floor
 
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   if (cmd == "unmount" || cmd == "umount") return weightfs::cli::UnmountMain(argc - 1, argv + 1);
   if (cmd == "commit") return weightfs::cli::CommitMain(argc - 1, argv + 1);
   if (cmd == "status") return weightfs::cli::StatusMain(argc - 1, argv + 1);
+  if (cmd == "discard") return weightfs::cli::DiscardMain(argc - 1, argv + 1);
   if (cmd == "bench") {
     if (argc >= 3 && std::string(argv[2]) == "codec") {
       return weightfs::cli::BenchCodecMain(argc - 2, argv + 2);

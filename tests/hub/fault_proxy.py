@@ -28,7 +28,9 @@ With --host-header target, Host is set to the target's and an absolute Destinati
 the proxy is rewritten to name the target. Hop-by-hop headers are not forwarded.
 
 GET /.fault-proxy/stats answers (without forwarding) a JSON object of counters:
-requests, forwarded, errors, stalls, resets.
+requests, forwarded, errors, stalls, resets, and received_<METHOD> per method (counted when the
+request has arrived, before it is stalled or forwarded: a test can tell that a request is in
+the proxy's hands).
 """
 
 import argparse
@@ -70,7 +72,7 @@ class Config:
 
     def count(self, name):
         with self.stats_lock:
-            self.stats[name] += 1
+            self.stats[name] = self.stats.get(name, 0) + 1
 
     def mode(self):
         if self.args.down:
@@ -172,6 +174,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_simple(200, payload)
             return
         cfg.count("requests")
+        cfg.count("received_" + self.command)  # as it arrives, before any stall
         fault = cfg.fault()
         if fault == "error":
             cfg.count("errors")

@@ -1,0 +1,316 @@
+// Drafts against what third-party suites (fsx, pjdfstest) and hostile users do: a file
+// truncated while the mount encodes it (the daemon must never die of SIGBUS), other users with
+// --allow-other (default_permissions: the owner and mode of every draft node count), names
+// longer than NAME_MAX, chmod/chown/utimes on a draft's directories and files (applied and kept
+// across a remount), a file unlinked while open and made again under its name, and drafts
+// abandoned with `weightfs discard` or `rm -r`.
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/fs/draft_mount.h"
+
+namespace weightfs {
+namespace {
+
+using namespace weightfs::test;
+
+class DraftSafetyTest : public DraftMountTest {};
+
+// Writes `bytes` to `path` (created or truncated) with plain write(2) calls.
+int WriteWhole(const fs::path& path, const std::vector<uint8_t>& bytes, int flags = O_CREAT | O_TRUNC) {
+  int fd = ::open(path.c_str(), O_WRONLY | flags, 0644);
+  if (fd < 0) return errno;
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      return err;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return ::close(fd) == 0 ? 0 : errno;
+}
+
+// The loop that killed the daemon with SIGBUS at its second iteration (the close-time encode
+// mapped the staging file while truncate cut it): write a file, close it (its encode starts),
+// cut it at once, by truncate(2) or by opening it again with O_TRUNC. Every iteration the
+// daemon is alive and the file reads back as what is left of it; at the end the draft commits
+// and a fresh mount reads the result.
+TEST_F(DraftSafetyTest, TruncatingAFileWhileItIsEncodedNeverKillsTheDaemon) {
+  int iterations = 60;
+  if (const char* n = std::getenv("WEIGHTFS_TRUNCATE_ITERATIONS")) iterations = std::atoi(n);
+  Generate("4M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  const fs::path draft = m.Dir("m/x@v1");
+  ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0755)), 0) << std::strerror(errno);
+  const std::vector<uint8_t> big = RandomBytes(32 << 20, 7);
+  const fs::path file = draft / "big.bin";
+  std::vector<uint8_t> expect;
+  for (int i = 0; i < iterations; ++i) {
+    SCOPED_TRACE("iteration " + std::to_string(i));
+    ASSERT_EQ(WriteWhole(file, big), 0);
+    // Cut it while its encode reads it (the status says so; wait a bounded while for that).
+    WaitFor([&] {
+      const std::optional<std::string> st = GetXattr(m.mnt(), "user.weightfs.status");
+      return st && st->find("\"encoding_now\":1") != std::string::npos;
+    }, 3s);
+    const size_t cut = (i % 3 == 2) ? 0 : (size_t{1} << 20) + static_cast<size_t>(i) * 4097;
+    if (i % 3 == 2) {
+      // open(O_TRUNC) and a short write, as a program rewriting the file does.
+      expect.assign(big.begin(), big.begin() + 4096);
+      ASSERT_EQ(WriteWhole(file, expect, O_TRUNC), 0);
+    } else {
+      ASSERT_EQ(Errno(::truncate(file.c_str(), static_cast<off_t>(cut))), 0) << std::strerror(errno);
+      expect.assign(big.begin(), big.begin() + static_cast<std::ptrdiff_t>(cut));
+    }
+    ASSERT_FALSE(ProcessGone(m.pid())) << "the daemon died\n" << m.Describe();
+    ASSERT_EQ(Slurp(file), expect);
+  }
+  Result c = m.Commit("m/x@v1");
+  ASSERT_EQ(c.exit_code, 0) << c.out << m.Describe();
+  EXPECT_EQ(m.LogText().find("shrank while it was encoded, not through the mount"), std::string::npos);
+  ASSERT_EQ(m.Unmount().exit_code, 0);
+  Mount& fresh = NewMount("fresh");
+  ASSERT_EQ(fresh.Start().exit_code, 0) << fresh.Describe();
+  EXPECT_EQ(Slurp(fresh.Dir("m/x@v1") / "big.bin"), expect);
+}
+
+// What a process running as `uid` (and gid) gets for `op`: 0 or the errno, from a child that
+// drops root first. -1 if the child could not run.
+int AsUser(uid_t uid, gid_t gid, const std::function<int()>& op) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    int result = -1;
+    if (::setgroups(0, nullptr) == 0 && ::setgid(gid) == 0 && ::setuid(uid) == 0) result = op();
+    (void)!::write(pipefd[1], &result, sizeof result);
+    ::_exit(0);
+  }
+  ::close(pipefd[1]);
+  int result = -1;
+  if (::read(pipefd[0], &result, sizeof result) != static_cast<ssize_t>(sizeof result)) result = -1;
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return result;
+}
+
+// With --allow-other every user reaches the mount; the kernel checks each access against the
+// owner and mode the mount reports (default_permissions). A draft file made by root with mode
+// 0600 is root's alone; one with 0644 anyone may read but not change; a published version anyone
+// may read.
+TEST_F(DraftSafetyTest, WithAllowOtherAnotherUserGetsEaccesOnAPrivateDraftFile) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (to act as a second user)";
+  Generate("2M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a", "--allow-other");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  // The second user must reach the mount point: the test's directories are made 0700.
+  for (fs::path p = m.mnt().parent_path(); p != p.root_path() && p != "/tmp"; p = p.parent_path()) {
+    ::chmod(p.c_str(), 0755);
+  }
+  const uid_t other = 65534;  // nobody
+  const gid_t other_gid = 65534;
+  const fs::path draft = m.Dir("m/x@v1");
+  ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0755)), 0) << std::strerror(errno);
+  const fs::path secret = draft / "secret.bin", shared = draft / "shared.bin";
+  {
+    int fd = ::open(secret.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    ASSERT_EQ(::write(fd, "top secret", 10), 10);
+    ::close(fd);
+  }
+  ASSERT_EQ(WriteWhole(shared, {1, 2, 3}), 0);
+  ASSERT_EQ(Errno(::chmod(shared.c_str(), 0644)), 0);
+  struct stat st {};
+  ASSERT_EQ(::stat(secret.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_uid, 0u);
+
+  auto open_as_other = [&](const fs::path& p, int flags) {
+    return AsUser(other, other_gid, [&] {
+      int fd = ::open(p.c_str(), flags);
+      if (fd < 0) return errno;
+      ::close(fd);
+      return 0;
+    });
+  };
+  EXPECT_EQ(open_as_other(secret, O_RDONLY), EACCES);
+  EXPECT_EQ(open_as_other(secret, O_WRONLY), EACCES);
+  EXPECT_EQ(open_as_other(shared, O_RDONLY), 0);
+  EXPECT_EQ(open_as_other(shared, O_WRONLY), EACCES);
+  EXPECT_EQ(AsUser(other, other_gid, [&] { return Errno(::chmod(secret.c_str(), 0666)); }), EPERM);
+  EXPECT_EQ(AsUser(other, other_gid, [&] { return Errno(::truncate(secret.c_str(), 0)); }), EACCES);
+  EXPECT_EQ(AsUser(other, other_gid, [&] { return Errno(::unlink(secret.c_str())); }), EACCES);
+  EXPECT_EQ(AsUser(other, other_gid, [&] { return Errno(::rename(secret.c_str(), (draft / "mine").c_str())); }),
+            EACCES);
+  EXPECT_EQ(AsUser(other, other_gid, [&] { return Errno(::mkdir((draft / "d").c_str(), 0777)); }), EACCES);
+  EXPECT_EQ(AsUser(other, other_gid, [&] { return Errno(::mkdir(m.Dir("m/x@v9").c_str(), 0777)); }), EACCES);
+  // Nothing changed; the owner still reads it, and a published version is anyone's to read.
+  EXPECT_EQ(SlurpText(secret), "top secret");
+  EXPECT_EQ(open_as_other(m.Dir("m/x@v0") / "config.json", O_RDONLY), 0);
+  // A file the other user may not read stays unreadable after a remount (the journal keeps
+  // owners and modes).
+  ASSERT_EQ(m.Unmount("--keep-drafts").exit_code, 0);
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  EXPECT_EQ(open_as_other(secret, O_RDONLY), EACCES);
+  EXPECT_EQ(open_as_other(shared, O_RDONLY), 0);
+}
+
+TEST_F(DraftSafetyTest, NamesLongerThanNameMaxAreRefusedWhereTheyEnter) {
+  Generate("2M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  const fs::path draft = m.Dir("m/x@v1");
+  ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0755)), 0) << std::strerror(errno);
+  const std::string longest(255, 'a'), too_long(256, 'b');
+  EXPECT_EQ(WriteWhole(draft / longest, {1}), 0);
+  EXPECT_EQ(Slurp(draft / longest), std::vector<uint8_t>{1});
+  EXPECT_EQ(WriteWhole(draft / too_long, {1}), ENAMETOOLONG);
+  EXPECT_EQ(Errno(::mkdir((draft / too_long).c_str(), 0755)), ENAMETOOLONG);
+  EXPECT_EQ(Errno(::rename((draft / longest).c_str(), (draft / too_long).c_str())), ENAMETOOLONG);
+  EXPECT_EQ(Errno(::mkdir(m.Dir("m/" + too_long).c_str(), 0755)), ENAMETOOLONG);
+  struct stat st {};
+  EXPECT_EQ(Errno(::stat((draft / too_long).c_str(), &st)), ENAMETOOLONG);
+}
+
+// chmod, chown and utimensat (atime and mtime) apply to a draft's directories and files, and a
+// remount (the journal) keeps them.
+TEST_F(DraftSafetyTest, ModesOwnersAndTimesOfDraftNodesApplyAndSurviveARemount) {
+  Generate("2M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  const fs::path draft = m.Dir("m/x@v1");
+  ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0750)), 0) << std::strerror(errno);
+  ASSERT_EQ(Errno(::mkdir((draft / "sub").c_str(), 0700)), 0);
+  ASSERT_EQ(WriteWhole(draft / "sub" / "f.bin", {1, 2, 3}), 0);
+  const timespec dir_times[2] = {{1000, 1}, {2000, 2}};
+  const timespec file_times[2] = {{3000, 3}, {4000, 4}};
+  auto check = [&](const char* when) {
+    SCOPED_TRACE(when);
+    struct stat st {};
+    ASSERT_EQ(::stat(draft.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0711u);
+    ASSERT_EQ(::stat((draft / "sub").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0751u);
+    EXPECT_EQ(st.st_uid, 123u);
+    EXPECT_EQ(st.st_gid, 456u);
+    EXPECT_EQ(st.st_atim.tv_sec, 1000);
+    EXPECT_EQ(st.st_atim.tv_nsec, 1);
+    EXPECT_EQ(st.st_mtim.tv_sec, 2000);
+    EXPECT_EQ(st.st_mtim.tv_nsec, 2);
+    ASSERT_EQ(::stat((draft / "sub" / "f.bin").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0604u);
+    EXPECT_EQ(st.st_atim.tv_sec, 3000);
+    EXPECT_EQ(st.st_mtim.tv_sec, 4000);
+    EXPECT_EQ(st.st_mtim.tv_nsec, 4);
+  };
+  ASSERT_EQ(Errno(::chmod(draft.c_str(), 0711)), 0);
+  ASSERT_EQ(Errno(::chmod((draft / "sub").c_str(), 0751)), 0);
+  ASSERT_EQ(Errno(::utimensat(AT_FDCWD, (draft / "sub").c_str(), dir_times, 0)), 0);
+  ASSERT_EQ(Errno(::chmod((draft / "sub" / "f.bin").c_str(), 0604)), 0);
+  ASSERT_EQ(Errno(::utimensat(AT_FDCWD, (draft / "sub" / "f.bin").c_str(), file_times, 0)), 0);
+  ASSERT_EQ(Errno(::chown((draft / "sub").c_str(), 123, 456)), 0);
+  check("applied");
+  // A directory above the versions is the mount's: refused, not silently ignored.
+  EXPECT_EQ(Errno(::chmod(m.Dir("m").c_str(), 0700)), EROFS);
+  ASSERT_EQ(m.Unmount("--keep-drafts").exit_code, 0);
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  check("after a remount");
+}
+
+// A file unlinked while open keeps its bytes for the open descriptor; a new file under the
+// same name is another file (another inode number), whatever the old descriptor does.
+TEST_F(DraftSafetyTest, AFileUnlinkedWhileOpenAndMadeAgainIsAnotherFile) {
+  Generate("2M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  const fs::path draft = m.Dir("m/x@v1");
+  ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0755)), 0) << std::strerror(errno);
+  const fs::path p = draft / "f.bin";
+  const std::vector<uint8_t> old_bytes = RandomBytes(100000, 1), new_bytes = RandomBytes(5000, 2);
+  ASSERT_EQ(WriteWhole(p, old_bytes), 0);
+  int fd = ::open(p.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  struct stat before {};
+  ASSERT_EQ(::fstat(fd, &before), 0);
+  ASSERT_EQ(Errno(::unlink(p.c_str())), 0);
+  ASSERT_EQ(WriteWhole(p, new_bytes), 0);
+  struct stat now {};
+  ASSERT_EQ(::stat(p.c_str(), &now), 0);
+  EXPECT_NE(now.st_ino, before.st_ino);
+  EXPECT_EQ(now.st_size, 5000);
+  std::vector<uint8_t> got(old_bytes.size());
+  EXPECT_EQ(::pread(fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got, old_bytes);
+  EXPECT_EQ(::pwrite(fd, "x", 1, 0), 1);  // to the unlinked file, not the new one
+  struct stat orphan {};
+  EXPECT_EQ(::fstat(fd, &orphan), 0);
+  EXPECT_EQ(orphan.st_size, 100000);
+  ::close(fd);
+  EXPECT_EQ(Slurp(p), new_bytes);
+  Result c = m.Commit("m/x@v1");
+  ASSERT_EQ(c.exit_code, 0) << c.out << m.Describe();
+  EXPECT_EQ(Slurp(p), new_bytes);
+}
+
+// A draft that inherits its parent's files can be abandoned: `weightfs discard`, or `rm -r`.
+TEST_F(DraftSafetyTest, ADraftThatInheritsFilesCanBeDiscardedOrRemoved) {
+  Generate("2M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  const fs::path d1 = m.Dir("m/x@v1"), d2 = m.Dir("m/x@v2");
+  ASSERT_EQ(Errno(::mkdir(d1.c_str(), 0755)), 0);
+  ASSERT_EQ(Errno(::mkdir(d2.c_str(), 0755)), 0);
+  ASSERT_EQ(WriteWhole(d1 / "new.bin", RandomBytes(1 << 20, 3)), 0);
+  ASSERT_FALSE(FilesUnder(d1).empty());
+  Result discard = Cli("discard " + d1.string());
+  EXPECT_EQ(discard.exit_code, 0) << discard.out << m.Describe();
+  EXPECT_FALSE(fs::exists(d1));
+  EXPECT_TRUE(m.DraftStatus("m/x@v1").is_null());
+  Result again = Cli("discard " + m.Dir("m/x@v0").string());
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.out.find("not a draft"), std::string::npos) << again.out;
+  // rm -r: every inherited file unlinked, then the directory.
+  Result rm = Shell("rm -r " + d2.string());
+  EXPECT_EQ(rm.exit_code, 0) << rm.out;
+  EXPECT_FALSE(fs::exists(d2));
+  EXPECT_TRUE(m.DraftStatus("m/x@v2").is_null());
+  // Nothing was published, the name is free again, and unmounting publishes nothing.
+  ASSERT_EQ(Errno(::mkdir(d1.c_str(), 0755)), 0);
+  ASSERT_EQ(Errno(::rmdir(d1.c_str())), ENOTEMPTY);  // it inherits v0's files
+  EXPECT_EQ(Cli("discard " + d1.string()).exit_code, 0);
+  ASSERT_EQ(m.Unmount().exit_code, 0);
+  EXPECT_EQ(Versions().size(), 1u);
+  // Its staging directories are gone from the cache directory.
+  size_t draft_dirs = 0;
+  for (const auto& e : fs::recursive_directory_iterator(m.cache())) {
+    if (e.path().filename() == "journal.json") draft_dirs++;
+  }
+  EXPECT_EQ(draft_dirs, 0u);
+}
+
+}  // namespace
+}  // namespace weightfs
