@@ -1718,7 +1718,7 @@ int Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle) 
   return 0;
 }
 
-int Drafts::SetAttr(uint64_t ino, const AttrChange& change, NodeAttr* out) {
+int Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* handle, NodeAttr* out) {
   State& s = *state_;
   std::shared_ptr<Draft> d;
   std::shared_ptr<DraftFile> f;
@@ -1739,20 +1739,32 @@ int Drafts::SetAttr(uint64_t ino, const AttrChange& change, NodeAttr* out) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     const State::Ref* r = s.RefLocked(ino);
-    if (!r) return ENOENT;
-    // The directories above the versions are the mount's, not a draft's: nothing to keep
-    // their owner or times in.
-    if (r->type == State::Type::kNewDir) return size ? EISDIR : EPERM;
-    d = s.DraftLocked(r->a);
-    if (!d) return s.GoneLocked(r->a);
-    if (r->type == State::Type::kDraftDir || d->dirs.count(r->b)) {
+    if (handle) {
+      // ftruncate, fchmod...: the open file, even if it was renamed or unlinked since.
+      d = handle->draft;
+      f = handle->file;
+      if (s.DraftLocked(d->name()) != d) return s.GoneLocked(d->name());
+      for (const auto& [p, file] : d->files) {
+        if (file == f) path = p;
+      }
+    } else {
+      if (!r) return ENOENT;
+      // The directories above the versions are the mount's, not a draft's: nothing to keep
+      // their owner or times in.
+      if (r->type == State::Type::kNewDir) return size ? EISDIR : EPERM;
+      d = s.DraftLocked(r->a);
+      if (!d) return s.GoneLocked(r->a);
+    }
+    if (!f && (r->type == State::Type::kDraftDir || d->dirs.count(r->b))) {
       if (size) return EISDIR;
       apply(*d->DirMeta(r->type == State::Type::kDraftDir ? std::string() : r->b));
     } else {
-      auto it = d->files.find(r->b);
-      if (it == d->files.end()) return ENOENT;
-      f = it->second;
-      path = r->b;
+      if (!f) {
+        auto it = d->files.find(r->b);
+        if (it == d->files.end()) return ENOENT;
+        f = it->second;
+        path = r->b;
+      }
       std::lock_guard<std::mutex> flock(f->mu);
       if (size && f->id == 0) {
         if (d->committing) return EBUSY;
@@ -1788,10 +1800,16 @@ int Drafts::SetAttr(uint64_t ino, const AttrChange& change, NodeAttr* out) {
     if (f->backed) f->backing_limit = std::min(f->backing_limit, *size);
     f->generation++;
     if (!change.mtime_ns) f->meta.mtime_ns = now;
-    if (f->writers == 0) s.Enqueue(d->name(), path);
+    if (f->writers == 0 && !path.empty()) s.Enqueue(d->name(), path);
   }
   if (int e = s.SaveJournalErrno(*d); e != 0) return e;
   if (!unlink_after.empty()) ::unlink(unlink_after.c_str());
+  if (f && path.empty()) {  // an open file that is unlinked: its attributes from the handle
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.FileAttr(ino, *f, out);
+    out->st.st_nlink = 0;
+    return 0;
+  }
   return GetAttr(ino, out);
 }
 
@@ -1857,7 +1875,9 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
   DraftFile& f = *h.file;
   if (!h.write) return EBADF;
   const uint64_t end = offset + data.size();
-  // Copy-up: parent chunks this write covers only in part are materialized first.
+  // Copy-up: parent chunks this write covers only in part are materialized first (and made
+  // durable: the journal will say they are in the staging file).
+  bool copied = false;
   for (;;) {
     std::optional<size_t> need;
     {
@@ -1868,11 +1888,7 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
           if (ch.offset >= end || ch.offset >= f.backing_limit) break;
           if (f.present[c] != '0') continue;
           const uint64_t cend = std::min(ch.offset + ch.length, f.backing_limit);
-          if (offset <= ch.offset && end >= cend) {
-            f.present[c] = '2';  // wholly overwritten: nothing to copy
-            f.journal_dirty = true;
-            continue;
-          }
+          if (offset <= ch.offset && end >= cend) continue;  // wholly overwritten: nothing to copy
           need = c;
           break;
         }
@@ -1887,21 +1903,46 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
       const uint64_t len = std::min<uint64_t>(ch.length, f.backing_limit - ch.offset);
       if (int err = PwriteAll(f.fd, (*bytes)->data(), len, ch.offset); err != 0) return err;
       f.present[*need] = '1';
-      f.journal_dirty = true;
+      copied = true;
     }
   }
-  std::lock_guard<std::mutex> lock(f.mu);
-  if (int err = PwriteAll(f.fd, data.data(), data.size(), offset); err != 0) {
-    spdlog::error("write {}/{} at {}: {} (staging file {}); the draft cannot be committed until the "
-                  "file is written again or removed", h.draft->name(), h.path, offset, std::strerror(err), f.staging);
-    f.write_error = std::strerror(err);
-    f.journal_dirty = true;
-    return err;
+  bool marked = copied;  // the copy-up map changed: journaled before the write is acknowledged
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (int err = PwriteAll(f.fd, data.data(), data.size(), offset); err != 0) {
+      spdlog::error("write {}/{} at {}: {} (staging file {}); the draft cannot be committed until the "
+                    "file is written again or removed", h.draft->name(), h.path, offset, std::strerror(err), f.staging);
+      f.write_error = std::strerror(err);
+      f.journal_dirty = true;
+      return err;
+    }
+    // Parent chunks this write covered whole are the staging file's from now on (marked only
+    // once the bytes are there: a reader or a crash before sees the parent's).
+    if (f.backed && offset < f.backing_limit) {
+      for (size_t c = f.parent_file->ChunkAt(offset); c < f.present.size(); ++c) {
+        const ManifestChunk& ch = f.parent_file->chunks[c];
+        if (ch.offset >= end || ch.offset >= f.backing_limit) break;
+        if (f.present[c] == '0' && offset <= ch.offset && end >= std::min(ch.offset + ch.length, f.backing_limit)) {
+          f.present[c] = '2';
+          marked = true;
+        }
+      }
+    }
+    f.size = std::max(f.size, end);
+    f.generation++;
+    f.meta.Touch(NowNs());
+    f.journal_dirty = true;  // (the times; written at the next fsync or close)
+    if (copied && ::fdatasync(f.fd) != 0) return errno;
   }
-  f.size = std::max(f.size, end);
-  f.generation++;
-  f.meta.Touch(NowNs());
-  f.journal_dirty = true;  // (the times; written at the next fsync or close)
+  // A journal that said "the parent's" for a chunk the staging file now holds would, after a
+  // crash of the daemon, show the parent's bytes where this write put its own.
+  if (marked) {
+    if (Status js = s.SaveJournal(*h.draft); !js.ok()) {
+      std::lock_guard<std::mutex> lock(f.mu);
+      f.write_error = "cannot record the write in the draft's journal: " + js.message();
+      return js.kind() == ErrorKind::kResourceExhausted ? ENOSPC : EIO;
+    }
+  }
   return 0;
 }
 

@@ -136,7 +136,9 @@ class Drafts {
   int Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle);
   // Files: size, owner, mode, times. A draft's directories: owner, mode, times. The
   // directories above the versions: EPERM (they are the mount's).
-  int SetAttr(uint64_t ino, const AttrChange& change, NodeAttr* out);
+  // `handle`: the open file setattr came with (ftruncate, fchmod), which may have been renamed
+  // or unlinked since; null: by inode.
+  int SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* handle, NodeAttr* out);
   int Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8_t>* out);
   int Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data);
   int Fsync(DraftHandle& h);

@@ -613,7 +613,7 @@ Caller CallerOf(fuse_req_t req) {
   return Caller{ctx->uid, ctx->gid};
 }
 
-void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
   Serve(req, "setattr", [&] {
     Impl& s = Server(req);
     if (!s.Owned(ino)) return WriteDenied("setattr", ino);
@@ -636,7 +636,8 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
       c.mtime_ns = ns(attr->st_mtim);
     }
     NodeAttr a;
-    if (int err = s.drafts->SetAttr(ino, c, &a); err != 0) return err;
+    DraftHandle* handle = fi ? reinterpret_cast<OpenFile*>(fi->fh)->draft.get() : nullptr;
+    if (int err = s.drafts->SetAttr(ino, c, handle, &a); err != 0) return err;
     fuse_reply_attr(req, &a.st, a.timeout_s);
     return 0;
   });

@@ -35,6 +35,7 @@
 #include <spdlog/sinks/syslog_sink.h>
 #include <spdlog/spdlog.h>
 
+#include "core/chunk_plan.h"
 #include "core/hash.h"
 #include "fs/fuse_server.h"
 #include "fs/mount_point.h"
@@ -98,6 +99,7 @@ options:
                        the rest; readers beyond wait), the rest for chunks kept
                        in memory
   --refresh SECONDS    re-list the bucket at most this often                  [10]
+  --chunk-size BYTES   chunk size of the versions drafts publish (as push's)  [4MiB]
   --threads N          FUSE worker threads                                    [16]
   --read-only          mount read-only: no drafts (published versions always are)
   --allow-other        let other users read the mount (non-root users need
@@ -336,6 +338,12 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
     WFS_ASSIGN_OR_RETURN(refresh, ParseDouble(*v));
   }
   m.names.refresh = std::chrono::milliseconds(static_cast<int64_t>(refresh * 1000));
+  if (auto v = args.Get("--chunk-size")) {
+    WFS_ASSIGN_OR_RETURN(m.drafts.push.chunk_bytes, ParseSize(*v));
+    if (m.drafts.push.chunk_bytes < 4096 || m.drafts.push.chunk_bytes > kMaxChunkBytes) {
+      return Status::InvalidArgument("--chunk-size takes 4KiB..64MiB");
+    }
+  }
   m.names.uid = ::getuid();
   m.names.gid = ::getgid();
   // Drafts of this bucket live in the cache directory, under a name derived from the URL.
@@ -350,7 +358,7 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
 }  // namespace
 
 int MountMain(int argc, char** argv) {
-  ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--threads", "-o",
+  ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--threads", "-o", "--chunk-size",
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
