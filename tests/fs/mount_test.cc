@@ -30,6 +30,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -696,6 +697,69 @@ TEST_F(MountTest, ACorruptedPackGivesEioForThatChunkAndALogLineNamingIt) {
   const std::string where = "acme/tiny@v0 " + std::string(kShards[1]) + " tensor '" + bad->key.tensor +
                             "' chunk " + std::to_string(bad->key.index);
   EXPECT_NE(log.find(where), std::string::npos) << "no '" << where << "' in\n" << log;
+}
+
+// A pack shorter than the manifest says — cut before a payload, so the store refuses the range
+// — is corrupt data: EIO (not EINVAL) for the chunks it held, a log line naming the pack, the
+// version and the file, the rest of the version readable, the daemon up.
+TEST_F(MountTest, ATruncatedPackGivesEioAndALogLineNamingThePackVersionAndFile) {
+  const fs::path bucket = CopyBucket("truncated");
+  const Manifest m0 = ManifestOf(bucket, 0);
+  const ManifestFile* file = m0.FindFile(kShards[1]);
+  ASSERT_TRUE(file);
+  // A keyframe chunk at least 3 MiB into the file whose payload is not at the start of its pack.
+  const ManifestChunk* bad = nullptr;
+  for (const ManifestChunk& c : file->chunks) {
+    if (c.offset >= (3u << 20) && !c.is_delta() && c.origin == 0 && c.ref.offset > 0) {
+      bad = &c;
+      break;
+    }
+  }
+  ASSERT_TRUE(bad);
+  const std::string pack_key = "packs/" + m0.packs[bad->ref.pack].ToHex();
+  const uint64_t cut = bad->ref.offset - 1;
+  fs::resize_file(bucket / pack_key, cut);
+  // A chunk whose payload the cut left whole, to read next.
+  std::string good_file;
+  const ManifestChunk* good = nullptr;
+  for (const ManifestFile& f : m0.files) {
+    for (const ManifestChunk& c : f.chunks) {
+      if (!good && c.origin == 0 && !c.is_delta() && c.length >= 4096 &&
+          (c.ref.pack != bad->ref.pack || c.ref.offset + c.ref.length <= cut)) {
+        good = &c;
+        good_file = f.path;
+      }
+    }
+  }
+  ASSERT_TRUE(good);
+  Mount m(bucket, "truncated");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  int fd = ::open((m.Version(0) / kShards[1]).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> buf(4096);
+  EXPECT_EQ(::pread(fd, buf.data(), buf.size(), static_cast<off_t>(bad->offset + 100)), -1);
+  EXPECT_EQ(errno, EIO) << std::strerror(errno);
+  ::close(fd);
+  fd = ::open((m.Version(0) / good_file).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  const std::vector<uint8_t>& src = SourceBytes(0, good_file);
+  ASSERT_EQ(::pread(fd, buf.data(), buf.size(), static_cast<off_t>(good->offset)), static_cast<ssize_t>(buf.size()));
+  EXPECT_EQ(std::memcmp(buf.data(), src.data() + good->offset, buf.size()), 0);
+  ::close(fd);
+  EXPECT_FALSE(ProcessGone(m.pid()));
+  const std::string log = SlurpText(m.log());
+  bool found = false;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(pack_key + " is truncated") != std::string::npos) {
+      found = true;
+      EXPECT_NE(line.find("acme/tiny@v0"), std::string::npos) << line;
+      EXPECT_NE(line.find(kShards[1]), std::string::npos) << line;
+      EXPECT_NE(line.find("error"), std::string::npos) << line;
+      EXPECT_NE(line.find("(errno 5)"), std::string::npos) << line;
+    }
+  }
+  EXPECT_TRUE(found) << "no line naming " << pack_key << " in\n" << log;
 }
 
 // ---- the disk cache ----------------------------------------------------------------------------

@@ -357,34 +357,49 @@ void FlipByteIn(const fs::path& file, uint64_t offset) {
   ::close(fd);
 }
 
+// A pack with a flipped byte, or shorter than the manifest says — ending inside a payload, or
+// before it starts (the store then refuses the range: not a bad request but a truncated pack) —
+// is Corruption naming the pack, the version, the file and the chunk; pull writes no file.
 TEST_F(BucketEngineTest, CorruptOrTruncatedPackFailsNamingTheChunkAndWritesNoFile) {
   auto chain = PushChain(2, nullptr);
   for (const auto& f : chain[1]->files) {
-    for (const auto& c : f.chunks) {
-      if (c.origin != 0) continue;
-      for (bool truncate : {false, true}) {
-        fs::path pack = root_ / "bucket" / Bucket::PackKey(chain[1]->packs[c.ref.pack]);
+    for (size_t i = 0; i < f.chunks.size(); ++i) {
+      const ManifestChunk& c = f.chunks[i];
+      if (c.origin != 0 || c.ref.offset == 0) continue;
+      const std::string key = Bucket::PackKey(chain[1]->packs[c.ref.pack]);
+      for (const std::string how : {"flip", "truncate inside", "truncate before"}) {
+        SCOPED_TRACE(how);
+        fs::path pack = root_ / "bucket" / key;
         std::vector<uint8_t> saved = ReadFile(pack.string());
-        if (truncate) fs::resize_file(pack, c.ref.offset + c.ref.length / 2);
-        else FlipByteIn(pack, c.ref.offset + c.ref.length / 2);
-        auto cache = Cache(std::string("c") + (truncate ? "t" : "f"));
+        if (how == "flip") FlipByteIn(pack, c.ref.offset + c.ref.length / 2);
+        if (how == "truncate inside") fs::resize_file(pack, c.ref.offset + c.ref.length / 2);
+        if (how == "truncate before") fs::resize_file(pack, c.ref.offset / 2);
+        auto cache = Cache("cache-" + how.substr(how.size() - 4));
         Materializer mat(bucket_.get(), cache.get());
+        Expected<ChunkBytes> one = mat.Shared(*chain[1], f, i);
+        ASSERT_FALSE(one.ok());
+        EXPECT_EQ(one.status().kind(), ErrorKind::kCorruption) << one.status().ToString();
+        EXPECT_NE(one.status().message().find("acme/m@v1 " + f.path), std::string::npos) << one.status().ToString();
+        if (how != "flip") {
+          EXPECT_NE(one.status().message().find(key + " is truncated"), std::string::npos) << one.status().ToString();
+        }
         fs::path dest = root_ / "out";
         fs::remove_all(dest);
         Status s = PullVersion(mat, pool_, *chain[1], dest.string());
         EXPECT_FALSE(s.ok());
+        EXPECT_EQ(s.kind(), ErrorKind::kCorruption) << s.ToString();
         EXPECT_NE(s.message().find(f.path), std::string::npos) << s.ToString();
         EXPECT_NE(s.message().find("chunk"), std::string::npos) << s.ToString();
         EXPECT_FALSE(fs::exists(dest / f.path));
         EXPECT_FALSE(fs::exists(dest / (f.path + ".weightfs-partial")));
         Materializer verifier(bucket_.get(), nullptr);
-        EXPECT_FALSE(VerifyVersion(verifier, pool_, *chain[1]).ok());
+        EXPECT_EQ(VerifyVersion(verifier, pool_, *chain[1]).kind(), ErrorKind::kCorruption);
         WriteFile(pack.string(), saved);
       }
       return;  // one changed chunk is enough
     }
   }
-  FAIL() << "no fresh chunk in v1";
+  FAIL() << "no fresh chunk of v1 after the start of its pack";
 }
 
 // The mount's read path: Shared hands out the bytes Chunk does, from the buffer it built them in
