@@ -2,6 +2,7 @@
 // cache's role in following a chain, keyframes, conflicts, corruption, gc.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +26,7 @@
 #include "hub/store_wrapper.h"
 #include "hub/version_reader.h"
 #include "hub/version_writer.h"
+#include "tests/hub/log_capture.h"
 
 namespace weightfs {
 namespace {
@@ -938,6 +940,52 @@ TEST(ChunkCacheTest, ChangesRacingWithReadsNeverYieldWrongBytes) {
   changer.join();
   EXPECT_GT(misses, 0u);
   std::printf("%zu hits, %zu misses\n", hits, misses);
+  fs::remove_all(dir);
+}
+
+// A full disk fails every insert (the cache is an optimization: the reads go on); the warning
+// for it is logged once a minute with a count of the failures not logged, not once per chunk.
+// The disk: a 1 MiB tmpfs (mounting it needs root) filled by another file, so that eviction
+// cannot make room.
+TEST(ChunkCacheTest, AFullDiskLogsOneWarningPerMinuteWithACountNotOnePerChunk) {
+  const fs::path dir = fs::temp_directory_path() / ("wfs-cache-full-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    const int err = errno;
+    fs::remove_all(dir);
+    GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << std::strerror(err);
+  }
+  constexpr int kChunks = 200;
+  {
+    test::LogCapture capture;
+    auto opened = ChunkCache::Open((dir / "cache").string(), 1ull << 30);
+    ASSERT_TRUE(opened.ok());
+    {
+      std::ofstream filler(dir / "filler", std::ios::binary);
+      const std::vector<char> block(4096, 'x');
+      while (filler.write(block.data(), static_cast<std::streamsize>(block.size()))) {
+        filler.flush();
+      }
+    }
+    std::vector<uint8_t> bytes(64 << 10);
+    for (int i = 0; i < kChunks; ++i) {
+      bytes[0] = static_cast<uint8_t>(i);
+      bytes[1] = static_cast<uint8_t>(i >> 8);
+      const Status s = (*opened)->Put(HashChunk(bytes), bytes);
+      EXPECT_EQ(s.kind(), ErrorKind::kResourceExhausted) << s.ToString();
+    }
+    std::vector<std::string> lines = capture.Lines();
+    ASSERT_EQ(lines.size(), 1u) << lines.back();
+    EXPECT_NE(lines[0].find("warning chunk cache: "), std::string::npos) << lines[0];
+    EXPECT_NE(lines[0].find("No space left on device"), std::string::npos) << lines[0];
+    opened->reset();  // the count not logged yet is logged now
+    lines = capture.Lines();
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_NE(lines[1].find(std::to_string(kChunks - 1) + " more failed chunk cache inserts"), std::string::npos)
+        << lines[1];
+  }
+  ::umount2(dir.c_str(), MNT_DETACH);
   fs::remove_all(dir);
 }
 
