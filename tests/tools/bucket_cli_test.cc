@@ -1,6 +1,8 @@
 // The bucket commands as users run them: the real binary, real processes, a local bucket.
 // Killing pushes at random moments, racing processes, corrupted packs, gc afterwards.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/command_runner.h"
 
@@ -185,6 +188,56 @@ TEST_F(BucketCli, KilledPushesNeverPublishHalfAVersionAndGcCleansUp) {
   EXPECT_EQ(CountFiles(root_ / "bucket/leases"), 0u);
   EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v0").exit_code, 0);
   EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+}
+
+// One corrupt manifest must not hide the rest of the bucket: `log` lists every other version
+// (of every model), reports the corrupt one (an UNREADABLE row and an error line; an "error"
+// field with --json) and exits 1, as --help documents.
+TEST_F(BucketCli, LogListsEveryVersionAndReportsACorruptManifest) {
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v1 " + Version(1) + " --no-cache").exit_code, 0);
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v2 " + Version(2) + " --no-cache").exit_code, 0);
+  ASSERT_EQ(RunCli("push " + bucket_ + " other/n@base " + Version(0) + " --no-cache").exit_code, 0);
+  std::ofstream(root_ / "bucket/models/acme/m/versions/v1.json", std::ios::trunc) << "{\"format\": 1, \"model\": ";
+
+  Result log = RunCli("log " + bucket_);
+  EXPECT_EQ(log.exit_code, 1) << log.out;
+  for (const char* listed : {"acme/m@v0 ", "acme/m@v2 ", "other/n@base "}) {
+    EXPECT_NE(log.out.find(listed), std::string::npos) << listed << " missing from\n" << log.out;
+  }
+  EXPECT_NE(log.out.find("cannot read acme/m@v1: Corruption"), std::string::npos) << log.out;
+  const size_t row = log.out.find("acme/m@v1 ");
+  ASSERT_NE(row, std::string::npos) << log.out;
+  EXPECT_NE(log.out.find("UNREADABLE", row), std::string::npos) << log.out;
+  // The unreadable version comes after its model's other versions.
+  EXPECT_GT(log.out.rfind("acme/m@v1 "), log.out.find("acme/m@v2 ")) << log.out;
+
+  // --json: stdout is one valid document with an "error" field for the unreadable version.
+  Result json = weightfs::test::RunShell(std::string(WEIGHTFS_BINARY) + " log " + bucket_ + " --json 2>/dev/null");
+  EXPECT_EQ(json.exit_code, 1);
+  const nlohmann::json j = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_TRUE(j.is_array()) << json.out;
+  ASSERT_EQ(j.size(), 4u) << json.out;
+  size_t errors = 0;
+  for (const auto& e : j) {
+    if (e.contains("error")) {
+      ++errors;
+      EXPECT_EQ(e["model"], "acme/m");
+      EXPECT_EQ(e["version"], "v1");
+      EXPECT_NE(e["error"].get<std::string>().find("Corruption"), std::string::npos) << e.dump();
+    } else {
+      EXPECT_TRUE(e.contains("stored_bytes")) << e.dump();
+    }
+  }
+  EXPECT_EQ(errors, 1u);
+
+  // A model whose versions all read: exit 0. The --help says what the exit status means.
+  Result other = RunCli("log " + bucket_ + " other/n");
+  EXPECT_EQ(other.exit_code, 0) << other.out;
+  EXPECT_NE(other.out.find("other/n@base"), std::string::npos) << other.out;
+  Result help = RunCli("log --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("Exit status"), std::string::npos) << help.out;
 }
 
 TEST_F(BucketCli, FlippedByteInAPackFailsPullAndVerifyNamingTheChunk) {
