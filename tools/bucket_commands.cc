@@ -577,6 +577,10 @@ Removes packs that no published version references: leftovers of pushes that die
 are left alone while any push holds a live lease (a push in progress). Dead leases (expired,
 or of a process that no longer runs on this host) are removed.
 
+Also removes temporary uploads (.weightfs-tmp/ in local and WebDAV buckets) that writes killed
+before publishing left behind: those unchanged for an hour, and only while no push holds a
+live lease (younger ones may be uploads in progress). The report counts them.
+
 options:
   --keep-last N        also retire all but the newest N versions of each model; kept
                        versions whose deltas build on retired ones are rebased first (those
@@ -604,8 +608,18 @@ options:
   for (const std::string& v : r->retired) std::printf("%s version %s\n", opts.dry_run ? "would retire" : "retired", v.c_str());
   for (const std::string& v : r->rebased) std::printf("%s %s\n", opts.dry_run ? "would rebase" : "rebased", v.c_str());
   for (const std::string& v : r->kept_as_base) std::printf("kept %s: newer versions' deltas build on it\n", v.c_str());
+  if (r->deleted_temporaries) {
+    std::printf("%s %zu temporary uploads left by interrupted writes (%s)\n", verb, r->deleted_temporaries,
+                FormatBytes(static_cast<double>(r->deleted_temporary_bytes)).c_str());
+  }
+  if (r->recent_temporaries) {
+    std::printf("kept %zu temporary upload(s) younger than an hour (possibly writes in progress)\n",
+                r->recent_temporaries);
+  }
   if (r->live_leases) {
-    std::printf("left unreferenced packs alone: %zu push(es) in progress:", r->live_leases);
+    std::printf("left unreferenced packs%s alone: %zu push(es) in progress:",
+                r->temporaries ? (" and " + std::to_string(r->temporaries) + " temporary upload(s)").c_str() : "",
+                r->live_leases);
     for (const std::string& l : r->live_lease_names) std::printf(" %s", l.c_str());
     std::printf("\n");
   }

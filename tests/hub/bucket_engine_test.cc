@@ -508,6 +508,59 @@ TEST_F(BucketEngineTest, GcRemovesOrphansOnlyWhenNoPushIsLive) {
   for (const auto& m : chain) EXPECT_TRUE(VerifyVersion(verifier, pool_, *m).ok());
 }
 
+// Writes that die between the upload of a temporary object and its rename leave it in
+// .weightfs-tmp/. gc removes those an hour old (not younger ones: writes in progress) while no
+// push holds a live lease, counts them, and removes nothing with --dry-run.
+TEST_F(BucketEngineTest, GcRemovesOldTemporariesOfKilledWritesWhenNoPushIsLive) {
+  auto chain = PushChain(2, nullptr);
+  const fs::path tmp = root_ / "bucket" / ".weightfs-tmp";
+  const std::vector<uint8_t> junk(12345, 9);
+  WriteFile((tmp / "111-0-42").string(), junk);  // a killed push's pack upload, 2 hours old
+  WriteFile((tmp / "222-5-43").string(), std::vector<uint8_t>(100, 1));  // just written
+  const timespec two_hours_ago[2] = {{::time(nullptr) - 7200, 0}, {::time(nullptr) - 7200, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, (tmp / "111-0-42").c_str(), two_hours_ago, 0), 0);
+
+  auto listed = store_->ListTemporaries();
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].key, ".weightfs-tmp/111-0-42");
+  EXPECT_EQ((*listed)[0].size, junk.size());
+  EXPECT_NEAR(static_cast<double>((*listed)[0].modified_ms), (::time(nullptr) - 7200) * 1000.0, 2000.0);
+  auto page = store_->List("");
+  ASSERT_TRUE(page.ok());
+  for (const ObjectInfo& o : page->objects) EXPECT_EQ(o.key.find(".weightfs-tmp"), std::string::npos) << o.key;
+  {
+    // A live push may own any temporary: none is removed.
+    auto lease = Lease::Acquire(store_.get(), "acme/m@live");
+    ASSERT_TRUE(lease.ok());
+    auto r = CollectGarbage(*bucket_, {});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->temporaries, 2u);
+    EXPECT_EQ(r->deleted_temporaries, 0u);
+    EXPECT_TRUE(fs::exists(tmp / "111-0-42"));
+  }
+  auto dry = CollectGarbage(*bucket_, {.dry_run = true});
+  ASSERT_TRUE(dry.ok());
+  EXPECT_EQ(dry->deleted_temporaries, 1u);
+  EXPECT_EQ(dry->deleted_temporary_bytes, junk.size());
+  EXPECT_EQ(dry->recent_temporaries, 1u);
+  EXPECT_TRUE(fs::exists(tmp / "111-0-42"));
+  auto r = CollectGarbage(*bucket_, {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->temporaries, 2u);
+  EXPECT_EQ(r->deleted_temporaries, 1u);
+  EXPECT_EQ(r->recent_temporaries, 1u);
+  EXPECT_FALSE(fs::exists(tmp / "111-0-42"));
+  EXPECT_TRUE(fs::exists(tmp / "222-5-43"));
+  // With a shorter minimum age the young one goes too; the versions are untouched.
+  auto all = CollectGarbage(*bucket_, {.temporary_min_age = std::chrono::milliseconds(0)});
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->deleted_temporaries, 1u);
+  EXPECT_FALSE(fs::exists(tmp / "222-5-43"));
+  Materializer verifier(bucket_.get(), nullptr);
+  for (const auto& m : chain) EXPECT_TRUE(VerifyVersion(verifier, pool_, *m).ok());
+}
+
 TEST_F(BucketEngineTest, GcKeepLastWithoutRebaseKeepsWhatKeptVersionsBuildOn) {
   options_.keyframes.max_depth = 1;  // v0 FULL, v1 delta, v2 FULL again, v3 delta
   auto chain = PushChain(4, nullptr);

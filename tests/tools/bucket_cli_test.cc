@@ -240,6 +240,34 @@ TEST_F(BucketCli, LogListsEveryVersionAndReportsACorruptManifest) {
   EXPECT_NE(help.out.find("Exit status"), std::string::npos) << help.out;
 }
 
+// Pushes killed mid-upload leave temporary objects in .weightfs-tmp/; `gc` removes the old ones
+// (unchanged for an hour), keeps young ones, counts both, and --dry-run removes nothing.
+TEST_F(BucketCli, GcRemovesOldTemporaryUploadsAndCountsThem) {
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  const fs::path tmp = root_ / "bucket/.weightfs-tmp";
+  fs::create_directories(tmp);
+  for (const char* name : {"9001-0-1", "9001-1-2", "9002-0-3"}) {
+    std::ofstream(tmp / name, std::ios::binary) << std::string(1 << 20, 'x');
+  }
+  const time_t old = ::time(nullptr) - 2 * 3600;
+  const timespec times[2] = {{old, 0}, {old, 0}};
+  for (const char* name : {"9001-0-1", "9001-1-2"}) {
+    ASSERT_EQ(::utimensat(AT_FDCWD, (tmp / name).c_str(), times, 0), 0);
+  }
+  Result dry = RunCli("gc " + bucket_ + " --dry-run");
+  ASSERT_EQ(dry.exit_code, 0) << dry.out;
+  EXPECT_NE(dry.out.find("would remove 2 temporary uploads left by interrupted writes"), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("kept 1 temporary upload"), std::string::npos) << dry.out;
+  EXPECT_EQ(CountFiles(tmp), 3u);
+  Result gc = RunCli("gc " + bucket_);
+  ASSERT_EQ(gc.exit_code, 0) << gc.out;
+  EXPECT_NE(gc.out.find("removed 2 temporary uploads left by interrupted writes (2.0 MiB)"), std::string::npos)
+      << gc.out;
+  EXPECT_EQ(CountFiles(tmp), 1u);
+  EXPECT_TRUE(fs::exists(tmp / "9002-0-3"));
+  EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v0").exit_code, 0);
+}
+
 TEST_F(BucketCli, FlippedByteInAPackFailsPullAndVerifyNamingTheChunk) {
   ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
   for (const auto& e : fs::directory_iterator(root_ / "bucket/packs")) {
