@@ -12,11 +12,11 @@
 //   caller owns (a heap buffer, or a buffer the caller provides: GetInto) and hashes that copy,
 //   so what a caller gets is exactly what was verified whatever happens to the file afterwards.
 //   Entries are files that anyone with access can change in place — another process, a disk
-//   tool, a repair — so a map of one (which the cache once handed out) shows such a change to
-//   readers after the check: a flipped byte became a wrong byte served, a truncated file zeros
-//   or SIGBUS. Now a file flipped, overwritten, truncated or appended to, at any moment, is a
-//   miss, never wrong data: the read sees a hash mismatch, or fewer bytes than the file had
-//   when it was opened, and drops the entry (when the path still names the file it read).
+//   tool, a repair — and a shared map of one would show such a change to readers after the
+//   check (a flipped byte served as a wrong byte, a truncated file as zeros or SIGBUS). So a
+//   file flipped, overwritten, truncated or appended to, at any moment, is a miss, never wrong
+//   data: the read sees a hash mismatch, or fewer bytes than the file had when it was opened,
+//   and drops the entry (if the path still names the file it read).
 // - Cheap hits: GetInto reads into the caller's buffer, so the materializer reads hits into its
 //   pooled buffers, already faulted in; a hit costs the kernel's copy out of the page cache
 //   (fresh anonymous pages would cost a fault per 4 KiB, ~10 us each on the 2-core benchmark VM).

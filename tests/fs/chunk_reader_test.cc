@@ -3,7 +3,6 @@
 // and errors name the chunk and are not cached.
 #include "fs/chunk_reader.h"
 
-#include <sys/mman.h>
 
 #include <cstring>
 #include <filesystem>

@@ -1,7 +1,6 @@
 // End-to-end tests of the bucket engine on a local directory bucket: push, pull, verify, the
 // cache's role in following a chain, keyframes, conflicts, corruption, gc.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
