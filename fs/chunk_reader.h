@@ -6,9 +6,10 @@
 //       -> Materializer (nearest cached ancestor or keyframe, parallel range reads, verified)
 //
 // Chunks are keyed by their content hash, so identical chunks of different versions or files
-// share one entry. Bytes are handed out as ChunkBytes (hub/chunk_cache.h): a map of the chunk's
-// disk cache file, or a heap buffer when there is no disk cache. A reply can point into them
-// (fuse_reply_iov) while the cache is free to evict them; Read never copies them.
+// share one entry. Bytes are handed out as ChunkBytes (hub/chunk_cache.h): the materializer's
+// pooled buffer the chunk was built in or read from the disk cache into, or a heap buffer —
+// private memory, verified once, that no change to a cache file can reach. A reply can point
+// into them (fuse_reply_iov) while the cache is free to evict them; Read never copies them.
 //
 // Single flight: concurrent readers of one chunk share one materialization. The first caller
 // materializes on its own thread; the others wait on its shared_future. No lock is held across
@@ -25,8 +26,7 @@
 // chunk materializes it again and reports the error).
 //
 // Memory: at most `memory_limit` bytes of cached chunks, plus the chunks in flight (one per
-// reading thread and per readahead thread) and the buffers that replies still hold. Mapped
-// chunks count like heap ones (their page cache is locked in memory while mapped).
+// reading thread and per readahead thread) and the buffers that replies still hold.
 //
 // Thread-safe.
 #pragma once
@@ -113,8 +113,8 @@ class ChunkReader {
   // REQUIRES: index < file.chunks.size().
   BytesResult Bytes(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
                     size_t index);
-  // The same as a heap buffer: shared when the chunk is held as one, else a copy of the mapping
-  // (prefer Bytes, which never copies).
+  // The same as a heap buffer: shared when the chunk is held as one, else a copy of the pooled
+  // buffer (prefer Bytes, which never copies).
   ChunkResult Chunk(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
                     size_t index);
 

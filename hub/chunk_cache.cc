@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +14,8 @@
 #include <random>
 
 #include <spdlog/spdlog.h>
+
+#include "core/chunk_plan.h"
 
 namespace weightfs {
 namespace {
@@ -56,52 +57,6 @@ std::vector<Entry> Scan(const std::string& dir) {
   }
   ::closedir(top);
   return entries;
-}
-
-// A read-only map of a chunk file, unmapped when the last ChunkBytes pointing into it goes.
-struct Mapping {
-  void* addr;
-  size_t length;
-  Mapping(void* a, size_t l) : addr(a), length(l) {}
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() { ::munmap(addr, length); }
-};
-
-// Maps bytes [0, size) of `fd` into *out, locked in memory: every page is read in now (one call
-// instead of a fault per 64 KiB when a reader first touches them) and stays resident until the
-// map goes, so bytes verified once are never read from the disk again behind our back, and a
-// later disk error cannot turn into SIGBUS in a reader. False (nothing mapped) if the map or
-// the lock fails — RLIMIT_MEMLOCK for an unprivileged process — or a page could not be read:
-// the caller then copies, as it would without maps.
-bool MapFile(int fd, size_t size, ChunkBytes* out) {
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE | MAP_LOCKED, fd, 0);
-  if (p == MAP_FAILED) {
-    if (errno == EAGAIN || errno == EPERM || errno == ENOMEM) {
-      static std::once_flag logged;
-      std::call_once(logged, [] {
-        spdlog::info("chunk cache: cannot lock maps of chunk files (RLIMIT_MEMLOCK); chunks are "
-                     "copied instead (raise `ulimit -l` for zero-copy reads)");
-      });
-    }
-    return false;
-  }
-  std::shared_ptr<const Mapping> m;
-  try {
-    m = std::make_shared<const Mapping>(p, size);
-  } catch (...) {
-    ::munmap(p, size);
-    throw;
-  }
-  // MAP_POPULATE ignores pages it fails to read (an I/O error): they must all be resident.
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> resident((size + page - 1) / page);
-  if (::mincore(p, size, resident.data()) != 0 ||
-      std::any_of(resident.begin(), resident.end(), [](unsigned char r) { return (r & 1) == 0; })) {
-    return false;  // `m` unmaps
-  }
-  *out = ChunkBytes(m, {static_cast<const uint8_t*>(p), size});
-  return true;
 }
 
 }  // namespace
@@ -149,23 +104,35 @@ namespace {
 
 constexpr const char* kRefMagic = "weightfs-chunk-ref 1";
 
-// Reads exactly out->size() bytes at `offset`.
-bool PreadAll(int fd, uint8_t* out, size_t size, uint64_t offset) {
-  size_t done = 0;
+// Reads up to `size` bytes at `offset`; the number read (less at the end of the file or on an
+// error).
+uint64_t ReadFull(int fd, uint8_t* out, uint64_t size, uint64_t offset) {
+  uint64_t done = 0;
   while (done < size) {
     ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
-      return false;
+      break;
     }
-    done += static_cast<size_t>(n);
+    done += static_cast<uint64_t>(n);
   }
-  return true;
+  return done;
 }
+
+// Closes the descriptor it holds.
+struct Fd {
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  int fd;
+};
 
 }  // namespace
 
-bool ChunkCache::GetReference(const Hash128& hash, ByteBuffer* out) {
+bool ChunkCache::GetReference(const Hash128& hash, const Output& output) {
   const std::string ref_path = PathOf(hash) + ".ref";
   char buf[4096];
   int rfd = ::open(ref_path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -183,17 +150,17 @@ bool ChunkCache::GetReference(const Hash128& hash, ByteBuffer* out) {
     if (std::strncmp(buf, kRefMagic, magic) == 0 && buf[magic] == '\n' &&
         std::sscanf(buf + magic + 1, "%llu %llu %llu %lld\n%n", &offset, &length, &size, &mtime,
                     &consumed) == 4 &&
-        consumed > 0 && length <= (1ull << 30)) {
+        consumed > 0 && length <= kMaxChunkBytes) {
       const char* path = buf + magic + 1 + consumed;
-      int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+      Fd fd(::open(path, O_RDONLY | O_CLOEXEC));
       struct stat st;
-      if (fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<unsigned long long>(st.st_size) == size &&
+      if (fd.fd >= 0 && ::fstat(fd.fd, &st) == 0 && static_cast<unsigned long long>(st.st_size) == size &&
           static_cast<long long>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec == mtime &&
           offset + length <= size) {
-        out->resize(length);
-        ok = PreadAll(fd, out->data(), length, offset) && HashChunk(*out) == hash;
+        const std::span<uint8_t> out = output(length);
+        ok = out.size() == length && ReadFull(fd.fd, out.data(), length, offset) == length &&
+             HashChunk(out) == hash;
       }
-      if (fd >= 0) ::close(fd);
     }
   }
   if (!ok) {
@@ -218,22 +185,27 @@ Status ChunkCache::PutReference(const Hash128& hash, const std::string& path, ui
                 static_cast<long long>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
   std::string body = std::string(head) + path;
   Status s = WriteEntry(PathOf(hash) + ".ref", {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, 0);
-  if (s.ok()) stats_.inserts++;
+  if (!s.ok()) {
+    failed_inserts_.Log("chunk cache: " + s.ToString());
+    return s;
+  }
+  failed_inserts_.Flush();
+  stats_.inserts++;
   return s;
 }
 
-bool ChunkCache::Get(const Hash128& hash, ByteBuffer* out) { return GetImpl(hash, out, nullptr); }
+bool ChunkCache::Get(const Hash128& hash, ByteBuffer* out) {
+  return GetInto(hash, [out](size_t size) {
+    out->resize(size);
+    return std::span<uint8_t>(out->data(), out->size());
+  });
+}
 
-bool ChunkCache::GetShared(const Hash128& hash, ChunkBytes* out) { return GetImpl(hash, nullptr, out); }
-
-bool ChunkCache::GetImpl(const Hash128& hash, ByteBuffer* out, ChunkBytes* shared) {
+bool ChunkCache::GetInto(const Hash128& hash, const Output& output) {
   const std::string path = PathOf(hash);
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    ByteBuffer local;
-    ByteBuffer* buf = out ? out : &local;
-    if (GetReference(hash, buf)) {
-      if (shared) *shared = ChunkBytes(std::move(local));
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.fd < 0) {
+    if (GetReference(hash, output)) {
       stats_.hits++;
       return true;
     }
@@ -241,41 +213,51 @@ bool ChunkCache::GetImpl(const Hash128& hash, ByteBuffer* out, ChunkBytes* share
     return false;
   }
   struct stat st;
-  bool ok = ::fstat(fd, &st) == 0;
-  ChunkBytes mapped;
-  ByteBuffer local;
-  std::span<const uint8_t> bytes;
-  if (ok) {
-    const size_t size = static_cast<size_t>(st.st_size);
-    // One asynchronous read of the whole file instead of page faults in readahead-window
-    // steps (measured on 2 GB read with the page cache dropped: 1.30-1.46 s -> 1.10-1.28 s).
-    (void)::posix_fadvise(fd, 0, static_cast<off_t>(size), POSIX_FADV_WILLNEED);
-    if (shared && size >= kMapMinBytes && MapFile(fd, size, &mapped)) {
-      bytes = mapped.span();
-    } else {
-      ByteBuffer* buf = out ? out : &local;
-      buf->resize(size);
-      ok = PreadAll(fd, buf->data(), size, 0);
-      bytes = *buf;
+  if (::fstat(fd.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    stats_.misses++;
+    return false;
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  std::string corrupt;
+  if (size > kMaxChunkBytes) {
+    corrupt = "larger (" + std::to_string(size) + " bytes) than any chunk";
+  } else {
+    // One asynchronous read of the whole file instead of reads in readahead-window steps.
+    (void)::posix_fadvise(fd.fd, 0, static_cast<off_t>(size), POSIX_FADV_WILLNEED);
+    // The copy is what gets hashed and what the caller serves: a change to the file after this
+    // read cannot reach the caller, and one during it fails the hash or the length.
+    const std::span<uint8_t> out = output(size);
+    const uint64_t got = out.size() == size ? ReadFull(fd.fd, out.data(), size, 0) : 0;
+    if (got != size) {
+      corrupt = "read " + std::to_string(got) + " of its " + std::to_string(size) +
+                " bytes (truncated while read, or a read error)";
+    } else if (HashChunk(out) != hash) {
+      corrupt = "its bytes do not match its hash";
     }
   }
-  if (ok && HashChunk(bytes) != hash) {
-    spdlog::warn("cache entry {} is corrupt; dropping it", path);
-    stats_.corrupt++;
-    if (::unlink(path.c_str()) == 0) total_ -= std::min<uint64_t>(total_, st.st_size);
-    ok = false;
-  }
-  if (ok) {
-    // LRU: refresh the mtime, at most once a minute per entry (a hot chunk must not turn
-    // every read into a metadata write).
-    if (st.st_mtime < ::time(nullptr) - 60) ::futimens(fd, nullptr);
-    if (shared) *shared = mapped.data() ? std::move(mapped) : ChunkBytes(std::move(local));
-    stats_.hits++;
-  } else {
+  if (!corrupt.empty()) {
+    DropCorrupt(path, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), size, corrupt);
     stats_.misses++;
+    return false;
   }
-  ::close(fd);
-  return ok;
+  // LRU: refresh the mtime, at most once a minute per entry (a hot chunk must not turn
+  // every read into a metadata write).
+  if (st.st_mtime < ::time(nullptr) - 60) ::futimens(fd.fd, nullptr);
+  stats_.hits++;
+  return true;
+}
+
+void ChunkCache::DropCorrupt(const std::string& path, uint64_t dev, uint64_t ino, uint64_t size,
+                             const std::string& why) {
+  stats_.corrupt++;
+  struct stat now;
+  if (::stat(path.c_str(), &now) == 0 && static_cast<uint64_t>(now.st_dev) == dev &&
+      static_cast<uint64_t>(now.st_ino) == ino && ::unlink(path.c_str()) == 0) {
+    uint64_t total = total_.load();
+    while (!total_.compare_exchange_weak(total, total - std::min(total, size))) {
+    }
+  }
+  corrupt_entries_.Log("chunk cache entry " + path + " is corrupt (" + why + "); dropped it");
 }
 
 Status ChunkCache::WriteEntry(const std::string& path, std::span<const uint8_t> bytes,
@@ -349,7 +331,11 @@ Status ChunkCache::PutImpl(const Hash128& hash, std::span<const uint8_t> bytes,
   if (Contains(hash)) return Status::Ok();
   if (total_.load() + bytes.size() > max_bytes_) {
     Status s = EvictTo(max_bytes_ / 10 * 9 > bytes.size() ? max_bytes_ / 10 * 9 - bytes.size() : 0);
-    if (!s.ok()) spdlog::warn("cache eviction failed: {}", s.ToString());
+    if (!s.ok()) {
+      failed_evictions_.Log("chunk cache: eviction failed: " + s.ToString());
+    } else {
+      failed_evictions_.Flush();
+    }
   }
   Status s = WriteEntry(PathOf(hash), bytes, direct_capacity);
   if (s.kind() == ErrorKind::kResourceExhausted) {
@@ -359,9 +345,10 @@ Status ChunkCache::PutImpl(const Hash128& hash, std::span<const uint8_t> bytes,
     s = WriteEntry(PathOf(hash), bytes, direct_capacity);
   }
   if (!s.ok()) {
-    spdlog::warn("chunk cache: {}", s.ToString());
+    failed_inserts_.Log("chunk cache: " + s.ToString());
     return s;
   }
+  failed_inserts_.Flush();  // a count left from a disk that was full
   total_ += bytes.size();
   stats_.inserts++;
   return Status::Ok();

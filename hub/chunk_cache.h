@@ -8,23 +8,23 @@
 // vanished is a miss (and is dropped). <dir>/chunks/.tmp/ holds inserts in progress;
 // <dir>/chunks/.lock serializes eviction between processes.
 //
-// - Verified on read: every Get hashes the bytes and drops an entry that does not match (a torn
-//   or corrupted file is a miss, never wrong data). GetShared verifies the same way, once per
-//   call: the mount calls it once per chunk it keeps in memory.
-// - Zero-copy reads: GetShared maps a chunk file (read-only, populated and locked in memory)
-//   instead of copying it into a fresh heap buffer: a reader then serves the page cache's pages.
-//   Fresh anonymous pages are expensive (each costs a fault; ~10 us on the 2-core benchmark VM,
-//   ~400 MB/s), mapping page-cache pages is not (~40 GB/s).
+// - Verified on read, never served from the file: every read copies the entry into memory the
+//   caller owns (a heap buffer, or a buffer the caller provides: GetInto) and hashes that copy,
+//   so what a caller gets is exactly what was verified whatever happens to the file afterwards.
+//   Entries are files that anyone with access can change in place — another process, a disk
+//   tool, a repair — and a shared map of one would show such a change to readers after the
+//   check (a flipped byte served as a wrong byte, a truncated file as zeros or SIGBUS). So a
+//   file flipped, overwritten, truncated or appended to, at any moment, is a miss, never wrong
+//   data: the read sees a hash mismatch, or fewer bytes than the file had when it was opened,
+//   and drops the entry (if the path still names the file it read).
+// - Cheap hits: GetInto reads into the caller's buffer, so the materializer reads hits into its
+//   pooled buffers, already faulted in; a hit costs the kernel's copy out of the page cache
+//   (fresh anonymous pages would cost a fault per 4 KiB, ~10 us each on the 2-core benchmark VM).
 // - Zero-copy writes: PutAligned writes from the builder's (reused, aligned) buffer with
 //   O_DIRECT, so inserting a chunk neither copies it into the page cache nor fills the page
-//   cache with a second copy of what the reader's own page cache is about to hold. Locked, the pages verified once stay in memory until unmapped:
-//   nothing is re-read from the disk unchecked. Entries are only ever replaced by rename and
-//   removed by unlink, never written in place, so a map keeps the verified bytes (an outside
-//   process truncating a chunk file in place would make readers of its map fault). An entry
-//   evicted while mapped keeps its disk space until the map goes (the mount bounds its maps by
-//   its memory limit). Where maps cannot be locked (RLIMIT_MEMLOCK of an unprivileged process)
-//   GetShared copies, as Get does. References (.ref) point at users' files, which
-//   may change in place: they are always copied.
+//   cache with a second copy of what the reader's own page cache is about to hold. Entries are
+//   only ever replaced by rename and removed by unlink. References (.ref) point at users' files,
+//   which may change in place: they are read and verified the same way.
 // - Size-bounded: at most `max_bytes` of chunk files. When an insert takes the total above it,
 //   the least recently used entries (file mtime, refreshed on hits) are removed until the total
 //   is below 90% of the bound. A chunk larger than the bound is not cached at all.
@@ -32,13 +32,16 @@
 //   place (two processes inserting the same hash write the same bytes); eviction runs under
 //   flock(.lock) and rescans the directory, so it sees what other processes inserted.
 // - A full disk (ENOSPC) on insert evicts and retries once, then gives up on that insert: the
-//   cache is an optimization, a failed insert never fails the read that caused it.
+//   cache is an optimization, a failed insert never fails the read that caused it. Failures of
+//   inserts, evictions and corrupt entries are logged at most once a minute each, with a count
+//   of the ones not logged (RateLimitedLog): a full disk fails every chunk.
 //
 // Thread-safe.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -48,18 +51,20 @@
 #include "core/bytes.h"
 #include "core/hash.h"
 #include "core/status.h"
+#include "hub/rate_limited_log.h"
 
 namespace weightfs {
 
-// The bytes of one chunk, shared and immutable: a heap buffer or a read-only map of a chunk
-// cache file. Copies share the bytes, which stay valid while any copy (or owner()) lives.
+// The bytes of one chunk, shared and immutable: a heap buffer, or memory held by an owner (the
+// materializer's pooled buffers). Copies share the bytes, which stay valid while any copy (or
+// owner()) lives. Never a map of a file (see ChunkCache).
 class ChunkBytes {
  public:
   ChunkBytes() = default;
   // Heap bytes.
   explicit ChunkBytes(ByteBuffer buffer);
   explicit ChunkBytes(std::shared_ptr<const ByteBuffer> buffer);
-  // Bytes owned by `owner` (a mapping).
+  // Bytes owned by `owner`, which nothing else writes while it lives.
   ChunkBytes(std::shared_ptr<const void> owner, std::span<const uint8_t> bytes)
       : owner_(std::move(owner)), data_(bytes.data()), size_(bytes.size()) {}
 
@@ -68,7 +73,7 @@ class ChunkBytes {
   std::span<const uint8_t> span() const { return {data_, size_}; }
   // Keeps the bytes alive.
   const std::shared_ptr<const void>& owner() const { return owner_; }
-  // The heap buffer when the bytes are one (null for a mapping).
+  // The heap buffer when the bytes are one (null for an owner's bytes).
   const std::shared_ptr<const ByteBuffer>& buffer() const { return buffer_; }
 
  private:
@@ -91,11 +96,17 @@ class ChunkCache {
   // Creates the directory if needed and scans it for the current size.
   static Expected<std::unique_ptr<ChunkCache>> Open(const std::string& dir, uint64_t max_bytes);
 
-  // True and the bytes in *out if the chunk is cached and verifies.
+  // Where GetInto reads an entry: called with the entry's size, returns a buffer of exactly that
+  // many bytes that nothing else writes until GetInto returns. May throw (std::bad_alloc), which
+  // GetInto passes on.
+  using Output = std::function<std::span<uint8_t>(size_t size)>;
+
+  // True if the chunk is cached and the copy of it read into output(size) verifies against
+  // `hash`. False is a miss; output may have been called, and what it returned then holds
+  // unspecified bytes.
+  bool GetInto(const Hash128& hash, const Output& output);
+  // GetInto a heap buffer: true and the bytes in *out.
   bool Get(const Hash128& hash, ByteBuffer* out);
-  // The same without a copy: *out maps the entry's file (entries of at least kMapMinBytes;
-  // smaller ones and references are read into a heap buffer). Verified like Get.
-  bool GetShared(const Hash128& hash, ChunkBytes* out);
   // True if an entry exists (not verified; Get may still miss).
   bool Contains(const Hash128& hash) const;
   // Inserts a chunk whose bytes the caller has verified against `hash`. Errors are logged and
@@ -110,10 +121,6 @@ class ChunkCache {
   // (the caller verified them). Costs a small entry, not a copy.
   Status PutReference(const Hash128& hash, const std::string& path, uint64_t offset,
                       uint64_t length);
-
-  // Below this size a chunk is read into a heap buffer rather than mapped: small allocations are
-  // recycled by malloc, while every mapping costs a VMA and an munmap.
-  static constexpr uint64_t kMapMinBytes = 128 << 10;
 
   uint64_t size_bytes() const { return total_.load(); }
   uint64_t max_bytes() const { return max_bytes_; }
@@ -130,9 +137,11 @@ class ChunkCache {
   // PutAligned's capacity) through O_DIRECT where the filesystem allows.
   Status WriteEntry(const std::string& path, std::span<const uint8_t> bytes, size_t direct_capacity);
   Status PutImpl(const Hash128& hash, std::span<const uint8_t> bytes, size_t direct_capacity);
-  bool GetReference(const Hash128& hash, ByteBuffer* out);
-  // Get (into *out) or GetShared (into *shared): exactly one of them is non-null.
-  bool GetImpl(const Hash128& hash, ByteBuffer* out, ChunkBytes* shared);
+  bool GetReference(const Hash128& hash, const Output& output);
+  // Removes the entry at `path` (`size` bytes) if it is still the file (dev, ino) that was read —
+  // another process may have replaced it with a good one meanwhile — and logs why.
+  void DropCorrupt(const std::string& path, uint64_t dev, uint64_t ino, uint64_t size,
+                   const std::string& why);
 
   const std::string dir_;  // <dir>/chunks
   const uint64_t max_bytes_;
@@ -140,6 +149,9 @@ class ChunkCache {
   std::mutex evict_mu_;             // one eviction at a time in this process (flock for others)
   std::atomic<bool> direct_ok_{true};  // false once the filesystem refused O_DIRECT
   ChunkCacheStats stats_;
+  RateLimitedLog failed_inserts_{"failed chunk cache inserts"};
+  RateLimitedLog failed_evictions_{"failed chunk cache evictions"};
+  RateLimitedLog corrupt_entries_{"corrupt chunk cache entries dropped"};
 };
 
 }  // namespace weightfs

@@ -78,6 +78,7 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
   GcReport report;
   Store& store = bucket.store();
   WFS_ASSIGN_OR_RETURN(std::vector<ObjectInfo> pack_objects, ListAll(store, "packs/"));
+  WFS_ASSIGN_OR_RETURN(std::vector<TemporaryObject> temporaries, store.ListTemporaries());
   WFS_ASSIGN_OR_RETURN(std::vector<LeaseInfo> leases, ListLeases(store));
   WFS_ASSIGN_OR_RETURN(std::vector<VersionInfo> versions, bucket.ListVersions());
   report.versions = versions.size();
@@ -186,6 +187,26 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
       Status s = store.Delete(o.key);
       if (!s.ok() && s.kind() != ErrorKind::kNotFound) return s.WithContext("gc");
     }
+  }
+  report.temporaries = temporaries.size();
+  const int64_t now_ms = NowMs();
+  for (const TemporaryObject& t : temporaries) {
+    if (report.live_leases > 0) continue;  // a push in progress may be writing it
+    if (t.modified_ms <= 0 || now_ms - t.modified_ms < options.temporary_min_age.count()) {
+      report.recent_temporaries++;  // (an unknown age counts as recent)
+      continue;
+    }
+    report.deleted_temporaries++;
+    report.deleted_temporary_bytes += t.size;
+    if (!options.dry_run) {
+      Status s = store.Delete(t.key);
+      if (!s.ok() && s.kind() != ErrorKind::kNotFound) return s.WithContext("gc");
+    }
+  }
+  if (report.deleted_temporaries) {
+    spdlog::info("gc: {} {} temporary objects ({} bytes) left by interrupted writes",
+                 options.dry_run ? "would remove" : "removed", report.deleted_temporaries,
+                 report.deleted_temporary_bytes);
   }
   return report;
 }

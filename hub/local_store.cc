@@ -214,6 +214,27 @@ Expected<ListPage> LocalStore::List(std::string_view prefix, std::string_view co
   return page;
 }
 
+Expected<std::vector<TemporaryObject>> LocalStore::ListTemporaries() {
+  std::vector<TemporaryObject> out;
+  const std::string dir = root_ + "/" + kTmpDir;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) {
+    if (errno == ENOENT) return out;
+    return ErrnoStatus(errno, "list " + dir);
+  }
+  while (dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    const std::string key = std::string(kTmpDir) + "/" + e->d_name;
+    struct stat st;
+    if (!ValidateKey(key).ok() || ::stat((root_ + "/" + key).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    out.push_back({key, static_cast<uint64_t>(st.st_size),
+                   static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000});
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+  return out;
+}
+
 Status LocalStore::Delete(std::string_view key) {
   WFS_TRY(ValidateKey(key));
   if (::unlink(PathOf(key).c_str()) != 0) return ErrnoStatus(errno, Describe() + "/" + std::string(key));

@@ -29,6 +29,7 @@ class LocalStore : public Store {
   Expected<ListPage> List(std::string_view prefix, std::string_view continuation = {},
                           size_t max_keys = 1000) override;
   Status Delete(std::string_view key) override;
+  Expected<std::vector<TemporaryObject>> ListTemporaries() override;
   std::string Describe() const override;
 
  private:

@@ -278,13 +278,12 @@ Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const Manife
     }));
     return ChunkBytes(std::move(out));
   }
-  ChunkBytes hit;
-  if (cache_ && cache_->GetShared(chunk.hash, &hit)) {
-    stats_.cache_hits++;
-    return hit;
-  }
-  if (!cache_ || !cache_results_ || chunk.length < ChunkCache::kMapMinBytes) {
+  if (chunk.length < kPooledMinBytes) {
     ByteBuffer out;
+    if (cache_ && cache_->Get(chunk.hash, &out)) {
+      stats_.cache_hits++;
+      return ChunkBytes(std::move(out));
+    }
     WFS_TRY(Build(manifest, file, index, [&](size_t n) {
       out.resize(n);
       return std::span<uint8_t>(out);
@@ -292,18 +291,29 @@ Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const Manife
     if (cache_ && cache_results_) (void)cache_->Put(chunk.hash, out);
     return ChunkBytes(std::move(out));
   }
+  // A cache hit is read into a reused buffer and verified there: the bytes handed out are a
+  // private copy, so nothing done to the cache file afterwards reaches a reader (a shared map
+  // of the file did: hub/chunk_cache.h).
+  Scratch out = TakeScratch();
+  if (cache_ && cache_->GetInto(chunk.hash, [&](size_t n) { return out.Resize(n); })) {
+    stats_.cache_hits++;
+    return HandOut(std::move(out));
+  }
   // Decode into a reused buffer, write it to the cache straight from there (O_DIRECT: no page
   // cache copy) and hand the buffer itself out; it returns to the pool, its pages still faulted
   // in, when the last reader lets go. The alternative measured before, a map of the cache file
   // just written, paid a kernel copy into fresh page-cache pages per chunk (~14% of a cold
   // read's CPU) and an munmap on eviction (~3%).
-  Scratch out = TakeScratch();
   Status st = Build(manifest, file, index, [&](size_t n) { return out.Resize(n); });
   if (!st.ok()) {
     GiveScratch(std::move(out));
     return st;
   }
-  (void)cache_->PutAligned(chunk.hash, out.bytes(), out.capacity());
+  if (cache_ && cache_results_) (void)cache_->PutAligned(chunk.hash, out.bytes(), out.capacity());
+  return HandOut(std::move(out));
+}
+
+ChunkBytes Materializer::HandOut(Scratch out) {
   const size_t size = out.bytes().size();
   if (out.capacity() - size > size / 8) {
     // A short chunk in a large buffer: a copy sized to it (the buffer serves the next build).
@@ -341,7 +351,7 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   if (file.chunks[index].is_delta()) bucket_->PrefetchManifests(manifest.model, manifest.versions);
   std::vector<Step> steps;
   steps.push_back({nullptr, &manifest, &file, &file.chunks[index], {}});
-  ChunkBytes base;  // the cached ancestor's bytes
+  Scratch base_buffer;  // the cached ancestor's bytes, read (and verified) into a pooled buffer
   bool have_base = false;
   while (steps.back().chunk->is_delta()) {
     const Step& s = steps.back();
@@ -361,7 +371,10 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
       return where(Status::Corruption("delta chain depth does not decrease at " + s.manifest->model +
                                       "@" + base_version));
     }
-    if (cache_ && cache_->GetShared(bc->hash, &base)) {
+    if (cache_ && cache_->GetInto(bc->hash, [&](size_t n) {
+          if (base_buffer.capacity() == 0) base_buffer = TakeScratch();
+          return base_buffer.Resize(n);
+        })) {
       have_base = true;
       break;
     }
@@ -404,12 +417,23 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
     } else {
       key = Bucket::PackKey(s.manifest->packs[ref.pack]);
       st = bucket_->store().GetInto(key, ByteRange{ref.offset, ref.length}, &s.payload);
+      if (st.kind() == ErrorKind::kInvalidArgument) {
+        // A store refuses a range whose offset is past the end of the object (store.h). If that
+        // is why, the pack has none of the bytes the manifest references: a truncated pack,
+        // corrupt like one that ends inside the payload (below), not a bad request.
+        Expected<ObjectInfo> info = bucket_->store().Head(key);
+        if (info.ok() && info->size < ref.offset + ref.length) {
+          st = Status::Ok();
+          s.payload.clear();
+        }
+      }
     }
     if (!st.ok()) {
       st = st.WithContext("fetching " + key);
     } else if (s.payload.size() != ref.length) {
-      st = Status::Corruption(std::string(s.chunk->is_external() ? "source " : "pack ") + key + " is truncated: " + std::to_string(s.payload.size()) +
-                              " of " + std::to_string(ref.length) + " payload bytes at offset " +
+      st = Status::Corruption(std::string(s.chunk->is_external() ? "source " : "pack ") + key +
+                              " is truncated: " + std::to_string(s.payload.size()) + " of " +
+                              std::to_string(ref.length) + " payload bytes at offset " +
                               std::to_string(ref.offset));
     } else {
       stats_.payloads_fetched++;
@@ -464,7 +488,8 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   double fetch_wait_ms = 0;
 
   // Apply oldest first. The result of each step lives in the output buffer (final length),
-  // a scratch buffer, or (before the first step) the cached ancestor's read-only map. A SPARSE
+  // a scratch buffer, or (before the first step) the cached ancestor's buffer, which is never
+  // written: a replay (below) starts from it again. A SPARSE
   // or DENSE delta is decoded in place, on the buffer that holds its parent: a training step's
   // delta then costs its changed elements, not a copy of the chunk. Other steps decode into the
   // output when the length fits and it does not hold their parent, else into a scratch buffer;
@@ -478,7 +503,7 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   auto apply = [&](bool verify_each) -> Status {
     DecodeLimits limits = limits_;
     limits.verify_parent = verify_each;  // the final Hash128 check covers the chain
-    std::span<const uint8_t> parent = have_base ? base.span() : std::span<const uint8_t>();
+    std::span<const uint8_t> parent = have_base ? base_buffer.bytes() : std::span<const uint8_t>();
     int held = kInBase;  // the buffer holding `parent`
     for (size_t i = steps.size(); i-- > 0;) {
       const Step& s = steps[i];
@@ -583,6 +608,7 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   }
   GiveCodec(std::move(codec));
   for (Scratch& b : scratch) GiveScratch(std::move(b));
+  GiveScratch(std::move(base_buffer));
   if (timing && st.ok()) {
     const double total = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     spdlog::debug("built {}: {} payloads from {} in {:.1f} ms ({:.1f} ms waiting for fetches)",

@@ -16,8 +16,9 @@
 // Memory: intermediate results live in a small pool of reused buffers (2 MiB pages), and codecs
 // are pooled too: fresh memory costs a page fault per 4 KiB (~10 us each on the 2-core benchmark
 // VM, about what decoding the page costs). Shared() hands out the pooled buffer a chunk was built
-// in (written to the disk cache from there with O_DIRECT; the buffer returns to the pool when
-// its last reader lets go), or a map of the cache file it found.
+// in (written to the disk cache from there with O_DIRECT) or read from the disk cache into (and
+// verified there); the buffer returns to the pool when its last reader lets go. Nothing handed
+// out is a map of a cache file: such a file can be changed in place after it was checked.
 //
 // Fetching overlaps applying: payloads are fetched oldest first, and each step is applied as
 // soon as its payload is in (the keyframe decodes while the deltas are still being fetched).
@@ -61,9 +62,10 @@ class Materializer {
   // The bytes of chunk `index` of `file` in `manifest`, verified against the chunk's hash.
   Expected<ByteBuffer> Chunk(const Manifest& manifest, const ManifestFile& file,
                                        size_t index);
-  // The same bytes, shared and immutable: with a cache, a map of the chunk's cache file on a hit,
-  // else the pooled buffer it was built in (chunks of at least ChunkCache::kMapMinBytes that
-  // fill it); otherwise a heap buffer. The read path of the mount keeps these in memory.
+  // The same bytes, shared and immutable: chunks of at least kPooledMinBytes in the pooled buffer
+  // they were read from the cache into or built in (a heap copy when they would fill less than
+  // 8/9 of it), smaller ones in a heap buffer. The read path of the mount keeps these in memory.
+  // Private memory either way: verified once, they cannot change.
   Expected<ChunkBytes> Shared(const Manifest& manifest, const ManifestFile& file, size_t index);
 
   // Prepares `builds` concurrent chunk builds of up to `chunk_bytes`: codecs that have decoded a
@@ -75,6 +77,10 @@ class Materializer {
   // Caps what the pools keep between builds (default 16 codecs, 64 MiB of scratch buffers);
   // what is pooled beyond the new caps is freed now. A mount sets them from its memory budget.
   void set_pool_limits(size_t codecs, uint64_t scratch_bytes);
+
+  // Below this size Shared() uses a heap buffer rather than a pooled one: small allocations are
+  // recycled by malloc, and a pooled buffer is at least 2 MiB.
+  static constexpr uint64_t kPooledMinBytes = 128 << 10;
 
   const MaterializerStats& stats() const { return stats_; }
   // Whether materialized chunks are copied into the cache (default). `pull` turns it off: it
@@ -110,6 +116,9 @@ class Materializer {
   // neither verified nor cached here (its hash is an identifier).
   Status BuildDerived(const Manifest& manifest, const ManifestFile& file, size_t index,
                       const std::function<std::span<uint8_t>(size_t)>& output);
+  // The bytes of `out` as Shared() hands them out: the buffer itself, back to the pool when the
+  // last reader lets go, or a heap copy when the bytes fill little of it.
+  ChunkBytes HandOut(Scratch out);
   // Reused buffers for intermediate results (at most max_scratch_bytes_ of capacity kept), and
   // codecs (their zstd contexts and tables are warm), shared by every thread.
   Scratch TakeScratch();

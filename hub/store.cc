@@ -8,6 +8,8 @@ Status Store::GetInto(std::string_view key, ByteRange range, ByteBuffer* out) {
   return Status::Ok();
 }
 
+Expected<std::vector<TemporaryObject>> Store::ListTemporaries() { return std::vector<TemporaryObject>{}; }
+
 Status ValidateKey(std::string_view key) {
   auto bad = [&](const char* rule) {
     std::string shown(key.substr(0, 80));

@@ -38,6 +38,13 @@ struct ListPage {
   std::string continuation;         // empty when this is the last page
 };
 
+// An object a write left under the store's temporary prefix (Store::ListTemporaries).
+struct TemporaryObject {
+  std::string key;          // ".weightfs-tmp/<name>", as Delete takes it
+  uint64_t size = 0;
+  int64_t modified_ms = 0;  // last modification, Unix ms by the store's clock; 0: unknown
+};
+
 enum class PutMode {
   kOverwrite,       // replace any existing object
   kCreateIfAbsent,  // fail with Conflict if the key exists (manifests: exactly one writer wins)
@@ -65,6 +72,11 @@ class Store {
                                   size_t max_keys = 1000) = 0;
   // Removes the object; NotFound if there is none.
   virtual Status Delete(std::string_view key) = 0;
+  // What writes left behind: a store whose Put uploads to a temporary key and then renames it
+  // into place (LocalStore, WebDavStore: under `.weightfs-tmp/`) leaves the temporary object
+  // when the writer dies in between. They are never part of List; Delete(key) removes one (gc
+  // does, once they are old enough: hub/gc.h). Default: none (S3 writes in one request).
+  virtual Expected<std::vector<TemporaryObject>> ListTemporaries();
   // The bucket's address for messages (never with credentials).
   virtual std::string Describe() const = 0;
 };

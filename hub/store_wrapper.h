@@ -31,6 +31,7 @@ class StoreWrapper : public Store {
     return inner_->List(prefix, continuation, max_keys);
   }
   Status Delete(std::string_view key) override { return inner_->Delete(key); }
+  Expected<std::vector<TemporaryObject>> ListTemporaries() override { return inner_->ListTemporaries(); }
   std::string Describe() const override { return inner_->Describe(); }
 
  protected:
@@ -83,6 +84,10 @@ class CountingStore : public StoreWrapper {
   Status Delete(std::string_view key) override {
     counters_.requests++;
     return inner_->Delete(key);
+  }
+  Expected<std::vector<TemporaryObject>> ListTemporaries() override {
+    counters_.requests++;
+    return inner_->ListTemporaries();
   }
 
   const StoreCounters& counters() const { return counters_; }

@@ -2,6 +2,7 @@
 
 #include "hub/xml_text.h"
 
+#include <curl/curl.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -23,6 +24,11 @@ constexpr uint64_t kMaxPropfindBytes = uint64_t{256} << 20;
 constexpr std::string_view kPropfindBody =
     "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n"
     "<D:propfind xmlns:D=\"DAV:\"><D:prop><D:resourcetype/><D:getcontentlength/></D:prop></D:propfind>\n";
+// The same with modification times, for the temporaries.
+constexpr std::string_view kPropfindWithTimesBody =
+    "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n"
+    "<D:propfind xmlns:D=\"DAV:\"><D:prop><D:resourcetype/><D:getcontentlength/><D:getlastmodified/>"
+    "</D:prop></D:propfind>\n";
 
 std::string_view AsText(const std::vector<uint8_t>& body) {
   return {reinterpret_cast<const char*>(body.data()), body.size()};
@@ -134,6 +140,7 @@ Expected<std::vector<DavEntry>> ParseDavMultistatus(std::string_view xml) {
   long response_status = 0;
   bool ps_collection = false;
   std::optional<uint64_t> ps_length;
+  std::optional<int64_t> ps_modified;
   long ps_status = 0;
   auto corrupt = [&](const std::string& why) {
     return Status::Corruption("PROPFIND answer is not a valid multistatus document: " + why);
@@ -146,6 +153,7 @@ Expected<std::vector<DavEntry>> ParseDavMultistatus(std::string_view xml) {
     } else if (name == "propstat") {
       ps_collection = false;
       ps_length.reset();
+      ps_modified.reset();
       ps_status = 0;
     } else if (name == "collection" && parent() == "resourcetype") {
       ps_collection = true;
@@ -157,6 +165,11 @@ Expected<std::vector<DavEntry>> ParseDavMultistatus(std::string_view xml) {
       entry.href = DecodeXmlText(text);
     } else if (name == "getcontentlength" && parent() == "prop") {
       ps_length = ParseUint(DecodeXmlText(text));
+    } else if (name == "getlastmodified" && parent() == "prop") {
+      // An HTTP date (RFC 1123: "Sun, 06 Nov 1994 08:49:37 GMT"); curl parses every form.
+      const std::string date = DecodeXmlText(text).substr(0, 100);
+      const time_t t = curl_getdate(date.c_str(), nullptr);
+      if (t > 0) ps_modified = static_cast<int64_t>(t) * 1000;
     } else if (name == "status" && parent() == "propstat") {
       ps_status = StatusLineCode(text);
     } else if (name == "status" && parent() == "response") {
@@ -165,6 +178,7 @@ Expected<std::vector<DavEntry>> ParseDavMultistatus(std::string_view xml) {
       if (ps_status == 0 || (ps_status >= 200 && ps_status < 300)) {
         entry.collection = entry.collection || ps_collection;
         if (ps_length) entry.length = ps_length;
+        if (ps_modified) entry.modified_ms = ps_modified;
       }
     } else if (name == "response") {
       if (!entry.href.empty() && (response_status == 0 || (response_status >= 200 && response_status < 300))) {
@@ -269,6 +283,7 @@ class WebDavStore final : public Store {
   Expected<ObjectInfo> Head(std::string_view key) override;
   Expected<ListPage> List(std::string_view prefix, std::string_view continuation, size_t max_keys) override;
   Status Delete(std::string_view key) override;
+  Expected<std::vector<TemporaryObject>> ListTemporaries() override;
   std::string Describe() const override { return base_ + prefix_; }
 
  private:
@@ -591,6 +606,28 @@ Status WebDavStore::Walk(const std::string& dir, std::string_view prefix, std::s
     out.push_back(ObjectInfo{std::move(c.name), size});
   }
   return Status::Ok();
+}
+
+Expected<std::vector<TemporaryObject>> WebDavStore::ListTemporaries() {
+  const std::string dir(kTmpDir);
+  const std::string_view body_text = kPropfindWithTimesBody;
+  const std::span<const uint8_t> body(reinterpret_cast<const uint8_t*>(body_text.data()), body_text.size());
+  WFS_ASSIGN_OR_RETURN(HttpResponse r, Send("PROPFIND", base_ + prefix_ + "/" + dir + "/",
+                                            {{"Depth", "1"}, {"Content-Type", "application/xml; charset=utf-8"}},
+                                            body, kMaxPropfindBytes));
+  std::vector<TemporaryObject> out;
+  if (r.status == 404) return out;  // no write ever made the collection
+  if (r.status != 207) return ErrorFrom(r, "PROPFIND", dir + "/");
+  auto parsed = ParseDavMultistatus(AsText(r.body));
+  if (!parsed.ok()) return parsed.status().WithContext(What("PROPFIND", dir + "/"));
+  for (const DavEntry& e : *parsed) {
+    std::optional<std::string> rel = RelativeName(e.href);
+    if (!rel || e.collection || rel->rfind(dir + "/", 0) != 0 || !ValidateKey(*rel).ok()) continue;
+    if (rel->find('/', dir.size() + 1) != std::string::npos) continue;  // not directly in it
+    out.push_back({std::move(*rel), e.length.value_or(0), e.modified_ms.value_or(0)});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+  return out;
 }
 
 Expected<ListPage> WebDavStore::List(std::string_view prefix, std::string_view continuation, size_t max_keys) {

@@ -18,6 +18,7 @@
 //   Head   HEAD (Content-Length).
 //   List   PROPFIND Depth: 1 from the deepest collection of the prefix, walking collections
 //          in key order and stopping after one page; `.weightfs-tmp` is never listed.
+//   ListTemporaries  PROPFIND Depth: 1 of `.weightfs-tmp/` (sizes and getlastmodified).
 //   Delete DELETE with `Depth: 0` (a server must refuse it for a collection rather than
 //          delete a tree); 404 -> NotFound (also when a retry follows an attempt that deleted
 //          the object but whose answer was lost).
@@ -53,6 +54,7 @@ struct DavEntry {
   std::string href;  // as sent: a path or an absolute URL, percent-encoded (XML entities decoded)
   bool collection = false;
   std::optional<uint64_t> length;  // getcontentlength, when a 2xx propstat gave one
+  std::optional<int64_t> modified_ms;  // getlastmodified (an HTTP date), when one gave a valid one
 };
 
 // The responses of a 207 multistatus document (RFC 4918 14.16) whose own status, if any, is

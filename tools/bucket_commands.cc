@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -459,12 +461,32 @@ options:
 
 // ---- log ----------------------------------------------------------------------------------------
 
+// Whether a failure to read one manifest is that manifest's own (its bytes: corrupt, too large,
+// a newer format, a bad name) rather than the bucket's (unreachable, refused credentials,
+// timeouts), which every other manifest would hit too.
+bool ManifestsOwnFailure(const Status& s) {
+  switch (s.kind()) {
+    case ErrorKind::kCorruption:
+    case ErrorKind::kInvalidArgument:
+    case ErrorKind::kResourceExhausted:
+    case ErrorKind::kUnsupported: return true;
+    default: return false;
+  }
+}
+
 int LogMain(int argc, char** argv) {
   ArgParser args(kCommonValues, Concat(kCommonFlags, {"--json"}));
   std::string help = std::string(R"(usage: weightfs log BUCKET [MODEL] [--json]
 
 Lists published versions, oldest first per model: parent, creation time, logical bytes,
 bytes the version stored, ratio, and the fraction of elements that changed vs the parent.
+
+A version whose manifest cannot be read (corrupt, too large, a newer format) is listed as
+UNREADABLE after its model's other versions, with an error line on stderr naming it and why;
+with --json its entry has "model", "version" and "error" instead of the other fields. The
+other versions are listed as usual. Exit status: 0 when every version was read, 1 when any
+could not be (or on any other error), 2 for a usage error. A bucket that cannot be listed or
+stops answering (refused credentials, timeouts) fails the whole command.
 )") + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 2)) return *rc;
   const auto& pos = args.positionals();
@@ -473,42 +495,76 @@ bytes the version stored, ratio, and the fraction of elements that changed vs th
   Expected<std::vector<VersionInfo>> versions =
       ctx->bucket->ListVersions(pos.size() > 1 ? pos[1] : "");
   if (!versions.ok()) return Fail(versions.status());
-  std::vector<std::shared_ptr<const Manifest>> manifests;
+  struct Row {
+    VersionInfo v;
+    std::shared_ptr<const Manifest> m;  // null: unreadable
+    Status error;
+  };
+  std::vector<Row> rows;
+  size_t unreadable = 0;
   for (const VersionInfo& v : *versions) {
     Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(v.model, v.version);
-    if (!m.ok()) return Fail(m.status());
-    manifests.push_back(*m);
+    if (m.ok()) {
+      rows.push_back({v, *m, Status::Ok()});
+    } else if (m.status().kind() == ErrorKind::kNotFound) {
+      continue;  // removed since the listing (gc retired it)
+    } else if (ManifestsOwnFailure(m.status())) {
+      std::fprintf(stderr, "weightfs log: cannot read %s@%s: %s\n", v.model.c_str(), v.version.c_str(),
+                   m.status().ToString().c_str());
+      rows.push_back({v, nullptr, m.status()});
+      ++unreadable;
+    } else {
+      return Fail(m.status().WithContext("reading " + v.model + "@" + v.version));
+    }
   }
-  std::stable_sort(manifests.begin(), manifests.end(), [](const auto& a, const auto& b) {
-    return std::tie(a->model, a->created_ms, a->version) < std::tie(b->model, b->created_ms, b->version);
+  // Per model, oldest first; unreadable versions (no creation time) after the others, by name.
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    const int64_t ta = a.m ? a.m->created_ms : INT64_MAX, tb = b.m ? b.m->created_ms : INT64_MAX;
+    return std::tie(a.v.model, ta, a.v.version) < std::tie(b.v.model, tb, b.v.version);
   });
+  const int rc = unreadable ? 1 : 0;
   if (args.Has("--json")) {
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& m : manifests) {
-      out.push_back({{"model", m->model}, {"version", m->version},
-                     {"parent", m->parent ? nlohmann::json(*m->parent) : nlohmann::json(nullptr)},
-                     {"created", m->created}, {"files", m->files.size()},
-                     {"logical_bytes", m->stats.logical_bytes}, {"stored_bytes", m->stats.stored_bytes},
-                     {"changed_fraction", m->stats.changed_fraction()}});
+    for (const Row& r : rows) {
+      if (!r.m) {
+        out.push_back({{"model", r.v.model}, {"version", r.v.version}, {"error", r.error.ToString()}});
+        continue;
+      }
+      const Manifest& m = *r.m;
+      out.push_back({{"model", m.model}, {"version", m.version},
+                     {"parent", m.parent ? nlohmann::json(*m.parent) : nlohmann::json(nullptr)},
+                     {"created", m.created}, {"files", m.files.size()},
+                     {"logical_bytes", m.stats.logical_bytes}, {"stored_bytes", m.stats.stored_bytes},
+                     {"changed_fraction", m.stats.changed_fraction()}});
     }
     std::printf("%s\n", out.dump(2).c_str());
-    return 0;
+    return rc;
   }
-  if (manifests.empty()) {
+  if (rows.empty()) {
     std::printf("no versions%s\n", pos.size() > 1 ? (" of " + pos[1]).c_str() : "");
-    return 0;
+    return rc;
   }
   std::printf("%-40s %-14s %-24s %10s %10s %8s %8s\n", "VERSION", "PARENT", "CREATED", "SIZE",
               "STORED", "RATIO", "CHANGED");
-  for (const auto& m : manifests) {
-    std::printf("%-40s %-14s %-24s %10s %10s %8s %7.2f%%\n", (m->model + "@" + m->version).c_str(),
-                m->parent ? m->parent->c_str() : "-", m->created.c_str(),
-                FormatBytes(static_cast<double>(m->stats.logical_bytes)).c_str(),
-                FormatBytes(static_cast<double>(m->stats.stored_bytes)).c_str(),
-                Ratio(m->stats.logical_bytes, m->stats.stored_bytes).c_str(),
-                100.0 * m->stats.changed_fraction());
+  for (const Row& r : rows) {
+    if (!r.m) {
+      std::printf("%-40s UNREADABLE (%s)\n", (r.v.model + "@" + r.v.version).c_str(),
+                  std::string(ErrorKindName(r.error.kind())).c_str());
+      continue;
+    }
+    const Manifest& m = *r.m;
+    std::printf("%-40s %-14s %-24s %10s %10s %8s %7.2f%%\n", (m.model + "@" + m.version).c_str(),
+                m.parent ? m.parent->c_str() : "-", m.created.c_str(),
+                FormatBytes(static_cast<double>(m.stats.logical_bytes)).c_str(),
+                FormatBytes(static_cast<double>(m.stats.stored_bytes)).c_str(),
+                Ratio(m.stats.logical_bytes, m.stats.stored_bytes).c_str(),
+                100.0 * m.stats.changed_fraction());
   }
-  return 0;
+  if (unreadable) {
+    std::fprintf(stderr, "weightfs log: %zu version%s could not be read (see above)\n", unreadable,
+                 unreadable == 1 ? "" : "s");
+  }
+  return rc;
 }
 
 // ---- gc -----------------------------------------------------------------------------------------
@@ -520,6 +576,10 @@ int GcMain(int argc, char** argv) {
 Removes packs that no published version references: leftovers of pushes that died. Packs
 are left alone while any push holds a live lease (a push in progress). Dead leases (expired,
 or of a process that no longer runs on this host) are removed.
+
+Also removes temporary uploads (.weightfs-tmp/ in local and WebDAV buckets) that writes killed
+before publishing left behind: those unchanged for an hour, and only while no push holds a
+live lease (younger ones may be uploads in progress). The report counts them.
 
 options:
   --keep-last N        also retire all but the newest N versions of each model; kept
@@ -548,8 +608,18 @@ options:
   for (const std::string& v : r->retired) std::printf("%s version %s\n", opts.dry_run ? "would retire" : "retired", v.c_str());
   for (const std::string& v : r->rebased) std::printf("%s %s\n", opts.dry_run ? "would rebase" : "rebased", v.c_str());
   for (const std::string& v : r->kept_as_base) std::printf("kept %s: newer versions' deltas build on it\n", v.c_str());
+  if (r->deleted_temporaries) {
+    std::printf("%s %zu temporary uploads left by interrupted writes (%s)\n", verb, r->deleted_temporaries,
+                FormatBytes(static_cast<double>(r->deleted_temporary_bytes)).c_str());
+  }
+  if (r->recent_temporaries) {
+    std::printf("kept %zu temporary upload(s) younger than an hour (possibly writes in progress)\n",
+                r->recent_temporaries);
+  }
   if (r->live_leases) {
-    std::printf("left unreferenced packs alone: %zu push(es) in progress:", r->live_leases);
+    std::printf("left unreferenced packs%s alone: %zu push(es) in progress:",
+                r->temporaries ? (" and " + std::to_string(r->temporaries) + " temporary upload(s)").c_str() : "",
+                r->live_leases);
     for (const std::string& l : r->live_lease_names) std::printf(" %s", l.c_str());
     std::printf("\n");
   }

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +30,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +38,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/file_codec.h"
 #include "core/hash.h"
 #include "core/manifest.h"
 #include "fs/mount_point.h"
@@ -132,14 +135,17 @@ const SharedData& Shared() {
   return shared;
 }
 
-// One mount of `bucket`, unmounted (lazily if need be) when it goes out of scope.
+// One mount of `bucket`, unmounted (lazily if need be) when it goes out of scope. Its cache
+// directory is its own unless `cache_dir` names one (which outlives it).
 class Mount {
  public:
-  Mount(const fs::path& bucket, const std::string& name, const std::string& extra = "")
+  Mount(const fs::path& bucket, const std::string& name, const std::string& extra = "",
+        const fs::path& cache_dir = {})
       : dir_(fs::temp_directory_path() / ("wfs-mount-" + std::to_string(::getpid()) + "-" + name)) {
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "mnt");
-    result_ = Cli("mount " + bucket.string() + " " + mnt().string() + " --cache-dir " + (dir_ / "cache").string() +
+    const fs::path cache = cache_dir.empty() ? dir_ / "cache" : cache_dir;
+    result_ = Cli("mount " + bucket.string() + " " + mnt().string() + " --cache-dir " + cache.string() +
                   " --log-file " + log().string() + " --log-level debug --refresh 1 " + extra);
     if (result_.exit_code == 0) {
       char buf[32] = {};
@@ -697,6 +703,221 @@ TEST_F(MountTest, ACorruptedPackGivesEioForThatChunkAndALogLineNamingIt) {
   const std::string where = "acme/tiny@v0 " + std::string(kShards[1]) + " tensor '" + bad->key.tensor +
                             "' chunk " + std::to_string(bad->key.index);
   EXPECT_NE(log.find(where), std::string::npos) << "no '" << where << "' in\n" << log;
+}
+
+// A pack shorter than the manifest says — cut before a payload, so the store refuses the range
+// — is corrupt data: EIO (not EINVAL) for the chunks it held, a log line naming the pack, the
+// version and the file, the rest of the version readable, the daemon up.
+TEST_F(MountTest, ATruncatedPackGivesEioAndALogLineNamingThePackVersionAndFile) {
+  const fs::path bucket = CopyBucket("truncated");
+  const Manifest m0 = ManifestOf(bucket, 0);
+  const ManifestFile* file = m0.FindFile(kShards[1]);
+  ASSERT_TRUE(file);
+  // A keyframe chunk at least 3 MiB into the file whose payload is not at the start of its pack.
+  const ManifestChunk* bad = nullptr;
+  for (const ManifestChunk& c : file->chunks) {
+    if (c.offset >= (3u << 20) && !c.is_delta() && c.origin == 0 && c.ref.offset > 0) {
+      bad = &c;
+      break;
+    }
+  }
+  ASSERT_TRUE(bad);
+  const std::string pack_key = "packs/" + m0.packs[bad->ref.pack].ToHex();
+  const uint64_t cut = bad->ref.offset - 1;
+  fs::resize_file(bucket / pack_key, cut);
+  // A chunk whose payload the cut left whole, to read next.
+  std::string good_file;
+  const ManifestChunk* good = nullptr;
+  for (const ManifestFile& f : m0.files) {
+    for (const ManifestChunk& c : f.chunks) {
+      if (!good && c.origin == 0 && !c.is_delta() && c.length >= 4096 &&
+          (c.ref.pack != bad->ref.pack || c.ref.offset + c.ref.length <= cut)) {
+        good = &c;
+        good_file = f.path;
+      }
+    }
+  }
+  ASSERT_TRUE(good);
+  Mount m(bucket, "truncated");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  int fd = ::open((m.Version(0) / kShards[1]).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> buf(4096);
+  EXPECT_EQ(::pread(fd, buf.data(), buf.size(), static_cast<off_t>(bad->offset + 100)), -1);
+  EXPECT_EQ(errno, EIO) << std::strerror(errno);
+  ::close(fd);
+  fd = ::open((m.Version(0) / good_file).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  const std::vector<uint8_t>& src = SourceBytes(0, good_file);
+  ASSERT_EQ(::pread(fd, buf.data(), buf.size(), static_cast<off_t>(good->offset)), static_cast<ssize_t>(buf.size()));
+  EXPECT_EQ(std::memcmp(buf.data(), src.data() + good->offset, buf.size()), 0);
+  ::close(fd);
+  EXPECT_FALSE(ProcessGone(m.pid()));
+  const std::string log = SlurpText(m.log());
+  bool found = false;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(pack_key + " is truncated") != std::string::npos) {
+      found = true;
+      EXPECT_NE(line.find("acme/tiny@v0"), std::string::npos) << line;
+      EXPECT_NE(line.find(kShards[1]), std::string::npos) << line;
+      EXPECT_NE(line.find("error"), std::string::npos) << line;
+      EXPECT_NE(line.find("(errno 5)"), std::string::npos) << line;
+    }
+  }
+  EXPECT_TRUE(found) << "no line naming " << pack_key << " in\n" << log;
+}
+
+// ---- the disk cache ----------------------------------------------------------------------------
+
+// Changes a chunk cache file in place (same inode), as another process or a disk tool would:
+// "flip" one byte 3/4 into it, "overwrite" all of it, "truncate" it to half, "append" to it.
+void ChangeInPlace(const fs::path& file, const std::string& how) {
+  int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << file << ": " << std::strerror(errno);
+  struct stat st;
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (how == "flip") {
+    uint8_t b = 0;
+    const auto at = static_cast<off_t>(size * 3 / 4);
+    ASSERT_EQ(::pread(fd, &b, 1, at), 1);
+    b ^= 0x10;
+    ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
+  } else if (how == "overwrite") {
+    std::vector<uint8_t> junk(size);
+    for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<uint8_t>(i * 31 + 7);
+    ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));
+  } else if (how == "truncate") {
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(size / 2)), 0);
+  } else {
+    ASSERT_EQ(how, "append");
+    std::vector<uint8_t> tail(4096, 0xAB);
+    ASSERT_EQ(::pwrite(fd, tail.data(), tail.size(), static_cast<off_t>(size)), 4096);
+  }
+  ::close(fd);
+}
+
+// The promise of the disk cache: a cache file changed in place is a miss, never wrong data, at
+// any moment — at rest between mounts, after the daemon has read and checked it (while the
+// chunk is still being served), and while it reads it. A fill mount reads every version (the
+// cache holds all their chunks); each later mount reads through the same cache directory:
+//   1. per change (flip, overwrite, truncate, append), a new mount reads the first page of each
+//      large chunk (the daemon reads and verifies the chunk's cache file), the file is changed,
+//      then the rest of the chunk is read (readahead off: these bytes come from the daemon, not
+//      the kernel's page cache);
+//   2. a last mount reads every version while a thread keeps changing random cache files.
+// Every byte read is compared with the source; the daemon stays up; the log says it dropped
+// corrupt entries.
+TEST_F(MountTest, CacheFilesChangedInPlaceAreMissesNeverWrongData) {
+  const fs::path cache = fs::temp_directory_path() / ("wfs-inplace-cache-" + std::to_string(::getpid()));
+  fs::remove_all(cache);
+  {
+    Mount fill(Shared().bucket, "inplace-fill", "", cache);
+    ASSERT_TRUE(fill.ok()) << fill.result().out;
+    for (int k = 0; k < kVersions; ++k) {
+      for (const char* shard : kShards) ASSERT_EQ(Slurp(fill.Version(k) / shard), SourceBytes(k, shard));
+    }
+  }
+  auto entry_of = [&](const ManifestChunk& c) {
+    const std::string hex = c.hash.ToHex();
+    return cache / "chunks" / hex.substr(0, 2) / hex;
+  };
+  const Manifest m3 = ManifestOf(Shared().bucket, 3);
+  struct Target {
+    const char* shard;
+    const ManifestChunk* chunk;
+  };
+  std::vector<Target> targets;  // chunks big enough to read in two parts
+  for (const char* shard : kShards) {
+    const ManifestFile* f = m3.FindFile(shard);
+    ASSERT_TRUE(f);
+    for (const ManifestChunk& c : f->chunks) {
+      if (c.length >= (256u << 10)) targets.push_back({shard, &c});
+    }
+  }
+  ASSERT_GE(targets.size(), 8u);
+  const std::vector<std::string> changes = {"flip", "overwrite", "truncate", "append"};
+  for (size_t mode = 0; mode < changes.size(); ++mode) {
+    SCOPED_TRACE(changes[mode]);
+    Mount m(Shared().bucket, "inplace-" + changes[mode], "", cache);
+    ASSERT_TRUE(m.ok()) << m.result().out;
+    size_t changed = 0;
+    for (size_t t = 0; t < targets.size(); ++t) {
+      const ManifestChunk& c = *targets[t].chunk;
+      const std::vector<uint8_t>& src = SourceBytes(3, targets[t].shard);
+      int fd = ::open((m.Version(3) / targets[t].shard).c_str(), O_RDONLY);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM), 0);  // no kernel readahead
+      std::vector<uint8_t> buf(c.length);
+      ASSERT_EQ(::pread(fd, buf.data(), 4096, static_cast<off_t>(c.offset)), 4096);
+      // Each change on its own chunks, which are still good cache entries when read here.
+      if (t % changes.size() == mode && fs::exists(entry_of(c))) {
+        ChangeInPlace(entry_of(c), changes[mode]);
+        ++changed;
+      }
+      const size_t rest = c.length - 4096;
+      ASSERT_EQ(::pread(fd, buf.data() + 4096, rest, static_cast<off_t>(c.offset + 4096)), static_cast<ssize_t>(rest))
+          << targets[t].shard << " " << DescribeChunk(c.key) << ": " << std::strerror(errno);
+      ::close(fd);
+      ASSERT_TRUE(std::equal(buf.begin(), buf.end(), src.begin() + static_cast<ptrdiff_t>(c.offset)))
+          << "wrong bytes served for " << targets[t].shard << " " << DescribeChunk(c.key);
+    }
+    EXPECT_GE(changed, 2u);
+    for (const char* shard : kShards) EXPECT_EQ(Sha256Hex(Slurp(m.Version(3) / shard)), Sha256Hex(SourceBytes(3, shard)));
+    EXPECT_FALSE(ProcessGone(m.pid())) << SlurpText(m.log());
+  }
+
+  // Changes racing with reads of every version.
+  Mount m(Shared().bucket, "inplace-race", "", cache);
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::recursive_directory_iterator(cache / "chunks")) {
+    if (e.is_regular_file() && e.path().filename().string().size() == 32) entries.push_back(e.path());
+  }
+  ASSERT_FALSE(entries.empty());
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> made{0};
+  std::thread changer([&] {
+    std::mt19937_64 rng(23);
+    while (!stop.load()) {
+      const fs::path& e = entries[rng() % entries.size()];
+      int fd = ::open(e.c_str(), O_RDWR);
+      if (fd < 0) continue;  // dropped by the daemon (and not rebuilt yet)
+      struct stat st;
+      if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+        const auto at = static_cast<off_t>(rng() % static_cast<uint64_t>(st.st_size));
+        uint8_t b = static_cast<uint8_t>(rng());
+        switch (rng() % 4) {
+          case 0: (void)!::pwrite(fd, &b, 1, at); break;
+          case 1: (void)!::ftruncate(fd, at); break;
+          case 2: (void)!::pwrite(fd, &b, 1, st.st_size); break;
+          default: {
+            std::vector<uint8_t> junk(static_cast<size_t>(st.st_size) - static_cast<size_t>(at), b);
+            (void)!::pwrite(fd, junk.data(), junk.size(), at);
+          }
+        }
+        made++;
+      }
+      ::close(fd);
+    }
+  });
+  for (int k = kVersions - 1; k >= 0; --k) {
+    for (const char* shard : kShards) {
+      const std::vector<uint8_t> got = Slurp(m.Version(k) / shard);
+      EXPECT_TRUE(got == SourceBytes(k, shard)) << "v" << k << " " << shard << ": wrong bytes ("
+                                                << got.size() << " of " << SourceBytes(k, shard).size() << ")";
+    }
+  }
+  stop = true;
+  changer.join();
+  EXPECT_GT(made.load(), 0u);
+  EXPECT_FALSE(ProcessGone(m.pid())) << SlurpText(m.log());
+  EXPECT_EQ(Slurp(m.Version(0) / "config.json"), SourceBytes(0, "config.json"));
+  // The entries changed by the first part were found and dropped (logged at most once a minute).
+  const std::string log = SlurpText(m.log());
+  EXPECT_NE(log.find("is corrupt"), std::string::npos) << log;
+  fs::remove_all(cache);
 }
 
 TEST_F(MountTest, ABucketThatDisappearsMidReadGivesEioNotAHang) {

@@ -2,17 +2,23 @@
 // tests/hub/fault_proxy.py injecting 503s, stalls and resets.
 #include "hub/webdav_store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "hub/bucket.h"
+#include "hub/gc.h"
 #include "hub/http_client.h"
 #include "tests/hub/store_conformance.h"
 #include "tests/hub/test_servers.h"
@@ -82,6 +88,50 @@ TEST_F(WebDavStoreTest, MeetsTheStoreContract) {
   EXPECT_GT(http_->stats().bytes_sent.load(), 3u << 20);
   EXPECT_GT(http_->stats().bytes_received.load(), 3u << 20);
   EXPECT_EQ(http_->stats().retries.load(), 0u);
+}
+
+// A write killed between its PUT to .weightfs-tmp/ and its MOVE leaves the temporary behind:
+// ListTemporaries reports it with its size and age (getlastmodified), List never does, and gc
+// removes it once it is old enough.
+TEST_F(WebDavStoreTest, LeftoverTemporariesAreListedWithTheirAgeAndGcRemovesOldOnes) {
+  ASSERT_TRUE(Bucket::Init(*store_).ok());
+  auto listed = store_->ListTemporaries();
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_TRUE(listed->empty());  // Init's own temporary was moved into place
+  const fs::path tmp = BucketDir() / ".weightfs-tmp";
+  fs::create_directories(tmp);
+  { std::ofstream(tmp / "123-0-77", std::ios::binary) << std::string(5000, 'p'); }
+  { std::ofstream(tmp / "124-1-78", std::ios::binary) << "young"; }
+  const time_t old = ::time(nullptr) - 3 * 3600;
+  const timespec times[2] = {{old, 0}, {old, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, (tmp / "123-0-77").c_str(), times, 0), 0);
+
+  listed = store_->ListTemporaries();
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].key, ".weightfs-tmp/123-0-77");
+  EXPECT_EQ((*listed)[0].size, 5000u);
+  EXPECT_EQ((*listed)[0].modified_ms, static_cast<int64_t>(old) * 1000);
+  EXPECT_GT((*listed)[1].modified_ms, (static_cast<int64_t>(::time(nullptr)) - 600) * 1000);
+  auto page = store_->List("");
+  ASSERT_TRUE(page.ok());
+  for (const ObjectInfo& o : page->objects) EXPECT_EQ(o.key.find(".weightfs-tmp"), std::string::npos) << o.key;
+
+  std::shared_ptr<Store> shared(store_.get(), [](Store*) {});
+  auto bucket = Bucket::Open(shared);
+  ASSERT_TRUE(bucket.ok()) << bucket.status().ToString();
+  auto dry = CollectGarbage(**bucket, {.dry_run = true});
+  ASSERT_TRUE(dry.ok()) << dry.status().ToString();
+  EXPECT_EQ(dry->deleted_temporaries, 1u);
+  EXPECT_TRUE(fs::exists(tmp / "123-0-77"));
+  auto r = CollectGarbage(**bucket, {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->temporaries, 2u);
+  EXPECT_EQ(r->deleted_temporaries, 1u);
+  EXPECT_EQ(r->deleted_temporary_bytes, 5000u);
+  EXPECT_EQ(r->recent_temporaries, 1u);
+  EXPECT_FALSE(fs::exists(tmp / "123-0-77"));
+  EXPECT_TRUE(fs::exists(tmp / "124-1-78"));
 }
 
 TEST_F(WebDavStoreTest, KeysAreFilesAtTheirOwnPathsWithSpecialCharacters) {

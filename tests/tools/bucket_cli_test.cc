@@ -1,6 +1,8 @@
 // The bucket commands as users run them: the real binary, real processes, a local bucket.
 // Killing pushes at random moments, racing processes, corrupted packs, gc afterwards.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/command_runner.h"
 
@@ -185,6 +188,84 @@ TEST_F(BucketCli, KilledPushesNeverPublishHalfAVersionAndGcCleansUp) {
   EXPECT_EQ(CountFiles(root_ / "bucket/leases"), 0u);
   EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v0").exit_code, 0);
   EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+}
+
+// One corrupt manifest must not hide the rest of the bucket: `log` lists every other version
+// (of every model), reports the corrupt one (an UNREADABLE row and an error line; an "error"
+// field with --json) and exits 1, as --help documents.
+TEST_F(BucketCli, LogListsEveryVersionAndReportsACorruptManifest) {
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v1 " + Version(1) + " --no-cache").exit_code, 0);
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v2 " + Version(2) + " --no-cache").exit_code, 0);
+  ASSERT_EQ(RunCli("push " + bucket_ + " other/n@base " + Version(0) + " --no-cache").exit_code, 0);
+  std::ofstream(root_ / "bucket/models/acme/m/versions/v1.json", std::ios::trunc) << "{\"format\": 1, \"model\": ";
+
+  Result log = RunCli("log " + bucket_);
+  EXPECT_EQ(log.exit_code, 1) << log.out;
+  for (const char* listed : {"acme/m@v0 ", "acme/m@v2 ", "other/n@base "}) {
+    EXPECT_NE(log.out.find(listed), std::string::npos) << listed << " missing from\n" << log.out;
+  }
+  EXPECT_NE(log.out.find("cannot read acme/m@v1: Corruption"), std::string::npos) << log.out;
+  const size_t row = log.out.find("acme/m@v1 ");
+  ASSERT_NE(row, std::string::npos) << log.out;
+  EXPECT_NE(log.out.find("UNREADABLE", row), std::string::npos) << log.out;
+  // The unreadable version comes after its model's other versions.
+  EXPECT_GT(log.out.rfind("acme/m@v1 "), log.out.find("acme/m@v2 ")) << log.out;
+
+  // --json: stdout is one valid document with an "error" field for the unreadable version.
+  Result json = weightfs::test::RunShell(std::string(WEIGHTFS_BINARY) + " log " + bucket_ + " --json 2>/dev/null");
+  EXPECT_EQ(json.exit_code, 1);
+  const nlohmann::json j = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_TRUE(j.is_array()) << json.out;
+  ASSERT_EQ(j.size(), 4u) << json.out;
+  size_t errors = 0;
+  for (const auto& e : j) {
+    if (e.contains("error")) {
+      ++errors;
+      EXPECT_EQ(e["model"], "acme/m");
+      EXPECT_EQ(e["version"], "v1");
+      EXPECT_NE(e["error"].get<std::string>().find("Corruption"), std::string::npos) << e.dump();
+    } else {
+      EXPECT_TRUE(e.contains("stored_bytes")) << e.dump();
+    }
+  }
+  EXPECT_EQ(errors, 1u);
+
+  // A model whose versions all read: exit 0. The --help says what the exit status means.
+  Result other = RunCli("log " + bucket_ + " other/n");
+  EXPECT_EQ(other.exit_code, 0) << other.out;
+  EXPECT_NE(other.out.find("other/n@base"), std::string::npos) << other.out;
+  Result help = RunCli("log --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("Exit status"), std::string::npos) << help.out;
+}
+
+// Pushes killed mid-upload leave temporary objects in .weightfs-tmp/; `gc` removes the old ones
+// (unchanged for an hour), keeps young ones, counts both, and --dry-run removes nothing.
+TEST_F(BucketCli, GcRemovesOldTemporaryUploadsAndCountsThem) {
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  const fs::path tmp = root_ / "bucket/.weightfs-tmp";
+  fs::create_directories(tmp);
+  for (const char* name : {"9001-0-1", "9001-1-2", "9002-0-3"}) {
+    std::ofstream(tmp / name, std::ios::binary) << std::string(1 << 20, 'x');
+  }
+  const time_t old = ::time(nullptr) - 2 * 3600;
+  const timespec times[2] = {{old, 0}, {old, 0}};
+  for (const char* name : {"9001-0-1", "9001-1-2"}) {
+    ASSERT_EQ(::utimensat(AT_FDCWD, (tmp / name).c_str(), times, 0), 0);
+  }
+  Result dry = RunCli("gc " + bucket_ + " --dry-run");
+  ASSERT_EQ(dry.exit_code, 0) << dry.out;
+  EXPECT_NE(dry.out.find("would remove 2 temporary uploads left by interrupted writes"), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("kept 1 temporary upload"), std::string::npos) << dry.out;
+  EXPECT_EQ(CountFiles(tmp), 3u);
+  Result gc = RunCli("gc " + bucket_);
+  ASSERT_EQ(gc.exit_code, 0) << gc.out;
+  EXPECT_NE(gc.out.find("removed 2 temporary uploads left by interrupted writes (2.0 MiB)"), std::string::npos)
+      << gc.out;
+  EXPECT_EQ(CountFiles(tmp), 1u);
+  EXPECT_TRUE(fs::exists(tmp / "9002-0-3"));
+  EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v0").exit_code, 0);
 }
 
 TEST_F(BucketCli, FlippedByteInAPackFailsPullAndVerifyNamingTheChunk) {
