@@ -117,11 +117,22 @@ struct Manifest {
 
 // Serialized manifest bytes (compressed with zstd when the JSON exceeds 64 KiB).
 std::vector<uint8_t> SerializeManifest(const Manifest& manifest);
+
+// The most JSON ParseManifest reads unless its caller says otherwise (inflated, for a manifest
+// stored compressed). A real 500k-chunk manifest is ~74 MB of JSON.
+inline constexpr uint64_t kDefaultMaxManifestJsonBytes = 1ull << 30;
+
 // Parses and validates. `expected_model`/`expected_version` (when non-empty) must match what
-// the manifest says about itself (a manifest copied under another key is rejected).
+// the manifest says about itself (a manifest copied under another key is rejected), and name
+// it in errors. More than `max_json_bytes` of JSON (plain, or inflated from zstd) is
+// ResourceExhausted, found before it is all read. Peak memory is about twice what the returned
+// Manifest holds (~1.2x its JSON for real manifests, at most ~2.5x for rows of the smallest
+// values) plus a fixed ~10 MiB for a compressed one; no more than that whatever the bytes claim.
+// An allocation failure is ResourceExhausted too.
 Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes,
                                  std::string_view expected_model = {},
-                                 std::string_view expected_version = {});
+                                 std::string_view expected_version = {},
+                                 uint64_t max_json_bytes = kDefaultMaxManifestJsonBytes);
 
 // Names. A model is '/'-separated components of [A-Za-z0-9._-] (not "." or ".."), at most 256
 // bytes; a version is one such component, at most 128 bytes; a file path is like a model name

@@ -110,7 +110,7 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
     }
     return bytes.status();
   }
-  Expected<Manifest> parsed = ParseManifest(*bytes, model, version);
+  Expected<Manifest> parsed = ParseManifest(*bytes, model, version, max_manifest_json_bytes_);
   if (!parsed.ok()) return parsed.status().WithContext(store_->Describe() + "/" + key);
   auto shared = std::make_shared<const Manifest>(std::move(parsed).value());
   std::lock_guard<std::mutex> lock(mu_);

@@ -230,6 +230,11 @@ int Serve(const MountConfig& c, int notify_fd, bool daemon) {
     notify("ERR " + opened.status().ToString());
     return 1;
   }
+  // A manifest's JSON may take a quarter of the limit (256 MiB at the default 1 GiB; a real
+  // 500k-chunk manifest is ~74 MB): parsing one costs about twice what it holds, so a
+  // decompression bomb or an absurd manifest fails its version with ENOMEM instead of taking
+  // the daemon past its limit.
+  opened->bucket->set_max_manifest_json_bytes(c.mount.reader.memory_limit / 4);
   Materializer materializer(opened->bucket.get(), opened->cache.get());
   ServerParts parts{opened->bucket.get(), &materializer, opened->cache.get(), opened->store.store.get()};
   MountOptions mount_options = c.mount;
