@@ -125,10 +125,10 @@ inline constexpr uint64_t kDefaultMaxManifestJsonBytes = 1ull << 30;
 // Parses and validates. `expected_model`/`expected_version` (when non-empty) must match what
 // the manifest says about itself (a manifest copied under another key is rejected), and name
 // it in errors. More than `max_json_bytes` of JSON (plain, or inflated from zstd) is
-// ResourceExhausted, found before it is all read. Peak memory is about twice what the returned
-// Manifest holds (~1.2x its JSON for real manifests, at most ~2.5x for rows of the smallest
-// values) plus a fixed ~10 MiB for a compressed one; no more than that whatever the bytes claim.
-// An allocation failure is ResourceExhausted too.
+// ResourceExhausted, found before it is all read. Peak memory is about what the returned
+// Manifest holds (at most twice that while a vector grows): ~1.3x its JSON for real manifests,
+// up to ~2.2x for rows of the smallest values; plus at most ~9 MiB of zstd decoder for a
+// compressed one, whatever its header claims. An allocation failure is ResourceExhausted too.
 Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes,
                                  std::string_view expected_model = {},
                                  std::string_view expected_version = {},

@@ -5,6 +5,8 @@
 //
 //   parser_bench manifest [CHUNKS]          a valid manifest of CHUNKS rows (default 500000)
 //   parser_bench safetensors [TENSORS...]   a valid header of TENSORS tensors (default 70000)
+//   parser_bench parse-manifest FILE        parses one manifest file (PARSER_BENCH_KEEP=1 on
+//                                           `manifest` keeps its file in /tmp for this, or perf)
 //
 // Peak memory is the process's VmHWM after the parse minus its VmRSS before it (after the input
 // was read).
@@ -149,7 +151,7 @@ int BenchManifest(size_t chunks) {
   std::printf("manifest: %zu chunk rows, %zu bytes stored, %llu bytes of JSON\n", chunks, bytes.size(),
               ZSTD_getFrameContentSize(bytes.data(), bytes.size()));
   RunChild({"parser_bench", "parse-manifest", path});
-  std::remove(path.c_str());
+  if (std::getenv("PARSER_BENCH_KEEP") == nullptr) std::remove(path.c_str());
   return 0;
 }
 
