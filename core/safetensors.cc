@@ -167,57 +167,18 @@ Status CheckNestingDepth(std::string_view json) {
   return Status::Ok();
 }
 
-// nlohmann::json keeps the last of duplicate object keys without a word; a file whose tensor
-// appears twice (or whose entry names "dtype" twice) is ambiguous, and two readers could pick
-// different answers. The parser callback sees every key before it is merged, so this records
-// the first duplicate among the top-level keys and among the keys of each tensor entry /
-// __metadata__. Deeper objects cannot occur in a valid header and are rejected later anyway.
-class DuplicateKeyFinder {
- public:
-  bool OnEvent(int depth, Json::parse_event_t event, Json& parsed) {
-    if (found_) return true;
-    if (event == Json::parse_event_t::object_start && depth == 1) {
-      inner_keys_.clear();
-    } else if (event == Json::parse_event_t::key && (depth == 1 || depth == 2)) {
-      const auto* key = parsed.get_ptr<const Json::string_t*>();
-      if (key == nullptr) return true;  // nlohmann always passes keys as strings
-      auto& keys = depth == 1 ? outer_keys_ : inner_keys_;
-      if (!keys.insert(*key).second) {
-        found_ = true;
-        duplicate_ = *key;
-        at_top_level_ = depth == 1;
-        parent_ = last_outer_key_;
-      } else if (depth == 1) {
-        last_outer_key_ = *key;
-      }
-    }
-    return true;  // keep everything: the callback only observes
-  }
-
-  bool found() const { return found_; }
-
-  // REQUIRES: found()
-  Status ToStatus() const {
-    if (at_top_level_) return Corrupt("duplicate key " + Quote(duplicate_) + " at the top level");
-    if (parent_ == kMetadataKey) {
-      return Corrupt("duplicate key " + Quote(duplicate_) + " in __metadata__");
-    }
-    return TensorCorrupt(parent_, "duplicate key " + Quote(duplicate_) + " in its entry");
-  }
-
- private:
-  bool found_ = false;
-  std::string duplicate_;
-  bool at_top_level_ = false;
-  std::string parent_;  // the top-level key whose object holds the duplicate
-  std::string last_outer_key_;
-  std::unordered_set<std::string> outer_keys_;
-  std::unordered_set<std::string> inner_keys_;
-};
-
-// SAX handler that builds nothing and keeps the parser's error message. Used only after the
-// DOM parse failed (with exceptions disabled it does not say why), to name the byte and cause.
-class JsonErrorCatcher {
+// One SAX pass over the header before the DOM is built: the parser's error message when the
+// JSON does not parse (the DOM parse, with exceptions off, does not say why), and the first
+// repeated key. nlohmann::json keeps the last of duplicate object keys without a word; a file
+// whose tensor appears twice (or whose entry names "dtype" twice) is ambiguous, and two readers
+// could pick different answers. This records the first duplicate, in document order, among the
+// top-level keys and among the keys of each tensor entry / __metadata__. Deeper objects cannot
+// occur in a valid header and are rejected later anyway.
+//
+// Linear in the header: a key costs a hash-set insert. (The parser callback this replaces made
+// nlohmann's callback parser scan the whole top-level object after every tensor entry: 32k
+// tensors took 49 s, 70k never finished.)
+class HeaderScan {
  public:
   bool null() { return true; }
   bool boolean(bool) { return true; }
@@ -226,11 +187,44 @@ class JsonErrorCatcher {
   bool number_float(Json::number_float_t, const Json::string_t&) { return true; }
   bool string(Json::string_t&) { return true; }
   bool binary(Json::binary_t&) { return true; }
-  bool start_object(std::size_t) { return true; }
-  bool key(Json::string_t&) { return true; }
-  bool end_object() { return true; }
-  bool start_array(std::size_t) { return true; }
-  bool end_array() { return true; }
+  bool start_object(std::size_t) {
+    if (depth_ == 1) {
+      // A new tensor entry or __metadata__. clear() costs the bucket count, which one huge
+      // entry would leave large for every entry after it.
+      if (inner_keys_.bucket_count() > 64) {
+        inner_keys_ = {};
+      } else {
+        inner_keys_.clear();
+      }
+    }
+    ++depth_;
+    return true;
+  }
+  bool start_array(std::size_t) {
+    ++depth_;
+    return true;
+  }
+  bool end_object() {
+    --depth_;
+    return true;
+  }
+  bool end_array() {
+    --depth_;
+    return true;
+  }
+  bool key(Json::string_t& key) {
+    if (found_ || (depth_ != 1 && depth_ != 2)) return true;
+    auto& keys = depth_ == 1 ? outer_keys_ : inner_keys_;
+    if (!keys.insert(key).second) {
+      found_ = true;
+      duplicate_ = key;
+      at_top_level_ = depth_ == 1;
+      parent_ = last_outer_key_;
+    } else if (depth_ == 1) {
+      last_outer_key_ = key;
+    }
+    return true;
+  }
 
   template <class Exception>
   bool parse_error(std::size_t position, const std::string&, const Exception& ex) {
@@ -240,23 +234,38 @@ class JsonErrorCatcher {
       what.remove_prefix(tag + 2);
     }
     constexpr size_t kMaxWhat = 200;
-    message_ = "at header byte " + std::to_string(position) + ": ";
-    AppendEscaped(what.substr(0, kMaxWhat), /*ascii_only=*/true, &message_);
-    if (what.size() > kMaxWhat) message_ += "...";
+    json_error_ = "at header byte " + std::to_string(position) + ": ";
+    AppendEscaped(what.substr(0, kMaxWhat), /*ascii_only=*/true, &json_error_);
+    if (what.size() > kMaxWhat) json_error_ += "...";
     return false;
   }
 
-  const std::string& message() const { return message_; }
+  // The first finding, in the order a reader must report them: the JSON does not parse, then a
+  // repeated key. OK if neither.
+  Status ToStatus(bool parsed) const {
+    if (!parsed) {
+      return Corrupt("header is not valid JSON (or not UTF-8) " +
+                     (json_error_.empty() ? std::string("unknown JSON error") : json_error_));
+    }
+    if (!found_) return Status::Ok();
+    if (at_top_level_) return Corrupt("duplicate key " + Quote(duplicate_) + " at the top level");
+    if (parent_ == kMetadataKey) {
+      return Corrupt("duplicate key " + Quote(duplicate_) + " in __metadata__");
+    }
+    return TensorCorrupt(parent_, "duplicate key " + Quote(duplicate_) + " in its entry");
+  }
 
  private:
-  std::string message_;
+  int depth_ = 0;  // containers open around the current event
+  std::string json_error_;
+  bool found_ = false;
+  std::string duplicate_;
+  bool at_top_level_ = false;
+  std::string parent_;  // the top-level key whose object holds the duplicate
+  std::string last_outer_key_;
+  std::unordered_set<std::string> outer_keys_;
+  std::unordered_set<std::string> inner_keys_;
 };
-
-std::string DescribeJsonError(std::string_view json) {
-  JsonErrorCatcher catcher;
-  Json::sax_parse(json.data(), json.data() + json.size(), &catcher);
-  return catcher.message().empty() ? std::string("unknown JSON error") : catcher.message();
-}
 
 Status ParseMetadata(const Json& value, std::map<std::string, std::string>* metadata) {
   const auto* entries = value.get_ptr<const Json::object_t*>();
@@ -432,17 +441,11 @@ Expected<SafetensorsHeader> Parse(std::span<const uint8_t> prefix, uint64_t file
   }
   WFS_TRY(CheckNestingDepth(json));
 
-  DuplicateKeyFinder duplicates;
-  const Json root = Json::parse(
-      json.data(), json.data() + json.size(),
-      [&duplicates](int depth, Json::parse_event_t event, Json& parsed) {
-        return duplicates.OnEvent(depth, event, parsed);
-      },
-      /*allow_exceptions=*/false);
-  if (root.is_discarded()) {
-    return Corrupt("header is not valid JSON (or not UTF-8) " + DescribeJsonError(json));
-  }
-  if (duplicates.found()) return duplicates.ToStatus();
+  HeaderScan scan;
+  WFS_TRY(scan.ToStatus(Json::sax_parse(json.data(), json.data() + json.size(), &scan)));
+  const Json root = Json::parse(json.data(), json.data() + json.size(), nullptr,
+                                /*allow_exceptions=*/false);
+  if (root.is_discarded()) return Corrupt("header is not valid JSON (or not UTF-8)");  // parsed above
   const auto* top = root.get_ptr<const Json::object_t*>();
   if (top == nullptr) return Corrupt("header JSON must be an object, not " + Describe(root));
 

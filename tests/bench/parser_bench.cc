@@ -5,8 +5,9 @@
 //
 //   parser_bench manifest [CHUNKS]          a valid manifest of CHUNKS rows (default 500000)
 //   parser_bench safetensors [TENSORS...]   a valid header of TENSORS tensors (default 70000)
-//   parser_bench parse-manifest FILE        parses one manifest file (PARSER_BENCH_KEEP=1 on
-//                                           `manifest` keeps its file in /tmp for this, or perf)
+//   parser_bench parse-manifest FILE        parses one manifest file (PARSER_BENCH_KEEP=1 keeps
+//                                           the files generated above in /tmp, e.g. for perf)
+//   parser_bench parse-safetensors FILE DATA_BYTES TENSORS
 //
 // Peak memory is the process's VmHWM after the parse minus its VmRSS before it (after the input
 // was read).
@@ -176,7 +177,7 @@ int BenchSafetensors(const std::vector<size_t>& counts) {
     uint64_t data = 0;
     for (size_t i = 0; i < n; ++i) data += (1 + i % 7) * 3 * 2;
     RunChild({"parser_bench", "parse-safetensors", path, std::to_string(data), std::to_string(n)});
-    std::remove(path.c_str());
+    if (std::getenv("PARSER_BENCH_KEEP") == nullptr) std::remove(path.c_str());
   }
   return 0;
 }
