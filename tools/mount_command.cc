@@ -191,7 +191,19 @@ void Preload(Bucket* bucket, Materializer* materializer, uint64_t memory_limit) 
   constexpr size_t kPreloadVersions = 16;
   constexpr auto kPreloadBudget = std::chrono::milliseconds(500);
   const size_t builds = std::min<size_t>(2, ChunkReader::MaxBuilds(memory_limit));
-  std::thread warm([materializer, builds] { materializer->Warm(builds, kDefaultChunkBytes); });
+  // Warming is optional: if it fails (an allocation, a thread refused), first reads pay for it.
+  std::thread warm;
+  try {
+    warm = std::thread([materializer, builds]() noexcept {
+      try {
+        materializer->Warm(builds, kDefaultChunkBytes);
+      } catch (...) {
+        spdlog::warn("{}", StatusOfCurrentException("warming the decoders").ToString());
+      }
+    });
+  } catch (const std::exception& e) {
+    spdlog::warn("warming the decoders: {}", e.what());
+  }
   const auto deadline = std::chrono::steady_clock::now() + kPreloadBudget;
   Expected<std::vector<VersionInfo>> versions = bucket->ListVersions();
   if (versions.ok()) {
@@ -207,7 +219,7 @@ void Preload(Bucket* bucket, Materializer* materializer, uint64_t memory_limit) 
       end = begin;
     }
   }
-  warm.join();
+  if (warm.joinable()) warm.join();
 }
 
 // The daemon's (or --foreground's) life: open, mount, report on `notify_fd` (-1: none), serve.
