@@ -3,7 +3,8 @@
 // Memory is bounded by what the manifest holds, not by what its bytes claim:
 // - A zstd frame is inflated as the JSON parser reads it, through a fixed buffer: its declared
 //   content size is checked against the caller's limit and never sizes an allocation, and the
-//   inflated bytes are counted against the limit as they come.
+//   inflated bytes are counted against the limit as they come. Runs of whitespace are collapsed
+//   on the way (nlohmann's lexer would keep them).
 // - The JSON is read with nlohmann's SAX interface straight into the Manifest. No DOM is built
 //   (a DOM costs ~5x the JSON text), values under keys the reader ignores are skipped without
 //   being stored, and deep nesting costs a counter.
@@ -73,16 +74,59 @@ std::string FormatLimit(uint64_t bytes) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Inflating.
+// The text the parser reads.
 
-// The JSON of a zstd-compressed manifest, inflated as the parser reads it. Allocates the
-// decoder, its window (at most 2^kMaxWindowLog bytes) and one output block, whatever the frame
-// claims. At damage, at data after the frame, or past `max_bytes` of output it ends the stream
-// early and keeps the reason in status(), which the caller checks before anything the parser
-// made of the truncated text.
-class InflatingBuf : public std::streambuf {
+// Collapses every run of JSON whitespace outside strings into one space, in place, as the text
+// streams by. nlohmann's lexer keeps every character since the last string or number for its
+// error messages, so a run of whitespace (what a zstd bomb inflates to best) would cost its
+// own length in memory, twice over while the buffer doubles. JSON's grammar treats every such
+// run alike, so the parse (acceptance and every value) is the same.
+class WhitespaceCollapser {
  public:
-  InflatingBuf(std::span<const uint8_t> frame, uint64_t max_bytes, std::string subject)
+  // Rewrites p[0, n) in place; returns the length left.
+  size_t Collapse(char* p, size_t n) {
+    size_t w = 0;
+    for (size_t r = 0; r < n; ++r) {
+      const char c = p[r];
+      if (in_string_) {
+        if (escaped_) {
+          escaped_ = false;
+        } else if (c == '\\') {
+          escaped_ = true;
+        } else if (c == '"') {
+          in_string_ = false;
+        }
+      } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+        if (!space_) p[w++] = ' ';
+        space_ = true;
+        continue;
+      } else if (c == '"') {
+        in_string_ = true;
+      }
+      space_ = false;
+      p[w++] = c;
+    }
+    return w;
+  }
+
+ private:
+  bool in_string_ = false;
+  bool escaped_ = false;
+  bool space_ = false;  // the last character written was a collapsed run
+};
+
+// The manifest's JSON as the parser reads it, a block at a time through a fixed buffer: the
+// bytes themselves, or a zstd frame inflated as it goes. For a frame it allocates the decoder,
+// its window (at most 2^kMaxWindowLog bytes) and one output block, whatever the frame claims.
+// At damage, at data after the frame, or past `max_bytes` of output it ends the text early and
+// keeps the reason in status(), which the caller checks before anything the parser made of the
+// truncated text.
+class ManifestText : public std::streambuf {
+ public:
+  // Plain JSON.
+  explicit ManifestText(std::span<const uint8_t> json) : plain_(json), buf_(new char[kPlainBlock]) {}
+  // A zstd frame.
+  ManifestText(std::span<const uint8_t> frame, uint64_t max_bytes, std::string subject)
       : in_{frame.data(), frame.size(), 0}, max_bytes_(max_bytes), subject_(std::move(subject)) {
     dctx_ = ZSTD_createDCtx();
     if (dctx_ == nullptr) {
@@ -90,22 +134,45 @@ class InflatingBuf : public std::streambuf {
       return;
     }
     ZSTD_DCtx_setParameter(dctx_, ZSTD_d_windowLogMax, kMaxWindowLog);
-    out_.reset(new char[ZSTD_DStreamOutSize()]);
+    buf_.reset(new char[ZSTD_DStreamOutSize()]);
   }
-  ~InflatingBuf() override { ZSTD_freeDCtx(dctx_); }
-  InflatingBuf(const InflatingBuf&) = delete;
-  InflatingBuf& operator=(const InflatingBuf&) = delete;
+  ~ManifestText() override { ZSTD_freeDCtx(dctx_); }
+  ManifestText(const ManifestText&) = delete;
+  ManifestText& operator=(const ManifestText&) = delete;
 
   const Status& status() const { return status_; }
 
  protected:
   int_type underflow() override {
+    for (size_t n; (n = dctx_ != nullptr ? Inflate() : Copy()) > 0;) {
+      n = collapser_.Collapse(buf_.get(), n);
+      if (n > 0) {
+        setg(buf_.get(), buf_.get(), buf_.get() + n);
+        return traits_type::to_int_type(*gptr());
+      }
+    }
+    return traits_type::eof();
+  }
+
+ private:
+  static constexpr size_t kPlainBlock = 64 << 10;
+
+  // The next block of plain JSON into buf_; 0 at the end.
+  size_t Copy() {
+    const size_t n = std::min(kPlainBlock, plain_.size() - plain_at_);
+    if (n > 0) std::memcpy(buf_.get(), plain_.data() + plain_at_, n);
+    plain_at_ += n;
+    return n;
+  }
+
+  // The next block of inflated JSON into buf_; 0 at the end of the frame or on error.
+  size_t Inflate() {
     while (status_.ok()) {
       if (frame_done_) {
         if (in_.pos != in_.size) Fail(ZSTD_error_no_error, "data after the end of the frame");
         break;
       }
-      ZSTD_outBuffer out{out_.get(), ZSTD_DStreamOutSize(), 0};
+      ZSTD_outBuffer out{buf_.get(), ZSTD_DStreamOutSize(), 0};
       const size_t before = in_.pos;
       const size_t ret = ZSTD_decompressStream(dctx_, &out, &in_);
       if (ZSTD_isError(ret)) {
@@ -118,20 +185,19 @@ class InflatingBuf : public std::streambuf {
         if (produced_ > max_bytes_) {
           status_ = Status::ResourceExhausted(subject_ + ": inflates to more than " +
                                               FormatLimit(max_bytes_) + " of JSON (from " +
-                                              std::to_string(in_.size) + " bytes of zstd), the limit for a manifest");
+                                              std::to_string(in_.size) +
+                                              " bytes of zstd), the limit for a manifest");
           break;
         }
-        setg(out_.get(), out_.get(), out_.get() + out.pos);
-        return traits_type::to_int_type(*gptr());
+        return out.pos;
       }
       if (!frame_done_ && in_.pos == before && in_.pos == in_.size) {
         Fail(ZSTD_error_no_error, "the frame is truncated");
       }
     }
-    return traits_type::eof();
+    return 0;
   }
 
- private:
   void Fail(ZSTD_ErrorCode code, std::string_view why) {
     if (code == ZSTD_error_memory_allocation) {
       status_ = Status::ResourceExhausted(subject_ + ": out of memory inflating its zstd frame");
@@ -143,13 +209,16 @@ class InflatingBuf : public std::streambuf {
     }
   }
 
-  ZSTD_DCtx* dctx_ = nullptr;
-  ZSTD_inBuffer in_;
-  const uint64_t max_bytes_;
+  std::span<const uint8_t> plain_;
+  size_t plain_at_ = 0;
+  ZSTD_DCtx* dctx_ = nullptr;  // null for plain JSON
+  ZSTD_inBuffer in_{};
+  const uint64_t max_bytes_ = 0;
   const std::string subject_;
-  std::unique_ptr<char[]> out_;
+  std::unique_ptr<char[]> buf_;
   uint64_t produced_ = 0;
   bool frame_done_ = false;
+  WhitespaceCollapser collapser_;
   Status status_;
 };
 
@@ -1018,18 +1087,20 @@ Expected<Manifest> Parse(std::span<const uint8_t> bytes, std::string_view expect
       return Status::Corruption(subject + ": zstd frame of " + std::to_string(bytes.size()) +
                                 " bytes claims " + std::to_string(size) + " bytes");
     }
-    InflatingBuf inflated(bytes, max_json_bytes, subject);
-    WFS_TRY(inflated.status());
-    std::istream in(&inflated);
+    ManifestText text(bytes, max_json_bytes, subject);
+    WFS_TRY(text.status());
+    std::istream in(&text);
     parsed = json::sax_parse(in, &reader);
-    WFS_TRY(inflated.status());  // damage or the limit: before whatever the parser made of it
+    WFS_TRY(text.status());  // damage or the limit: before whatever the parser made of it
   } else {
     if (bytes.size() > max_json_bytes) {
       return Status::ResourceExhausted(subject + ": " + std::to_string(bytes.size()) +
                                        " bytes of JSON, larger than " + FormatLimit(max_json_bytes) +
                                        " (the limit for a manifest)");
     }
-    parsed = json::sax_parse(bytes.begin(), bytes.end(), &reader);
+    ManifestText text(bytes);
+    std::istream in(&text);
+    parsed = json::sax_parse(in, &reader);
   }
   if (!parsed || reader.not_object()) return Status::Corruption("manifest is not a JSON object");
   return reader.Finish(expected_model, expected_version);
