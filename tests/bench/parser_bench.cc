@@ -4,8 +4,9 @@
 // that its peak RSS is its own.
 //
 //   parser_bench manifest [CHUNKS]          a valid manifest of CHUNKS rows (default 500000)
+//   parser_bench bomb                       ~200 MB of repeated rows in ~20 KB of zstd
 //   parser_bench safetensors [TENSORS...]   a valid header of TENSORS tensors (default 70000)
-//   parser_bench parse-manifest FILE        parses one manifest file (PARSER_BENCH_KEEP=1 keeps
+//   parser_bench parse-manifest FILE [LIMIT] parses one manifest file (PARSER_BENCH_KEEP=1 keeps
 //                                           the files generated above in /tmp, e.g. for perf)
 //   parser_bench parse-safetensors FILE DATA_BYTES TENSORS
 //
@@ -156,11 +157,44 @@ int BenchManifest(size_t chunks) {
   return 0;
 }
 
-int ParseManifestFile(const std::string& path) {
+// The bomb: ~200 MB of JSON that zstd packs into ~20 KB, here one valid file entry and
+// then the same chunk row over and over (so the reader fails at the second row, after reading
+// it all). Parsed with the default limit and with a mount's (a quarter of --memory-limit 1G).
+int BenchBomb() {
+  Manifest m = BigManifest(32);
+  m.files.resize(1);
+  std::vector<uint8_t> plain;
+  {
+    std::vector<uint8_t> one = SerializeManifest(m);  // small: plain JSON
+    std::string text(one.begin(), one.end());
+    const size_t rows = text.find("\"chunks\":[") + 10;
+    const size_t row_end = text.find("]", rows) + 1;
+    const std::string row = text.substr(rows, row_end - rows);
+    std::string bomb = text.substr(0, row_end);
+    while (bomb.size() < (200u << 20)) bomb += "," + row;
+    bomb += text.substr(row_end);
+    plain.assign(bomb.begin(), bomb.end());
+  }
+  std::vector<uint8_t> z(ZSTD_compressBound(plain.size()));
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, 19);
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_windowLog, 23);
+  z.resize(ZSTD_compress2(cctx, z.data(), z.size(), plain.data(), plain.size()));
+  ZSTD_freeCCtx(cctx);
+  const std::string path = "/tmp/parser_bench_bomb." + std::to_string(getpid());
+  WriteFile(path, z);
+  std::printf("bomb: %zu bytes of JSON in %zu bytes of zstd\n", plain.size(), z.size());
+  RunChild({"parser_bench", "parse-manifest", path, std::to_string(kDefaultMaxManifestJsonBytes)});
+  RunChild({"parser_bench", "parse-manifest", path, std::to_string(256ull << 20)});
+  if (std::getenv("PARSER_BENCH_KEEP") == nullptr) std::remove(path.c_str());
+  return 0;
+}
+
+int ParseManifestFile(const std::string& path, uint64_t limit = kDefaultMaxManifestJsonBytes) {
   const std::vector<uint8_t> bytes = ReadFile(path);
-  return Measure("ParseManifest", [&] {
-    Expected<Manifest> back = ParseManifest(bytes);
-    if (!back.ok()) std::printf("  %s\n", back.status().ToString().c_str());
+  return Measure("ParseManifest (JSON limit " + std::to_string(limit >> 20) + " MiB)", [&] {
+    Expected<Manifest> back = ParseManifest(bytes, {}, {}, limit);
+    if (!back.ok()) std::printf("  %s\n", back.status().ToString().substr(0, 200).c_str());
     size_t rows = 0;
     if (back.ok()) {
       for (const ManifestFile& f : back->files) rows += f.chunks.size();
@@ -207,7 +241,11 @@ int main(int argc, char** argv) {
     if (counts.empty()) counts = {70000};
     return weightfs::BenchSafetensors(counts);
   }
+  if (what == "bomb") return weightfs::BenchBomb();
   if (what == "parse-manifest" && argc == 3) return weightfs::ParseManifestFile(argv[2]);
+  if (what == "parse-manifest" && argc == 4) {
+    return weightfs::ParseManifestFile(argv[2], std::strtoull(argv[3], nullptr, 10));
+  }
   if (what == "parse-safetensors" && argc == 5) {
     return weightfs::ParseSafetensorsFile(argv[2], std::strtoull(argv[3], nullptr, 10),
                                           std::strtoull(argv[4], nullptr, 10));
