@@ -128,7 +128,10 @@ inline constexpr uint64_t kDefaultMaxManifestJsonBytes = 1ull << 30;
 // ResourceExhausted, found before it is all read. Peak memory is about what the returned
 // Manifest holds (at most twice that while a vector grows): ~1.3x its JSON for real manifests,
 // up to ~2.2x for rows of the smallest values; plus at most ~9 MiB of zstd decoder for a
-// compressed one, whatever its header claims. An allocation failure is ResourceExhausted too.
+// compressed one, whatever its header claims. (One exception, bounded by max_json_bytes: JSON
+// that runs on for long stretches with nothing but brackets, commas and true/false/null, which
+// nlohmann's lexer keeps in full for its error messages; whitespace is collapsed before it.)
+// An allocation failure is ResourceExhausted too.
 Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes,
                                  std::string_view expected_model = {},
                                  std::string_view expected_version = {},
