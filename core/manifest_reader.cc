@@ -24,13 +24,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <istream>
 #include <memory>
 #include <new>
 #include <numeric>
 #include <optional>
 #include <set>
 #include <streambuf>
-#include <istream>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
