@@ -390,6 +390,15 @@ Expected<PayloadInfo> ChunkCodec::Inspect(std::span<const uint8_t> payload,
 
 Status ChunkCodec::Decode(std::span<const uint8_t> payload, std::span<const uint8_t> parent,
                           std::span<uint8_t> out, const DecodeLimits& limits) {
+  try {
+    return DecodeUnguarded(payload, parent, out, limits);
+  } catch (...) {  // scratch sized within the limits, and still more than there is
+    return StatusOfCurrentException("decoding a payload");
+  }
+}
+
+Status ChunkCodec::DecodeUnguarded(std::span<const uint8_t> payload, std::span<const uint8_t> parent,
+                                   std::span<uint8_t> out, const DecodeLimits& limits) {
   WFS_ASSIGN_OR_RETURN(PayloadInfo info, Inspect(payload, limits));
   if (out.size() != info.raw_len) {
     return Status::InvalidArgument("output buffer of " + std::to_string(out.size()) +
@@ -471,6 +480,17 @@ Status ChunkCodec::Decode(std::span<const uint8_t> payload, std::span<const uint
 Status ChunkCodec::DecodeChainInPlace(std::span<const std::span<const uint8_t>> payloads,
                                       std::span<uint8_t> data, const DecodeLimits& limits,
                                       size_t* failed) {
+  try {
+    return DecodeChainUnguarded(payloads, data, limits, failed);
+  } catch (...) {
+    if (failed != nullptr) *failed = 0;
+    return StatusOfCurrentException("decoding a chain of payloads");
+  }
+}
+
+Status ChunkCodec::DecodeChainUnguarded(std::span<const std::span<const uint8_t>> payloads,
+                                        std::span<uint8_t> data, const DecodeLimits& limits,
+                                        size_t* failed) {
   size_t at = 0;
   if (failed == nullptr) failed = &at;
   if (payloads.empty()) return Status::Ok();
@@ -536,7 +556,12 @@ Expected<std::vector<uint8_t>> ChunkCodec::Decode(std::span<const uint8_t> paylo
       return Status::Corruption("payload body too small for its decoded length");
     }
   }
-  std::vector<uint8_t> out(info.raw_len);
+  std::vector<uint8_t> out;
+  try {
+    out.resize(info.raw_len);
+  } catch (...) {  // within the limits, and still more than there is
+    return StatusOfCurrentException("allocating a decoded chunk");
+  }
   WFS_TRY(Decode(payload, parent, out, limits));
   return out;
 }

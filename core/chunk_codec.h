@@ -29,7 +29,8 @@
 //   PATCH  one zstd frame compressed with the parent chunk as its prefix (for bytes of unknown
 //          structure, and chunks whose length changed: headers, opaque files).
 // Decoding validates everything before use and never allocates more than raw_len (bounded by
-// DecodeLimits) plus zstd's own bounded window; any inconsistency is a Corruption status.
+// DecodeLimits) plus zstd's own bounded window; any inconsistency is a Corruption status, and an
+// allocation that fails all the same is ResourceExhausted.
 //
 // A ChunkCodec holds reusable zstd contexts: it is not thread-safe; use one per thread.
 #pragma once
@@ -160,6 +161,11 @@ class ChunkCodec {
                                        const DecodeLimits& limits = {});
 
  private:
+  // Decode and DecodeChainInPlace, which turn an exception from these into a Status.
+  Status DecodeUnguarded(std::span<const uint8_t> payload, std::span<const uint8_t> parent,
+                         std::span<uint8_t> out, const DecodeLimits& limits);
+  Status DecodeChainUnguarded(std::span<const std::span<const uint8_t>> payloads,
+                              std::span<uint8_t> data, const DecodeLimits& limits, size_t* failed);
   // EncodeFull with the XXH3-64 of data already computed. REQUIRES: dtype tiles data.
   void EncodeFullHashed(DType dtype, std::span<const uint8_t> data, uint64_t hash,
                         std::vector<uint8_t>* out);

@@ -117,11 +117,25 @@ struct Manifest {
 
 // Serialized manifest bytes (compressed with zstd when the JSON exceeds 64 KiB).
 std::vector<uint8_t> SerializeManifest(const Manifest& manifest);
+
+// The most JSON ParseManifest reads unless its caller says otherwise (inflated, for a manifest
+// stored compressed). A real 500k-chunk manifest is ~74 MB of JSON.
+inline constexpr uint64_t kDefaultMaxManifestJsonBytes = 1ull << 30;
+
 // Parses and validates. `expected_model`/`expected_version` (when non-empty) must match what
-// the manifest says about itself (a manifest copied under another key is rejected).
+// the manifest says about itself (a manifest copied under another key is rejected), and name
+// it in errors. More than `max_json_bytes` of JSON (plain, or inflated from zstd) is
+// ResourceExhausted, found before it is all read. Peak memory is about what the returned
+// Manifest holds (at most twice that while a vector grows): ~1.3x its JSON for real manifests,
+// up to ~2.2x for rows of the smallest values; plus at most ~9 MiB of zstd decoder for a
+// compressed one, whatever its header claims. (One exception, bounded by max_json_bytes: JSON
+// that runs on for long stretches with nothing but brackets, commas and true/false/null, which
+// nlohmann's lexer keeps in full for its error messages; whitespace is collapsed before it.)
+// An allocation failure is ResourceExhausted too.
 Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes,
                                  std::string_view expected_model = {},
-                                 std::string_view expected_version = {});
+                                 std::string_view expected_version = {},
+                                 uint64_t max_json_bytes = kDefaultMaxManifestJsonBytes);
 
 // Names. A model is '/'-separated components of [A-Za-z0-9._-] (not "." or ".."), at most 256
 // bytes; a version is one such component, at most 128 bytes; a file path is like a model name

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string_view>
 #include <tuple>
 #include <unordered_set>
@@ -91,14 +92,30 @@ std::string FormatShape(const std::vector<uint64_t>& shape) {
   return out;
 }
 
-// What a JSON value is, for "must be X, not <this>" messages. Never throws.
-std::string Describe(const Json& v) {
-  if (const auto* i = v.get_ptr<const Json::number_integer_t*>()) {
-    // nlohmann stores non-negative integers as unsigned; a signed one is negative (or "-0").
-    return (*i < 0 ? "negative integer " : "signed integer ") + std::to_string(*i);
+// What a JSON value was, as the SAX interface reported it: enough for "must be X, not <this>"
+// messages without keeping the value.
+struct ValueDesc {
+  enum Kind : uint8_t { kNull, kBoolean, kSigned, kUnsigned, kFloat, kString, kArray, kObject, kBinary };
+  Kind kind = kNull;
+  int64_t i = 0;  // kSigned
+  double d = 0;   // kFloat
+};
+
+// The phrase a DOM's type_name() and dump() would give. Never throws.
+std::string Describe(const ValueDesc& v) {
+  switch (v.kind) {
+    // nlohmann reads non-negative integers as unsigned; a signed one is negative (or "-0").
+    case ValueDesc::kSigned: return (v.i < 0 ? "negative integer " : "signed integer ") + std::to_string(v.i);
+    case ValueDesc::kFloat: return "number " + Json(v.d).dump() + " (not an unsigned 64-bit integer)";
+    case ValueDesc::kUnsigned: return "number";
+    case ValueDesc::kString: return "string";
+    case ValueDesc::kBoolean: return "boolean";
+    case ValueDesc::kArray: return "array";
+    case ValueDesc::kObject: return "object";
+    case ValueDesc::kBinary: return "binary";
+    case ValueDesc::kNull: break;
   }
-  if (v.is_number_float()) return "number " + v.dump() + " (not an unsigned 64-bit integer)";
-  return v.type_name();
+  return "null";
 }
 
 Status Corrupt(std::string message) {
@@ -167,70 +184,171 @@ Status CheckNestingDepth(std::string_view json) {
   return Status::Ok();
 }
 
-// nlohmann::json keeps the last of duplicate object keys without a word; a file whose tensor
-// appears twice (or whose entry names "dtype" twice) is ambiguous, and two readers could pick
-// different answers. The parser callback sees every key before it is merged, so this records
-// the first duplicate among the top-level keys and among the keys of each tensor entry /
-// __metadata__. Deeper objects cannot occur in a valid header and are rejected later anyway.
-class DuplicateKeyFinder {
- public:
-  bool OnEvent(int depth, Json::parse_event_t event, Json& parsed) {
-    if (found_) return true;
-    if (event == Json::parse_event_t::object_start && depth == 1) {
-      inner_keys_.clear();
-    } else if (event == Json::parse_event_t::key && (depth == 1 || depth == 2)) {
-      const auto* key = parsed.get_ptr<const Json::string_t*>();
-      if (key == nullptr) return true;  // nlohmann always passes keys as strings
-      auto& keys = depth == 1 ? outer_keys_ : inner_keys_;
-      if (!keys.insert(*key).second) {
-        found_ = true;
-        duplicate_ = *key;
-        at_top_level_ = depth == 1;
-        parent_ = last_outer_key_;
-      } else if (depth == 1) {
-        last_outer_key_ = *key;
-      }
-    }
-    return true;  // keep everything: the callback only observes
-  }
-
-  bool found() const { return found_; }
-
-  // REQUIRES: found()
-  Status ToStatus() const {
-    if (at_top_level_) return Corrupt("duplicate key " + Quote(duplicate_) + " at the top level");
-    if (parent_ == kMetadataKey) {
-      return Corrupt("duplicate key " + Quote(duplicate_) + " in __metadata__");
-    }
-    return TensorCorrupt(parent_, "duplicate key " + Quote(duplicate_) + " in its entry");
-  }
-
- private:
-  bool found_ = false;
-  std::string duplicate_;
-  bool at_top_level_ = false;
-  std::string parent_;  // the top-level key whose object holds the duplicate
-  std::string last_outer_key_;
-  std::unordered_set<std::string> outer_keys_;
-  std::unordered_set<std::string> inner_keys_;
+// One top-level entry of the header as it was read: a tensor's fields, or __metadata__'s
+// entries. What is kept of a field is what its checks need (its value, or what it was instead).
+struct Entry {
+  std::string key;
+  ValueDesc value;  // the entry's own value: kObject for a well-formed one
+  // A tensor entry's fields. `*_seen`: the field is present; its ValueDesc says what it was.
+  bool dtype_seen = false, shape_seen = false, offsets_seen = false;
+  ValueDesc dtype_value, shape_value, offsets_value;
+  std::string dtype;
+  std::vector<uint64_t> shape;
+  std::optional<std::pair<size_t, ValueDesc>> bad_dim;  // the first element that is not a u64
+  size_t offsets_count = 0;
+  uint64_t offsets[2] = {0, 0};
+  std::optional<ValueDesc> bad_offset[2];
+  std::optional<std::string> unexpected;  // the smallest field name that is none of the three
+  // __metadata__'s entries, and the smallest key whose value is not a string.
+  std::map<std::string, std::string> metadata;
+  std::optional<std::pair<std::string, ValueDesc>> bad_metadata;
 };
 
-// SAX handler that builds nothing and keeps the parser's error message. Used only after the
-// DOM parse failed (with exceptions disabled it does not say why), to name the byte and cause.
-class JsonErrorCatcher {
+// Validates one tensor entry on its own: fields, dtype, shape, offsets inside the data
+// section of `data_size` bytes, and size. Tiling against the other tensors is checked later.
+// The checks (and so the error a damaged entry gets) come in the order a DOM walk of the entry
+// would make them: fields in sorted order, then dtype, shape, data_offsets.
+Status CheckTensor(Entry& e, uint64_t data_size, TensorInfo* out) {
+  const std::string& name = e.key;
+  if (name.empty()) return Corrupt("a tensor has an empty name");
+  if (e.value.kind != ValueDesc::kObject) {
+    return TensorCorrupt(
+        name, "entry must be an object with dtype, shape and data_offsets, not " + Describe(e.value));
+  }
+  if (e.unexpected) {
+    return TensorCorrupt(name, "unexpected field " + Quote(*e.unexpected) +
+                                   " (an entry has exactly dtype, shape and data_offsets)");
+  }
+  if (!e.dtype_seen) return TensorCorrupt(name, "missing field 'dtype'");
+  if (!e.shape_seen) return TensorCorrupt(name, "missing field 'shape'");
+  if (!e.offsets_seen) return TensorCorrupt(name, "missing field 'data_offsets'");
+
+  if (e.dtype_value.kind != ValueDesc::kString) {
+    return TensorCorrupt(name, "dtype must be a string, not " + Describe(e.dtype_value));
+  }
+  const std::optional<DType> dt = ParseDType(e.dtype);
+  if (!dt) return TensorCorrupt(name, "unknown dtype " + Quote(e.dtype));
+
+  if (e.shape_value.kind != ValueDesc::kArray) {
+    return TensorCorrupt(name, "shape must be an array of non-negative integers, not " +
+                                   Describe(e.shape_value));
+  }
+  if (e.bad_dim) {
+    return TensorCorrupt(name, "shape[" + std::to_string(e.bad_dim->first) +
+                                   "] must be a non-negative integer, not " +
+                                   Describe(e.bad_dim->second));
+  }
+
+  if (e.offsets_value.kind != ValueDesc::kArray) {
+    return TensorCorrupt(name, "data_offsets must be an array [begin, end], not " +
+                                   Describe(e.offsets_value));
+  }
+  if (e.offsets_count != 2) {
+    return TensorCorrupt(name, "data_offsets has " + std::to_string(e.offsets_count) +
+                                   " entries; expected 2 ([begin, end])");
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    if (e.bad_offset[i]) {
+      return TensorCorrupt(name, "data_offsets[" + std::to_string(i) +
+                                     "] must be a non-negative integer, not " +
+                                     Describe(*e.bad_offset[i]));
+    }
+  }
+  const uint64_t begin = e.offsets[0], end = e.offsets[1];
+  if (begin > end) {
+    return TensorCorrupt(name, "data_offsets " + Range(begin, end) + " are reversed (begin > end)");
+  }
+  if (end > data_size) {
+    return TensorCorrupt(name, "data_offsets " + Range(begin, end) +
+                                   " run past the end of the data section (" +
+                                   std::to_string(data_size) + " bytes)");
+  }
+  uint64_t bytes = 0;
+  if (!ShapeByteSize(e.shape, *dt, &bytes)) {
+    return TensorCorrupt(name, "shape " + FormatShape(e.shape) + " of " + e.dtype +
+                                   " overflows 64 bits");
+  }
+  if (bytes != end - begin) {
+    return TensorCorrupt(name, "size mismatch: shape " + FormatShape(e.shape) + " of " +
+                                   e.dtype + " is " + std::to_string(bytes) +
+                                   " bytes but data_offsets " + Range(begin, end) + " span " +
+                                   std::to_string(end - begin) + " bytes");
+  }
+  out->name = std::move(e.key);
+  out->dtype = *dt;
+  out->shape = std::move(e.shape);
+  out->begin = begin;
+  out->end = end;
+  return Status::Ok();
+}
+
+Status CheckMetadata(const Entry& e) {
+  if (e.value.kind != ValueDesc::kObject) {
+    return Corrupt("__metadata__ must be an object of string to string, not " + Describe(e.value));
+  }
+  if (e.bad_metadata) {
+    return Corrupt("__metadata__ key " + Quote(e.bad_metadata->first) +
+                   " must have a string value, not " + Describe(e.bad_metadata->second));
+  }
+  return Status::Ok();
+}
+
+// The SAX handler that reads the header straight into TensorInfos: no DOM (a DOM costs ~1 KiB
+// per tensor), a hash-set insert per key. It reports what a DOM reader would, in the same
+// order: a JSON syntax error anywhere; else the first repeated key in document order (nlohmann's
+// DOM keeps the last of duplicate keys without a word, and two readers could pick different
+// answers, so repeats among the top-level keys and among the keys of each tensor entry /
+// __metadata__ are errors); else, of the entries that fail their own checks, the one whose key
+// sorts first (a DOM walks its object in key order); else the tiling of the data section.
+//
+// Depth counts the containers open around an event: 1 inside the top-level object, 2 inside an
+// entry, 3 inside a field's array. CheckNestingDepth has made sure nothing is deeper.
+class HeaderReader {
  public:
-  bool null() { return true; }
-  bool boolean(bool) { return true; }
-  bool number_integer(Json::number_integer_t) { return true; }
-  bool number_unsigned(Json::number_unsigned_t) { return true; }
-  bool number_float(Json::number_float_t, const Json::string_t&) { return true; }
-  bool string(Json::string_t&) { return true; }
-  bool binary(Json::binary_t&) { return true; }
-  bool start_object(std::size_t) { return true; }
-  bool key(Json::string_t&) { return true; }
-  bool end_object() { return true; }
-  bool start_array(std::size_t) { return true; }
-  bool end_array() { return true; }
+  explicit HeaderReader(uint64_t data_size) : data_size_(data_size) {}
+
+  bool null() { return Value({ValueDesc::kNull}); }
+  bool boolean(bool) { return Value({ValueDesc::kBoolean}); }
+  bool number_integer(Json::number_integer_t v) { return Value({ValueDesc::kSigned, v}); }
+  bool number_unsigned(Json::number_unsigned_t v) {
+    unsigned_ = v;
+    return Value({ValueDesc::kUnsigned});
+  }
+  bool number_float(Json::number_float_t v, const Json::string_t&) {
+    return Value({ValueDesc::kFloat, 0, v});
+  }
+  bool string(Json::string_t& v) {
+    string_ = &v;
+    return Value({ValueDesc::kString});
+  }
+  bool binary(Json::binary_t&) { return Value({ValueDesc::kBinary}); }
+  bool start_object(std::size_t) { return Open(ValueDesc::kObject); }
+  bool start_array(std::size_t) { return Open(ValueDesc::kArray); }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
+
+  bool key(Json::string_t& key) {
+    if (depth_ == 1) {
+      if (duplicate_) return true;
+      // A new entry. (A key of the top level is always followed by its value.)
+      if (!outer_keys_.insert(key).second) {
+        duplicate_ = Corrupt("duplicate key " + Quote(key) + " at the top level");
+        return true;
+      }
+      entry_ = Entry{};
+      entry_.key = key;
+    } else if (depth_ == 2) {
+      if (duplicate_) return true;
+      if (!inner_keys_.insert(key).second) {
+        duplicate_ = entry_.key == kMetadataKey
+                         ? Corrupt("duplicate key " + Quote(key) + " in __metadata__")
+                         : TensorCorrupt(entry_.key, "duplicate key " + Quote(key) + " in its entry");
+        return true;
+      }
+      field_ = key;
+    }
+    return true;
+  }
 
   template <class Exception>
   bool parse_error(std::size_t position, const std::string&, const Exception& ex) {
@@ -240,142 +358,151 @@ class JsonErrorCatcher {
       what.remove_prefix(tag + 2);
     }
     constexpr size_t kMaxWhat = 200;
-    message_ = "at header byte " + std::to_string(position) + ": ";
-    AppendEscaped(what.substr(0, kMaxWhat), /*ascii_only=*/true, &message_);
-    if (what.size() > kMaxWhat) message_ += "...";
+    json_error_ = "at header byte " + std::to_string(position) + ": ";
+    AppendEscaped(what.substr(0, kMaxWhat), /*ascii_only=*/true, &json_error_);
+    if (what.size() > kMaxWhat) json_error_ += "...";
     return false;
   }
 
-  const std::string& message() const { return message_; }
+  // The first finding (see the class comment), or OK with the tensors (in document order) and
+  // the metadata moved into *header.
+  Status Finish(bool parsed, SafetensorsHeader* header) {
+    if (!parsed) {
+      return Corrupt("header is not valid JSON (or not UTF-8) " +
+                     (json_error_.empty() ? std::string("unknown JSON error") : json_error_));
+    }
+    if (duplicate_) return *duplicate_;
+    if (error_) return error_->second;
+    header->tensors = std::move(tensors_);
+    header->metadata = std::move(metadata_);
+    return Status::Ok();
+  }
 
  private:
-  std::string message_;
-};
-
-std::string DescribeJsonError(std::string_view json) {
-  JsonErrorCatcher catcher;
-  Json::sax_parse(json.data(), json.data() + json.size(), &catcher);
-  return catcher.message().empty() ? std::string("unknown JSON error") : catcher.message();
-}
-
-Status ParseMetadata(const Json& value, std::map<std::string, std::string>* metadata) {
-  const auto* entries = value.get_ptr<const Json::object_t*>();
-  if (entries == nullptr) {
-    return Corrupt("__metadata__ must be an object of string to string, not " + Describe(value));
-  }
-  for (const auto& [key, v] : *entries) {
-    const auto* s = v.get_ptr<const Json::string_t*>();
-    if (s == nullptr) {
-      return Corrupt("__metadata__ key " + Quote(key) + " must have a string value, not " +
-                     Describe(v));
+  bool Value(const ValueDesc& v) {
+    if (duplicate_) return true;
+    if (depth_ == 1) {  // an entry that is not a container
+      entry_.value = v;
+      FinishEntry();
+    } else if (depth_ == 2 && in_entry_object_) {
+      Field(v);
+    } else if (depth_ == 3 && field_is_array_) {
+      Element(v);
     }
-    metadata->emplace(key, *s);
+    return true;
   }
-  return Status::Ok();
-}
 
-// Reads data_offsets[i] into *out.
-Status ParseOffset(const std::string& name, const Json::array_t& offsets, size_t i,
-                   uint64_t* out) {
-  const auto* v = offsets[i].get_ptr<const Json::number_unsigned_t*>();
-  if (v == nullptr) {
-    return TensorCorrupt(name, "data_offsets[" + std::to_string(i) +
-                                   "] must be a non-negative integer, not " +
-                                   Describe(offsets[i]));
+  bool Open(ValueDesc::Kind kind) {
+    if (depth_ == 1) {
+      // An entry: a tensor or __metadata__. clear() costs the bucket count, which one huge
+      // entry would leave large for every entry after it.
+      if (kind == ValueDesc::kObject) {
+        if (inner_keys_.bucket_count() > 64) {
+          inner_keys_ = {};
+        } else {
+          inner_keys_.clear();
+        }
+      }
+      entry_.value = {kind};
+      in_entry_object_ = kind == ValueDesc::kObject;
+    } else if (depth_ == 2 && in_entry_object_ && !duplicate_) {
+      Field({kind});
+      field_is_array_ = kind == ValueDesc::kArray;
+    }
+    ++depth_;
+    return true;
   }
-  *out = *v;
-  return Status::Ok();
-}
 
-// Validates one tensor entry on its own: fields, dtype, shape, offsets inside the data
-// section of `data_size` bytes, and size. Tiling against the other tensors is checked later.
-Status ParseTensor(const std::string& name, const Json& value, uint64_t data_size,
-                   TensorInfo* out) {
-  if (name.empty()) return Corrupt("a tensor has an empty name");
-  const auto* fields = value.get_ptr<const Json::object_t*>();
-  if (fields == nullptr) {
-    return TensorCorrupt(
-        name, "entry must be an object with dtype, shape and data_offsets, not " + Describe(value));
+  bool Close() {
+    --depth_;
+    if (depth_ == 2) field_is_array_ = false;
+    if (depth_ == 1) {
+      in_entry_object_ = false;
+      if (!duplicate_) FinishEntry();
+    }
+    return true;
   }
-  const Json* dtype = nullptr;
-  const Json* shape = nullptr;
-  const Json* offsets = nullptr;
-  for (const auto& [field, v] : *fields) {
-    if (field == "dtype") {
-      dtype = &v;
-    } else if (field == "shape") {
-      shape = &v;
-    } else if (field == "data_offsets") {
-      offsets = &v;
+
+  // The value of field `field_` of the current entry (a container's kind, for a container).
+  void Field(const ValueDesc& v) {
+    Entry& e = entry_;
+    if (e.key == kMetadataKey) {
+      if (v.kind == ValueDesc::kString) {
+        e.metadata.emplace(field_, std::move(*string_));
+      } else if (!e.bad_metadata || field_ < e.bad_metadata->first) {
+        e.bad_metadata.emplace(field_, v);
+      }
+      return;
+    }
+    if (field_ == "dtype") {
+      e.dtype_seen = true;
+      e.dtype_value = v;
+      if (v.kind == ValueDesc::kString) e.dtype = std::move(*string_);
+    } else if (field_ == "shape") {
+      e.shape_seen = true;
+      e.shape_value = v;
+    } else if (field_ == "data_offsets") {
+      e.offsets_seen = true;
+      e.offsets_value = v;
+    } else if (!e.unexpected || field_ < *e.unexpected) {
+      e.unexpected = field_;
+    }
+  }
+
+  // An element of the array in field `field_`.
+  void Element(const ValueDesc& v) {
+    Entry& e = entry_;
+    if (e.key == kMetadataKey) return;
+    if (field_ == "shape") {
+      if (v.kind == ValueDesc::kUnsigned) {
+        if (!e.bad_dim) e.shape.push_back(unsigned_);
+      } else if (!e.bad_dim) {
+        e.bad_dim.emplace(e.shape.size(), v);
+      }
+    } else if (field_ == "data_offsets") {
+      const size_t i = e.offsets_count++;
+      if (i < 2) {
+        if (v.kind == ValueDesc::kUnsigned) {
+          e.offsets[i] = unsigned_;
+        } else {
+          e.bad_offset[i] = v;
+        }
+      }
+    }
+  }
+
+  void FinishEntry() {
+    Status s;
+    if (entry_.key == kMetadataKey) {
+      s = CheckMetadata(entry_);
+      if (s.ok()) metadata_ = std::move(entry_.metadata);
     } else {
-      return TensorCorrupt(name, "unexpected field " + Quote(field) +
-                                     " (an entry has exactly dtype, shape and data_offsets)");
+      TensorInfo t;
+      s = CheckTensor(entry_, data_size_, &t);
+      if (s.ok() && !error_) tensors_.push_back(std::move(t));
+    }
+    if (!s.ok() && (!error_ || entry_.key < error_->first)) {
+      if (!error_) tensors_ = {};  // the header fails: what it holds is not needed any more
+      error_.emplace(std::move(entry_.key), std::move(s));
     }
   }
-  if (dtype == nullptr) return TensorCorrupt(name, "missing field 'dtype'");
-  if (shape == nullptr) return TensorCorrupt(name, "missing field 'shape'");
-  if (offsets == nullptr) return TensorCorrupt(name, "missing field 'data_offsets'");
 
-  out->name = name;
-
-  const auto* dtype_name = dtype->get_ptr<const Json::string_t*>();
-  if (dtype_name == nullptr) {
-    return TensorCorrupt(name, "dtype must be a string, not " + Describe(*dtype));
-  }
-  const std::optional<DType> dt = ParseDType(*dtype_name);
-  if (!dt) return TensorCorrupt(name, "unknown dtype " + Quote(*dtype_name));
-  out->dtype = *dt;
-
-  const auto* dims = shape->get_ptr<const Json::array_t*>();
-  if (dims == nullptr) {
-    return TensorCorrupt(name, "shape must be an array of non-negative integers, not " +
-                                   Describe(*shape));
-  }
-  out->shape.reserve(dims->size());
-  for (size_t i = 0; i < dims->size(); ++i) {
-    const auto* d = (*dims)[i].get_ptr<const Json::number_unsigned_t*>();
-    if (d == nullptr) {
-      return TensorCorrupt(name, "shape[" + std::to_string(i) +
-                                     "] must be a non-negative integer, not " +
-                                     Describe((*dims)[i]));
-    }
-    out->shape.push_back(*d);
-  }
-
-  const auto* range = offsets->get_ptr<const Json::array_t*>();
-  if (range == nullptr) {
-    return TensorCorrupt(name, "data_offsets must be an array [begin, end], not " +
-                                   Describe(*offsets));
-  }
-  if (range->size() != 2) {
-    return TensorCorrupt(name, "data_offsets has " + std::to_string(range->size()) +
-                                   " entries; expected 2 ([begin, end])");
-  }
-  WFS_TRY(ParseOffset(name, *range, 0, &out->begin));
-  WFS_TRY(ParseOffset(name, *range, 1, &out->end));
-  if (out->begin > out->end) {
-    return TensorCorrupt(name, "data_offsets " + Range(out->begin, out->end) +
-                                   " are reversed (begin > end)");
-  }
-  if (out->end > data_size) {
-    return TensorCorrupt(name, "data_offsets " + Range(out->begin, out->end) +
-                                   " run past the end of the data section (" +
-                                   std::to_string(data_size) + " bytes)");
-  }
-
-  uint64_t bytes = 0;
-  if (!ShapeByteSize(out->shape, out->dtype, &bytes)) {
-    return TensorCorrupt(name, "shape " + FormatShape(out->shape) + " of " + *dtype_name +
-                                   " overflows 64 bits");
-  }
-  if (bytes != out->size()) {
-    return TensorCorrupt(name, "size mismatch: shape " + FormatShape(out->shape) + " of " +
-                                   *dtype_name + " is " + std::to_string(bytes) +
-                                   " bytes but data_offsets " + Range(out->begin, out->end) +
-                                   " span " + std::to_string(out->size()) + " bytes");
-  }
-  return Status::Ok();
-}
+  const uint64_t data_size_;
+  int depth_ = 0;
+  std::string json_error_;
+  std::optional<Status> duplicate_;  // the first repeated key: nothing after it is read
+  std::unordered_set<std::string> outer_keys_;
+  std::unordered_set<std::string> inner_keys_;  // of the current entry
+  Entry entry_;
+  bool in_entry_object_ = false;
+  std::string field_;            // the current entry's current field
+  bool field_is_array_ = false;  // and its value is an array (depth 3 holds its elements)
+  uint64_t unsigned_ = 0;        // the last number_unsigned
+  Json::string_t* string_ = nullptr;  // the last string (ours to move from)
+  std::optional<std::pair<std::string, Status>> error_;  // the failing entry whose key sorts first
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
 
 // REQUIRES: `tensors` sorted by (begin, end, name), each inside [0, data_size).
 Status CheckTiling(const std::vector<TensorInfo>& tensors, uint64_t data_size,
@@ -432,35 +559,13 @@ Expected<SafetensorsHeader> Parse(std::span<const uint8_t> prefix, uint64_t file
   }
   WFS_TRY(CheckNestingDepth(json));
 
-  DuplicateKeyFinder duplicates;
-  const Json root = Json::parse(
-      json.data(), json.data() + json.size(),
-      [&duplicates](int depth, Json::parse_event_t event, Json& parsed) {
-        return duplicates.OnEvent(depth, event, parsed);
-      },
-      /*allow_exceptions=*/false);
-  if (root.is_discarded()) {
-    return Corrupt("header is not valid JSON (or not UTF-8) " + DescribeJsonError(json));
-  }
-  if (duplicates.found()) return duplicates.ToStatus();
-  const auto* top = root.get_ptr<const Json::object_t*>();
-  if (top == nullptr) return Corrupt("header JSON must be an object, not " + Describe(root));
-
   SafetensorsHeader header;
   header.header_size = n;
   header.data_offset = prefix_length;
   header.file_size = file_size;
   const uint64_t data_size = file_size - prefix_length;
-  header.tensors.reserve(top->size());
-  for (const auto& [key, value] : *top) {
-    if (key == kMetadataKey) {
-      WFS_TRY(ParseMetadata(value, &header.metadata));
-      continue;
-    }
-    TensorInfo tensor;
-    WFS_TRY(ParseTensor(key, value, data_size, &tensor));
-    header.tensors.push_back(std::move(tensor));
-  }
+  HeaderReader reader(data_size);
+  WFS_TRY(reader.Finish(Json::sax_parse(json.data(), json.data() + json.size(), &reader), &header));
   // By begin; among equal begins zero-size tensors first (the only way several tensors can
   // share a begin in a valid file), then by name so the order is total and deterministic.
   std::sort(header.tensors.begin(), header.tensors.end(),
@@ -489,9 +594,9 @@ Expected<uint64_t> SafetensorsPrefixLength(std::span<const uint8_t> prefix) {
 
 Expected<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix,
                                                    uint64_t file_size) {
-  // Every accessor above is type-checked (get_ptr), so nlohmann has nothing to throw; the
-  // catches keep a missed case or an allocation failure on a huge header from unwinding
-  // through a FUSE callback. The fuzz target treats reaching the second one as a bug.
+  // The SAX reader gives nlohmann nothing to throw about; the catches keep a missed case or an
+  // allocation failure on a huge header from unwinding through a FUSE callback. The fuzz
+  // target treats reaching the second one as a bug.
   try {
     return Parse(prefix, file_size);
   } catch (const std::bad_alloc&) {
@@ -502,17 +607,25 @@ Expected<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> pref
   }
 }
 
-// REQUIRES (checked by assert only; the reader rejects the result otherwise): tensor names are
-// unique, non-empty and not "__metadata__"; dtypes are not kOpaque; every byte size and their
-// sum fit in u64. Names that are not valid UTF-8 are written with U+FFFD replacements rather
-// than throwing.
+// REQUIRES (checked by assert only, uniqueness not at all; the reader rejects the result
+// otherwise): tensor names are unique, non-empty and not "__metadata__"; dtypes are not kOpaque;
+// every byte size and their sum fit in u64. Names that are not valid UTF-8 are written with
+// U+FFFD replacements rather than throwing.
 std::vector<uint8_t> BuildSafetensorsHeader(std::vector<TensorInfo>& tensors,
                                             const std::map<std::string, std::string>& metadata) {
   using OrderedJson = nlohmann::ordered_json;
-  // ordered_json keeps insertion order: __metadata__ first, then tensors in file order, which
-  // is what the reference writer produces and what a human reading the header expects.
-  OrderedJson header = OrderedJson::object();
-  if (!metadata.empty()) header[std::string(kMetadataKey)] = metadata;
+  // The object is written entry by entry, in insertion order: __metadata__ first, then tensors
+  // in file order, which is what the reference writer produces and what a human reading the
+  // header expects. (An ordered_json object looks every key up linearly on insertion: quadratic
+  // in the tensors.)
+  std::string json = "{";
+  auto add = [&json](const std::string& key, const OrderedJson& value) {
+    if (json.size() > 1) json += ',';
+    json += OrderedJson(key).dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+    json += ':';
+    json += value.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+  };
+  if (!metadata.empty()) add(std::string(kMetadataKey), OrderedJson(metadata));
   uint64_t offset = 0;
   for (TensorInfo& t : tensors) {
     assert(t.dtype != DType::kOpaque && !t.name.empty() && t.name != kMetadataKey);
@@ -528,12 +641,10 @@ std::vector<uint8_t> BuildSafetensorsHeader(std::vector<TensorInfo>& tensors,
     entry["dtype"] = std::string(DTypeName(t.dtype));
     entry["shape"] = t.shape;
     entry["data_offsets"] = OrderedJson::array({t.begin, t.end});
-    [[maybe_unused]] const size_t before = header.size();
-    header[t.name] = std::move(entry);
-    assert(header.size() == before + 1 && "duplicate tensor name");
+    add(t.name, entry);
   }
+  json += '}';
 
-  const std::string json = header.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
   const size_t padding = (8 - (kLengthBytes + json.size()) % 8) % 8;
   const uint64_t n = json.size() + padding;
   std::vector<uint8_t> out(kLengthBytes + n, ' ');

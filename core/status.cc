@@ -1,5 +1,8 @@
 #include "core/status.h"
 
+#include <exception>
+#include <new>
+
 namespace weightfs {
 
 std::string_view ErrorKindName(ErrorKind kind) {
@@ -32,6 +35,29 @@ Status Status::WithContext(std::string_view context) const {
   m += ": ";
   m += message_;
   return Status(kind_, std::move(m));
+}
+
+Status StatusOfCurrentException(std::string_view context) noexcept {
+  ErrorKind kind = ErrorKind::kIOError;
+  std::string_view what = "unknown exception";
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    kind = ErrorKind::kResourceExhausted;
+    what = "out of memory";
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  try {
+    std::string m(context);
+    m += ": ";
+    m += what;
+    return Status(kind, std::move(m));
+  } catch (...) {
+    // No memory for the message: a Status whose message is empty still has its kind.
+    return Status(kind, std::string());
+  }
 }
 
 }  // namespace weightfs

@@ -29,6 +29,14 @@ enum class ErrorKind {
 
 std::string_view ErrorKindName(ErrorKind kind);
 
+class Status;
+// The Status of the exception being handled, for the places where none may escape (thread
+// entry points, callbacks from C): ResourceExhausted for std::bad_alloc, IOError with what()
+// for another std::exception, IOError for anything else; the message starts with `context`.
+// Never throws (an allocation failing here gives a message without the context).
+// REQUIRES: called inside a catch block.
+Status StatusOfCurrentException(std::string_view context) noexcept;
+
 class [[nodiscard]] Status {
  public:
   Status() = default;

@@ -7,13 +7,21 @@ struct ThreadPool::Loop {
   const std::function<void(size_t, size_t)>* fn = nullptr;
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
+  std::atomic<bool> failed{false};
   std::mutex mu;
   std::condition_variable cv;
+  std::exception_ptr error;  // GUARDED_BY(mu): the first exception fn threw
 };
 
 ThreadPool::ThreadPool(size_t threads) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  for (size_t i = 1; i < threads; ++i) workers_.emplace_back([this, i] { WorkerMain(i); });
+  for (size_t i = 1; i < threads; ++i) {
+    try {
+      workers_.emplace_back([this, i] { WorkerMain(i); });
+    } catch (const std::exception&) {
+      break;  // fewer workers: ParallelFor's caller always takes part
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -28,7 +36,15 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::RunLoop(Loop& loop, size_t slot) {
   size_t finished = 0;
   for (size_t i; (i = loop.next.fetch_add(1)) < loop.n;) {
-    (*loop.fn)(i, slot);
+    if (!loop.failed.load(std::memory_order_relaxed)) {
+      try {
+        (*loop.fn)(i, slot);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(loop.mu);
+        if (!loop.error) loop.error = std::current_exception();
+        loop.failed = true;
+      }
+    }
     ++finished;
   }
   if (finished && loop.done.fetch_add(finished) + finished == loop.n) {
@@ -72,6 +88,7 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>
   RunLoop(*loop, 0);
   std::unique_lock<std::mutex> lock(loop->mu);
   loop->cv.wait(lock, [&] { return loop->done.load() == n; });
+  if (loop->error) std::rethrow_exception(loop->error);
 }
 
 }  // namespace weightfs

@@ -1,13 +1,15 @@
 // ThreadPool: a fixed set of worker threads for data-parallel loops (encode/decode a file's
 // chunks across cores). ParallelFor is safe to call from several threads at once; each call
 // blocks until its own loop is done. Workers pick indices dynamically, so chunks of uneven cost
-// balance out.
+// balance out. An exception thrown by the loop body (an allocation failing) ends that loop and
+// is rethrown to ParallelFor's caller; the workers live on.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -18,7 +20,8 @@ namespace weightfs {
 
 class ThreadPool {
  public:
-  // threads == 0 means std::thread::hardware_concurrency().
+  // threads == 0 means std::thread::hardware_concurrency(). If the system refuses to start
+  // some of them, the pool runs with those it got (the caller's thread at least).
   explicit ThreadPool(size_t threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -27,8 +30,9 @@ class ThreadPool {
   size_t size() const { return workers_.size() + 1; }  // the caller takes part too
 
   // Calls fn(index, slot) for every index in [0, n) with slot in [0, size()) identifying the
-  // thread (for per-thread scratch state); returns when all calls have returned.
-  // fn must not throw.
+  // thread (for per-thread scratch state); returns when all calls have returned. If a call
+  // throws, the indices not started yet are skipped and the first exception is rethrown here
+  // once the calls in progress have returned.
   void ParallelFor(size_t n, const std::function<void(size_t index, size_t slot)>& fn);
 
  private:

@@ -846,6 +846,7 @@ void Drafts::State::WorkerMain() {
       job = std::move(queue.front());
       queue.pop_front();
     }
+    try {  // an exception (an allocation failing) fails this job, not the daemon
     std::shared_ptr<Draft> d;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -875,6 +876,11 @@ void Drafts::State::WorkerMain() {
       spdlog::error("draft {}: encoding {} failed (the data stays staged; commit retries{}): {}", job.first,
                     job.second, dropped ? ", as it will the " + std::to_string(dropped) + " files queued after it" : "",
                     s.ToString());
+    }
+    } catch (...) {
+      const Status st = StatusOfCurrentException(job.second.empty() ? "committing" : "encoding");
+      spdlog::error("draft {} {}: {}: {} (the data stays staged; commit retries)", job.first, job.second,
+                    ErrorKindName(st.kind()), st.message());
     }
   }
 }

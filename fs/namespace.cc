@@ -45,15 +45,19 @@ std::vector<std::string_view> SplitPath(std::string_view path) {
   return parts;
 }
 
-// Runs fn(i) for i in [0, n) on up to `threads` threads (the caller's included). fn must not
-// throw.
+// Runs fn(i) for i in [0, n) on up to `threads` threads (the caller's included; fewer if the
+// system refuses to start more). fn must not throw.
 void ParallelFor(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
   };
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < std::min(n, threads); ++t) pool.emplace_back(work);
+  try {
+    for (size_t t = 1; t < std::min(n, threads); ++t) pool.emplace_back(work);
+  } catch (const std::exception&) {
+    // Fewer threads: the others (this one at least) do the rest.
+  }
   work();
   for (std::thread& t : pool) t.join();
 }
@@ -324,8 +328,12 @@ Status Namespace::EnsureSummaries(std::span<const uint64_t> inos) {
       } else {
         t.status = m.status();
       }
-    } catch (const std::exception& e) {
-      t.status = Status::IOError(std::string("reading the manifest of ") + t.model + "@" + t.version + ": " + e.what());
+    } catch (...) {  // fn must not throw: an allocation failing fails this version only
+      t.status = StatusOfCurrentException("reading its manifest");
+      try {
+        t.status = t.status.WithContext(t.model + "@" + t.version);
+      } catch (...) {
+      }
     }
   });
   Status first;

@@ -1,9 +1,20 @@
 #include "fs/work_queue.h"
 
+#include <spdlog/spdlog.h>
+
+#include "core/status.h"
+
 namespace weightfs {
 
 WorkQueue::WorkQueue(size_t threads, size_t capacity) : capacity_(capacity) {
-  for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { WorkerMain(); });
+  for (size_t i = 0; i < threads; ++i) {
+    try {
+      threads_.emplace_back([this] { WorkerMain(); });
+    } catch (const std::exception& e) {
+      spdlog::warn("background work: {} of {} threads started ({})", i, threads, e.what());
+      break;
+    }
+  }
 }
 
 WorkQueue::~WorkQueue() {
@@ -41,7 +52,11 @@ void WorkQueue::WorkerMain() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    job();
+    try {
+      job();
+    } catch (...) {
+      spdlog::error("{}", StatusOfCurrentException("background job").ToString());
+    }
   }
 }
 

@@ -3,7 +3,9 @@
 //
 // TryPush never blocks: when `capacity` jobs are already waiting it refuses the job and returns
 // false. The destructor drops the jobs that have not started and joins the threads (a running
-// job finishes first, so jobs must themselves be bounded in time). Jobs must not throw.
+// job finishes first, so jobs must themselves be bounded in time). A job that throws (an
+// allocation failing) is logged and dropped; the thread goes on with the next. If the system
+// refuses to start some threads, the queue runs with those it got (none: TryPush refuses).
 // Thread-safe.
 #pragma once
 

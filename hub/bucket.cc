@@ -102,7 +102,11 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
     auto it = manifests_.find(key);
     if (it != manifests_.end()) return it->second;
   }
-  Expected<std::vector<uint8_t>> bytes = store_->Get(key);
+  // A stored manifest is its JSON or a zstd frame of it (at worst slightly larger): an object
+  // beyond that is refused without being read whole.
+  const uint64_t max_json = std::min<uint64_t>(max_manifest_json_bytes_, 1ull << 50);
+  const uint64_t max_object = max_json + (max_json >> 7) + (1 << 20);
+  Expected<std::vector<uint8_t>> bytes = store_->Get(key, ByteRange{0, max_object + 1});
   if (!bytes.ok()) {
     if (bytes.status().kind() == ErrorKind::kNotFound) {
       return Status::NotFound("version " + std::string(model) + "@" + std::string(version) +
@@ -110,7 +114,13 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
     }
     return bytes.status();
   }
-  Expected<Manifest> parsed = ParseManifest(*bytes, model, version);
+  if (bytes->size() > max_object) {
+    return Status::ResourceExhausted("manifest " + std::string(model) + "@" + std::string(version) + ": " +
+                                     store_->Describe() + "/" + key + " holds more than " +
+                                     std::to_string(max_object) + " bytes, more than a manifest of at most " +
+                                     std::to_string(max_manifest_json_bytes_) + " bytes of JSON can");
+  }
+  Expected<Manifest> parsed = ParseManifest(*bytes, model, version, max_manifest_json_bytes_);
   if (!parsed.ok()) return parsed.status().WithContext(store_->Describe() + "/" + key);
   auto shared = std::make_shared<const Manifest>(std::move(parsed).value());
   std::lock_guard<std::mutex> lock(mu_);
@@ -137,13 +147,21 @@ void Bucket::PrefetchManifests(std::string_view model, std::span<const std::stri
   if (missing.size() < 2) return;  // the walk reads one as fast
   missing.resize(std::min(missing.size(), kMaxCachedManifests / 2));
   std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < missing.size();) (void)ReadManifest(model, missing[i]);
+  // Runs on threads of its own: nothing may escape. An error (an allocation failing included)
+  // is left to the ReadManifest that needs the manifest.
+  auto work = [&]() noexcept {
+    for (size_t i; (i = next.fetch_add(1)) < missing.size();) {
+      try {
+        (void)ReadManifest(model, missing[i]);
+      } catch (...) {
+      }
+    }
   };
   std::vector<std::thread> threads;
   try {
+    threads.reserve(8);
     for (size_t t = 1; t < std::min<size_t>(missing.size(), 8); ++t) threads.emplace_back(work);
-  } catch (const std::system_error&) {
+  } catch (const std::exception&) {
     // Fewer threads: this one does the rest.
   }
   work();

@@ -48,6 +48,11 @@ class Bucket {
   // the bucket is shared between threads; null: such recipes fail with a clear error.
   void set_external_sources(std::shared_ptr<ExternalSources> sources) { external_ = std::move(sources); }
   ExternalSources* external_sources() const { return external_.get(); }
+  // The most JSON one manifest may hold (inflated, if stored compressed); a larger one is
+  // ResourceExhausted for that version. ParseManifest's peak memory is about twice what the
+  // manifest holds, so a process with a memory budget sets a fraction of it. Set once, before
+  // the bucket is shared between threads.
+  void set_max_manifest_json_bytes(uint64_t bytes) { max_manifest_json_bytes_ = bytes; }
 
   Store& store() { return *store_; }
   std::string Describe() const { return store_->Describe(); }
@@ -80,6 +85,7 @@ class Bucket {
   std::shared_ptr<Store> store_;
   std::shared_ptr<DerivedVersions> derived_;
   std::shared_ptr<ExternalSources> external_;
+  uint64_t max_manifest_json_bytes_ = kDefaultMaxManifestJsonBytes;
   std::mutex mu_;  // guards the manifest cache; never held across store calls
   std::map<std::string, std::shared_ptr<const Manifest>> manifests_;
   std::list<std::string> manifest_order_;  // insertion order, for bounding the cache

@@ -182,6 +182,7 @@ struct Transfer {
   HttpResponse* response = nullptr;
   uint64_t max_response_bytes = 0;
   bool too_large = false;
+  bool out_of_memory = false;  // a callback could not grow the response: the transfer was cut
   HttpStats* stats = nullptr;
   // No-progress watchdog: curl's low-speed check averages over a window of several seconds, so
   // a transfer that stops dead after a burst would run on for that long; this cuts it after
@@ -228,7 +229,9 @@ int SeekCallback(void* userdata, curl_off_t offset, int origin) {
   return CURL_SEEKFUNC_OK;
 }
 
-size_t WriteCallback(char* data, size_t size, size_t nmemb, void* userdata) {
+// Called from C (curl): nothing may escape. An allocation failing cuts the transfer, and the
+// request fails with ResourceExhausted.
+size_t WriteCallback(char* data, size_t size, size_t nmemb, void* userdata) noexcept {
   auto* t = static_cast<Transfer*>(userdata);
   const size_t n = size * nmemb;
   std::vector<uint8_t>& body = t->response->body;
@@ -236,27 +239,33 @@ size_t WriteCallback(char* data, size_t size, size_t nmemb, void* userdata) {
     t->too_large = true;
     return 0;  // aborts the transfer with CURLE_WRITE_ERROR
   }
-  if (body.empty() && body.capacity() == 0) {
-    // Size the buffer once from Content-Length (bounded, since the header is untrusted).
-    const std::string_view cl = t->response->Header("content-length");
-    uint64_t expected = 0;
-    for (char c : cl) {
-      if (c < '0' || c > '9' || expected > (uint64_t{1} << 40)) {
-        expected = 0;
-        break;
+  try {
+    if (body.empty() && body.capacity() == 0) {
+      // Size the buffer once from Content-Length. The header is untrusted: beyond the caller's
+      // own bound (or 64 MiB without one) the body grows as it arrives instead.
+      const std::string_view cl = t->response->Header("content-length");
+      uint64_t expected = 0;
+      for (char c : cl) {
+        if (c < '0' || c > '9' || expected > (uint64_t{1} << 40)) {
+          expected = 0;
+          break;
+        }
+        expected = expected * 10 + static_cast<uint64_t>(c - '0');
       }
-      expected = expected * 10 + static_cast<uint64_t>(c - '0');
+      const uint64_t cap = t->max_response_bytes != 0 ? t->max_response_bytes : uint64_t{64} << 20;
+      if (expected > 0) body.reserve(static_cast<size_t>(std::min(expected, cap)));
     }
-    uint64_t cap = uint64_t{1} << 30;
-    if (t->max_response_bytes != 0) cap = std::min(cap, t->max_response_bytes);
-    if (expected > 0) body.reserve(static_cast<size_t>(std::min(expected, cap)));
+    body.insert(body.end(), reinterpret_cast<const uint8_t*>(data), reinterpret_cast<const uint8_t*>(data) + n);
+  } catch (...) {
+    t->out_of_memory = true;
+    return 0;
   }
-  body.insert(body.end(), reinterpret_cast<const uint8_t*>(data), reinterpret_cast<const uint8_t*>(data) + n);
   t->stats->bytes_received.fetch_add(n, std::memory_order_relaxed);
   return n;
 }
 
-size_t HeaderCallback(char* data, size_t size, size_t nitems, void* userdata) {
+// Called from C (curl): nothing may escape (see WriteCallback).
+size_t HeaderCallback(char* data, size_t size, size_t nitems, void* userdata) noexcept {
   auto* t = static_cast<Transfer*>(userdata);
   const size_t n = size * nitems;
   const std::string_view line(data, n);
@@ -267,8 +276,13 @@ size_t HeaderCallback(char* data, size_t size, size_t nitems, void* userdata) {
   }
   const size_t colon = line.find(':');
   if (colon == std::string_view::npos || colon == 0) return n;  // blank line or garbage
-  t->response->headers.emplace_back(Lower(Trim(line.substr(0, colon))),
-                                    std::string(Trim(line.substr(colon + 1))));
+  try {
+    t->response->headers.emplace_back(Lower(Trim(line.substr(0, colon))),
+                                      std::string(Trim(line.substr(colon + 1))));
+  } catch (...) {
+    t->out_of_memory = true;
+    return 0;  // aborts the transfer
+  }
   return n;
 }
 
@@ -516,6 +530,10 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
         if (transfer.too_large) {
           return Status::ResourceExhausted(what + ": response body larger than " +
                                            std::to_string(attempt_request.max_response_bytes) + " bytes");
+        }
+        if (transfer.out_of_memory) {
+          return Status::ResourceExhausted(what + ": out of memory receiving the response (" +
+                                           std::to_string(response.body.size()) + " bytes so far)");
         }
         if (transfer.stalled) {
           detail = "no data moved for " + std::to_string(options_.stall_timeout.count()) + " ms (stall timeout)";

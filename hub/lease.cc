@@ -53,7 +53,12 @@ void Lease::Heartbeat() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, ttl_ / 3, [&] { return stop_; })) {
     lock.unlock();
-    Status s = Write();
+    Status s;
+    try {  // on a thread of its own: nothing may escape
+      s = Write();
+    } catch (...) {
+      s = StatusOfCurrentException("writing it");
+    }
     if (!s.ok()) spdlog::warn("renewing push lease {}: {}", key_, s.ToString());
     lock.lock();
   }

@@ -86,7 +86,11 @@ void Materializer::FetchThreads::Main() {
     std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    task();
+    try {
+      task();  // Build's fetch tasks do not throw; this keeps the process up if one ever does
+    } catch (...) {
+      spdlog::error("{}", StatusOfCurrentException("payload fetch task").ToString());
+    }
     task = nullptr;
     lock.lock();
   }
@@ -396,51 +400,59 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   std::vector<char> done(n, 0);       // GUARDED_BY(mu)
   std::atomic<size_t> next{0};
   std::atomic<bool> abandon{false};   // an error: fetch nothing more
+  // Never throws: it runs on a fetch thread, and the applying thread waits for done[i].
   auto fetch_one = [&](size_t i) {
     Step& s = steps[i];
     const PayloadRef& ref = s.chunk->ref;
     std::string key;
     Status st;
-    if (s.chunk->is_external()) {
-      key = s.manifest->sources[ref.pack];
-      ExternalSources* external = bucket_->external_sources();
-      if (!external) {
-        st = Status::Unsupported("this weightfs cannot read external sources");
-      } else {
-        Expected<std::vector<uint8_t>> bytes = external->Read(key, ref.offset, ref.length);
-        if (bytes.ok()) {
-          s.payload.assign(bytes->begin(), bytes->end());
+    try {
+      if (s.chunk->is_external()) {
+        key = s.manifest->sources[ref.pack];
+        ExternalSources* external = bucket_->external_sources();
+        if (!external) {
+          st = Status::Unsupported("this weightfs cannot read external sources");
         } else {
-          st = bytes.status();
+          Expected<std::vector<uint8_t>> bytes = external->Read(key, ref.offset, ref.length);
+          if (bytes.ok()) {
+            s.payload.assign(bytes->begin(), bytes->end());
+          } else {
+            st = bytes.status();
+          }
+        }
+      } else {
+        key = Bucket::PackKey(s.manifest->packs[ref.pack]);
+        st = bucket_->store().GetInto(key, ByteRange{ref.offset, ref.length}, &s.payload);
+        if (st.kind() == ErrorKind::kInvalidArgument) {
+          // A store refuses a range whose offset is past the end of the object (store.h). If that
+          // is why, the pack has none of the bytes the manifest references: a truncated pack,
+          // corrupt like one that ends inside the payload (below), not a bad request.
+          Expected<ObjectInfo> info = bucket_->store().Head(key);
+          if (info.ok() && info->size < ref.offset + ref.length) {
+            st = Status::Ok();
+            s.payload.clear();
+          }
         }
       }
-    } else {
-      key = Bucket::PackKey(s.manifest->packs[ref.pack]);
-      st = bucket_->store().GetInto(key, ByteRange{ref.offset, ref.length}, &s.payload);
-      if (st.kind() == ErrorKind::kInvalidArgument) {
-        // A store refuses a range whose offset is past the end of the object (store.h). If that
-        // is why, the pack has none of the bytes the manifest references: a truncated pack,
-        // corrupt like one that ends inside the payload (below), not a bad request.
-        Expected<ObjectInfo> info = bucket_->store().Head(key);
-        if (info.ok() && info->size < ref.offset + ref.length) {
-          st = Status::Ok();
-          s.payload.clear();
-        }
+      if (!st.ok()) {
+        st = st.WithContext("fetching " + key);
+      } else if (s.payload.size() != ref.length) {
+        st = Status::Corruption(std::string(s.chunk->is_external() ? "source " : "pack ") + key +
+                                " is truncated: " + std::to_string(s.payload.size()) + " of " +
+                                std::to_string(ref.length) + " payload bytes at offset " +
+                                std::to_string(ref.offset));
+      } else {
+        stats_.payloads_fetched++;
+        stats_.payload_bytes += s.payload.size();
       }
+    } catch (...) {  // an allocation failing (the payload buffer): this build fails
+      st = StatusOfCurrentException("fetching a payload");
     }
     if (!st.ok()) {
-      st = st.WithContext("fetching " + key);
-    } else if (s.payload.size() != ref.length) {
-      st = Status::Corruption(std::string(s.chunk->is_external() ? "source " : "pack ") + key +
-                              " is truncated: " + std::to_string(s.payload.size()) + " of " +
-                              std::to_string(ref.length) + " payload bytes at offset " +
-                              std::to_string(ref.offset));
-    } else {
-      stats_.payloads_fetched++;
-      stats_.payload_bytes += s.payload.size();
-    }
-    if (!st.ok()) {
-      st = st.WithContext(DescribeChunkOf(*s.manifest, *s.file, static_cast<size_t>(s.chunk - s.file->chunks.data())));
+      try {
+        st = st.WithContext(DescribeChunkOf(*s.manifest, *s.file, static_cast<size_t>(s.chunk - s.file->chunks.data())));
+      } catch (...) {
+      }
     }
     std::lock_guard<std::mutex> lock(mu);
     fetched[i] = std::move(st);

@@ -9,7 +9,12 @@ namespace weightfs {
 PackWriter::PackWriter(Store* store, uint64_t target_bytes, size_t uploaders, size_t max_in_flight)
     : store_(store), target_bytes_(target_bytes), max_in_flight_(std::max<size_t>(1, max_in_flight)) {
   for (size_t i = 0; i < std::max<size_t>(1, uploaders); ++i) {
-    uploaders_.emplace_back([this] { UploaderMain(); });
+    try {
+      uploaders_.emplace_back([this] { UploaderMain(); });
+    } catch (const std::exception&) {
+      if (uploaders_.empty()) throw;  // nothing would upload
+      break;                          // fewer uploaders
+    }
   }
 }
 
@@ -68,8 +73,14 @@ void PackWriter::UploaderMain() {
     }
     lock.unlock();
     const Hash128 hash = HashChunk(pack.bytes);
-    const std::string key = Bucket::PackKey(hash);
-    Status s = store_->Put(key, pack.bytes);
+    Status s;
+    std::string key;
+    try {  // on a thread of its own: nothing may escape (an allocation failing fails the upload)
+      key = Bucket::PackKey(hash);
+      s = store_->Put(key, pack.bytes);
+    } catch (...) {
+      s = StatusOfCurrentException("uploading a pack");
+    }
     if (!s.ok()) spdlog::error("uploading {} ({} bytes) failed: {}", key, pack.bytes.size(), s.ToString());
     else spdlog::debug("uploaded {} ({} bytes)", key, pack.bytes.size());
     const size_t size = pack.bytes.size();
@@ -79,7 +90,11 @@ void PackWriter::UploaderMain() {
       hashes_[pack.seq] = hash;
       bytes_uploaded_ += size;
     } else if (error_.ok()) {
-      error_ = s.WithContext("uploading pack " + key);
+      error_ = std::move(s);
+      try {
+        error_ = error_.WithContext("uploading pack " + key);
+      } catch (...) {
+      }
     }
     --in_flight_;
     cv_.notify_all();

@@ -755,27 +755,31 @@ Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> da
       const size_t i = next.fetch_add(1);
       if (i >= parts || failed.load()) return;
       const uint64_t off = i * part_size;
-      Call c;
-      c.method = "PUT";
-      c.object = key;
-      c.query = {{"partNumber", std::to_string(i + 1)}, {"uploadId", upload_id}};
-      c.body = data.subspan(off, std::min<uint64_t>(part_size, size - off));
-      c.max_response_bytes = kMaxXmlResponse;
       Status s;
-      auto r = Send(c);
-      if (!r.ok()) {
-        s = r.status();
-      } else if (r->status != 200) {
-        s = ErrorFrom(*r, "PUT " + Where(key) + " part " + std::to_string(i + 1));
-      } else if (r->Header("etag").empty()) {
-        s = Status::Corruption("PUT " + Where(key) + " part " + std::to_string(i + 1) +
-                               ": response has no ETag");
-      } else {
-        etags[i] = std::string(r->Header("etag"));
+      try {  // on a thread of its own: nothing may escape (an allocation failing fails the upload)
+        Call c;
+        c.method = "PUT";
+        c.object = key;
+        c.query = {{"partNumber", std::to_string(i + 1)}, {"uploadId", upload_id}};
+        c.body = data.subspan(off, std::min<uint64_t>(part_size, size - off));
+        c.max_response_bytes = kMaxXmlResponse;
+        auto r = Send(c);
+        if (!r.ok()) {
+          s = r.status();
+        } else if (r->status != 200) {
+          s = ErrorFrom(*r, "PUT " + Where(key) + " part " + std::to_string(i + 1));
+        } else if (r->Header("etag").empty()) {
+          s = Status::Corruption("PUT " + Where(key) + " part " + std::to_string(i + 1) +
+                                 ": response has no ETag");
+        } else {
+          etags[i] = std::string(r->Header("etag"));
+        }
+      } catch (...) {
+        s = StatusOfCurrentException("uploading a part");
       }
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu);
-        if (first_error.ok()) first_error = s;
+        if (first_error.ok()) first_error = std::move(s);
         failed.store(true);
         return;
       }
@@ -786,7 +790,7 @@ Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> da
   for (size_t t = 0; t < extra; ++t) {
     try {
       threads.emplace_back(worker);
-    } catch (const std::system_error&) {
+    } catch (const std::exception&) {
       break;  // fewer threads: the remaining ones pick up the parts
     }
   }

@@ -126,15 +126,27 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
   if (pfile) {
     for (size_t i = 0; i < pfile->chunks.size(); ++i) parent_index.emplace(pfile->chunks[i].key, i);
   }
-  // SHA-256 of the whole file, alongside the chunk loop.
+  // SHA-256 of the whole file, alongside the chunk loop. Nothing may escape its thread, and the
+  // thread is joined on every way out of here (a joinable thread's destructor ends the process).
   std::string sha;
-  std::thread sha_thread([&] {
-    Sha256 h;
-    h.Update(data);
-    sha = h.FinishHex();
+  Status sha_error;
+  std::thread sha_thread([&]() noexcept {
+    try {
+      Sha256 h;
+      h.Update(data);
+      sha = h.FinishHex();
+    } catch (...) {
+      sha_error = StatusOfCurrentException("SHA-256");
+    }
   });
+  struct Joiner {
+    std::thread& thread;
+    ~Joiner() {
+      if (thread.joinable()) thread.join();
+    }
+  } join_sha{sha_thread};
   std::vector<PendingChunk> pending(plan.chunks.size());
-  st.pool.ParallelFor(plan.chunks.size(), [&](size_t i, size_t slot) {
+  auto encode_chunk = [&](size_t i, size_t slot) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!st.first_error.ok()) return;
@@ -224,8 +236,17 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     }
     st.done_bytes += spec.length;
     if (options.progress) options.progress(st.done_bytes, st.total_bytes);
-  });
+  };
+  // An exception in the loop (an allocation failing) fails this file, like an error does.
+  try {
+    st.pool.ParallelFor(plan.chunks.size(), encode_chunk);
+  } catch (...) {
+    Status s = StatusOfCurrentException("encoding " + path);
+    std::lock_guard<std::mutex> lock(mu);
+    if (st.first_error.ok()) st.first_error = std::move(s);
+  }
   sha_thread.join();
+  if (st.first_error.ok() && !sha_error.ok()) st.first_error = sha_error.WithContext(path);
   if (!st.first_error.ok()) return st.first_error;
   ManifestFile mf;
   mf.path = path;

@@ -193,7 +193,19 @@ void Preload(Bucket* bucket, Materializer* materializer, uint64_t memory_limit) 
   constexpr size_t kPreloadVersions = 16;
   constexpr auto kPreloadBudget = std::chrono::milliseconds(500);
   const size_t builds = std::min<size_t>(2, ChunkReader::MaxBuilds(memory_limit));
-  std::thread warm([materializer, builds] { materializer->Warm(builds, kDefaultChunkBytes); });
+  // Warming is optional: if it fails (an allocation, a thread refused), first reads pay for it.
+  std::thread warm;
+  try {
+    warm = std::thread([materializer, builds]() noexcept {
+      try {
+        materializer->Warm(builds, kDefaultChunkBytes);
+      } catch (...) {
+        spdlog::warn("{}", StatusOfCurrentException("warming the decoders").ToString());
+      }
+    });
+  } catch (const std::exception& e) {
+    spdlog::warn("warming the decoders: {}", e.what());
+  }
   const auto deadline = std::chrono::steady_clock::now() + kPreloadBudget;
   Expected<std::vector<VersionInfo>> versions = bucket->ListVersions();
   if (versions.ok()) {
@@ -209,7 +221,7 @@ void Preload(Bucket* bucket, Materializer* materializer, uint64_t memory_limit) 
       end = begin;
     }
   }
-  warm.join();
+  if (warm.joinable()) warm.join();
 }
 
 // The daemon's (or --foreground's) life: open, mount, report on `notify_fd` (-1: none), serve.
@@ -232,6 +244,11 @@ int Serve(const MountConfig& c, int notify_fd, bool daemon) {
     notify("ERR " + opened.status().ToString());
     return 1;
   }
+  // A manifest's JSON may take a quarter of the limit (256 MiB at the default 1 GiB; a real
+  // 500k-chunk manifest is ~74 MB): parsing one costs about twice what it holds, so a
+  // decompression bomb or an absurd manifest fails its version with ENOMEM instead of taking
+  // the daemon past its limit.
+  opened->bucket->set_max_manifest_json_bytes(c.mount.reader.memory_limit / 4);
   Materializer materializer(opened->bucket.get(), opened->cache.get());
   ServerParts parts{opened->bucket.get(), &materializer, opened->cache.get(), opened->store.store.get()};
   MountOptions mount_options = c.mount;

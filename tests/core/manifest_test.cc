@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -912,6 +913,194 @@ TEST(ManifestTest, RejectsZstdBombs) {
   r = ParseManifest(unknown);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().kind(), ErrorKind::kCorruption) << r.status().ToString();
+}
+
+// A zstd frame by hand that inflates to `prefix`, `fill` bytes of `c`, then `suffix`: the fill in
+// RLE blocks of 128 KiB (4 bytes each), so 200 MiB cost ~6 KiB. The frame declares `claimed`
+// bytes (the truth by default) and a window of 2^window_log bytes (not single-segment).
+std::vector<uint8_t> RleFrame(std::string_view prefix, char c, uint64_t fill, std::string_view suffix,
+                              std::optional<uint64_t> claimed = std::nullopt, int window_log = 17) {
+  std::vector<uint8_t> f = {0x28, 0xB5, 0x2F, 0xFD, 0xC0, static_cast<uint8_t>((window_log - 10) << 3)};
+  const uint64_t size = claimed.value_or(prefix.size() + fill + suffix.size());
+  for (int i = 0; i < 8; ++i) f.push_back(static_cast<uint8_t>(size >> (8 * i)));
+  auto block = [&](uint32_t type, uint32_t n, bool last) {
+    const uint32_t header = (n << 3) | (type << 1) | (last ? 1u : 0u);
+    for (int i = 0; i < 3; ++i) f.push_back(static_cast<uint8_t>(header >> (8 * i)));
+  };
+  auto raw = [&](std::string_view bytes, bool last) {
+    for (size_t at = 0; at < bytes.size() || (last && at == 0); at += 128 << 10) {
+      const std::string_view part = bytes.substr(at, 128 << 10);
+      block(0, static_cast<uint32_t>(part.size()), last && at + part.size() >= bytes.size());
+      f.insert(f.end(), part.begin(), part.end());
+      if (part.empty()) break;
+    }
+  };
+  if (!prefix.empty()) raw(prefix, false);
+  for (uint64_t left = fill; left > 0;) {
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(left, 128 << 10));
+    block(1, n, false);
+    f.push_back(static_cast<uint8_t>(c));
+    left -= n;
+  }
+  raw(suffix, true);
+  return f;
+}
+
+TEST(ManifestTest, RleFrameHelperMakesValidFrames) {
+  const std::string text = BaseJson().dump();
+  const size_t brace = text.find('{');
+  // The small manifest with 1 MiB of spaces after its opening brace: a manifest still.
+  const std::vector<uint8_t> frame = RleFrame(text.substr(0, brace + 1), ' ', 1 << 20, text.substr(brace + 1));
+  EXPECT_LT(frame.size(), 8u << 10);
+  Expected<Manifest> m = ParseManifest(frame, "acme/qwen", "step-2");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ExpectSameManifest(SmallManifest(), *m);
+}
+
+// The issue this pins: a 20 KB frame inflating to 200 MB of JSON. Its declared size is over the
+// caller's limit, so it is refused before a byte is inflated, naming the manifest and the sizes.
+TEST(ManifestTest, ZstdBombOverTheCallersLimitIsRefused) {
+  constexpr std::string_view kPrefix = R"({"format": 1, "model": ")";
+  constexpr uint64_t kJson = kPrefix.size() + (200ull << 20) + 2;
+  const std::vector<uint8_t> bomb = RleFrame(kPrefix, 'a', 200ull << 20, R"("})");
+  ASSERT_LT(bomb.size(), 20u << 10);
+  Expected<Manifest> m = ParseManifest(bomb, "acme/qwen", "step-2", 64ull << 20);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().kind(), ErrorKind::kResourceExhausted) << m.status().ToString();
+  for (const std::string& needle : {std::string("manifest acme/qwen@step-2"), std::to_string(bomb.size()) + " bytes",
+                                    std::to_string(kJson) + " bytes", std::string("larger than 64 MiB")}) {
+    EXPECT_NE(m.status().message().find(needle), std::string::npos) << m.status().message() << " lacks " << needle;
+  }
+}
+
+// A frame whose header claims little but whose blocks hold much more: zstd compares the declared
+// size with the output only at the end of a (multi-segment) frame, so the reader counts the
+// bytes inflated against its limit as they come and stops there, 2 MiB into 200 MiB.
+TEST(ManifestTest, ZstdFrameThatLiesAboutItsSizeStopsAtTheLimit) {
+  const std::vector<uint8_t> liar =
+      RleFrame(R"({"format": 1, "model": ")", 'a', 200ull << 20, R"("})", /*claimed=*/1 << 20);
+  Expected<Manifest> m = ParseManifest(liar, "acme/qwen", "step-2", 2ull << 20);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().kind(), ErrorKind::kResourceExhausted) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("manifest acme/qwen@step-2: inflates to more than 2 MiB of JSON (from " +
+                                      std::to_string(liar.size()) + " bytes of zstd)"),
+            std::string::npos) << m.status().ToString();
+}
+
+TEST(ManifestTest, JsonLimitIsSetByTheCaller) {
+  const std::string text = BaseJson().dump();
+  EXPECT_TRUE(ParseManifest(AsBytes(text), {}, {}, text.size()).ok());
+  Expected<Manifest> m = ParseManifest(AsBytes(text), "acme/qwen", "step-2", text.size() - 1);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().kind(), ErrorKind::kResourceExhausted) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("manifest acme/qwen@step-2: " + std::to_string(text.size()) +
+                                      " bytes of JSON, larger than " + std::to_string(text.size() - 1) + " bytes"),
+            std::string::npos) << m.status().ToString();
+  // The same for the inflated size of a compressed manifest.
+  const std::vector<uint8_t> z = Zstd(AsBytes(text));
+  EXPECT_TRUE(ParseManifest(z, {}, {}, text.size()).ok());
+  EXPECT_EQ(ParseManifest(z, {}, {}, text.size() - 1).status().kind(), ErrorKind::kResourceExhausted);
+}
+
+// The decoder's window is what a frame header can make it allocate: capped at 8 MiB (weightfs
+// writes 2 MiB windows at most). (A frame that fits the decoder's 128 KiB output block needs no
+// window at all.)
+TEST(ManifestTest, ZstdFrameAskingForAHugeWindowIsRefused) {
+  const std::string text = BaseJson().dump();
+  const size_t brace = text.find('{') + 1;
+  auto frame = [&](int window_log) {
+    return RleFrame(text.substr(0, brace), ' ', 1 << 20, text.substr(brace), std::nullopt, window_log);
+  };
+  Expected<Manifest> m = ParseManifest(frame(23));
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  m = ParseManifest(frame(24), "acme/qwen", "step-2");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().kind(), ErrorKind::kResourceExhausted) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("window larger than 8 MiB"), std::string::npos) << m.status().ToString();
+}
+
+// SerializeManifest writes keys sorted ("files" before "packs" and "versions"); any writer's
+// order must give the same manifest, and a damaged one the same error.
+TEST(ManifestTest, KeysInAnyOrderGiveTheSameManifestAndTheSameErrors) {
+  using ordered = nlohmann::ordered_json;
+  auto reorder = [](const json& j, bool reverse) {
+    std::vector<std::string> keys;
+    for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
+    if (reverse) std::reverse(keys.begin(), keys.end());
+    ordered o = ordered::object();
+    for (const std::string& k : keys) {
+      if (k != "files") {
+        o[k] = j[k];
+        continue;
+      }
+      ordered files = ordered::array();
+      for (const json& f : j[k]) {  // and "chunks" last in each file entry
+        ordered e = ordered::object();
+        for (const char* field : {"path", "size", "sha256", "chunks"}) e[field] = f[field];
+        files.push_back(e);
+      }
+      o[k] = files;
+    }
+    return o.dump();
+  };
+  auto parse = [](const std::string& text) { return ParseManifest(AsBytes(text)); };
+  const json base = BaseJson();
+  for (bool reverse : {false, true}) {
+    SCOPED_TRACE(reverse ? "tables before files" : "files before tables");
+    Expected<Manifest> m = parse(reorder(base, reverse));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ExpectSameManifest(SmallManifest(), *m);
+  }
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> damage = {
+      // An index into a table the reader reaches only after the row (or before it).
+      {[](json& j) { Row(j, 1)[kPack] = 3; }, "file 'model.safetensors': chunk 1: chunk names pack 3 of 3"},
+      {[](json& j) { Row(j, 2)[kOrigin] = 3; }, "chunk 2: chunk origin out of range"},
+      // An index error comes before a later check of the same row, and before later rows.
+      {[](json& j) { Row(j, 1)[kPack] = 3; Row(j, 1)[kDepth] = kMaxDepth + 1; }, "chunk 1: chunk names pack 3 of 3"},
+      {[](json& j) { Row(j, 1)[kBase] = 5; Row(j, 3)[kLength] = 0; }, "chunk 1: delta chunk's base version out of range"},
+      {[](json& j) { Row(j, 1)[kBase] = 5; Row(j, 2)[kOffset] = 7; }, "chunk 1: delta chunk's base version out of range"},
+      {[](json& j) { Row(j, 2)[kOffset] = 7; Row(j, 2)[kPack] = 9; }, "chunk 2: chunk names pack 9 of 3"},
+      // The manifest's own fields come before its files.
+      {[](json& j) { Row(j, 1)[kLength] = 0; j["model"] = "../x"; }, "model name '../x'"},
+      {[](json& j) { Row(j, 1)[kPack] = 3; j["chunk_bytes"] = 0; }, "chunk_bytes out of range"},
+      // A file's own fields come before its rows (its size is read after its chunks here).
+      {[](json& j) { Row(j, 1)[kLength] = 0; j["files"][1]["size"] = -1; }, "size is not a non-negative integer"},
+      {[](json& j) { Row(j, 3)[kLength] = 801; Row(j, 3)[kIndex] = 1; }, "chunks extend past the file size"},
+  };
+  for (const auto& [mutate, needle] : damage) {
+    SCOPED_TRACE(needle);
+    json j = base;
+    mutate(j);
+    for (bool reverse : {false, true}) {
+      Expected<Manifest> m = parse(reorder(j, reverse));
+      ASSERT_FALSE(m.ok());
+      EXPECT_EQ(m.status().kind(), ErrorKind::kCorruption);
+      EXPECT_NE(m.status().message().find(needle), std::string::npos) << m.status().message();
+    }
+  }
+}
+
+// A DOM keeps the last of repeated keys and another reader might keep the first: a manifest
+// that repeats a key the reader interprets is refused. Repeated keys it ignores are harmless.
+TEST(ManifestTest, RejectsRepeatedKeys) {
+  const std::string text = BaseJson().dump();
+  auto with = [&](const std::string& after, const std::string& insert) {
+    std::string t = text;
+    const size_t at = t.find(after);
+    EXPECT_NE(at, std::string::npos) << after;
+    return t.insert(at + after.size(), insert);
+  };
+  Expected<Manifest> m = ParseManifest(AsBytes(with("{", R"("files":[],)")));
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().kind(), ErrorKind::kCorruption);
+  EXPECT_NE(m.status().message().find("manifest repeats key 'files'"), std::string::npos) << m.status().ToString();
+  m = ParseManifest(AsBytes(with("{", R"("model":"acme/other",)")));
+  EXPECT_NE(m.status().message().find("manifest repeats key 'model'"), std::string::npos) << m.status().ToString();
+  m = ParseManifest(AsBytes(with(R"({"chunks":)", R"([],"chunks":)")));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("file entry repeats key 'chunks'"), std::string::npos) << m.status().ToString();
+  m = ParseManifest(AsBytes(with("{", R"("x":1,"x":[2],)")));
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
 }
 
 // ---------------------------------------------------------------------------------------------

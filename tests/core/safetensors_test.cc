@@ -457,6 +457,12 @@ const BadHeader kBadHeaders[] = {
     {"OpaqueDtype", R"({"w":)" + Entry(R"("OPAQUE")", "[1]", "[0,1]") + "}", 1, "unknown dtype"},
     {"EmptyDtype", R"({"w":)" + Entry(R"("")", "[1]", "[0,1]") + "}", 1, "unknown dtype"},
     {"NumericDtype", R"({"w":)" + Entry("4", "[1]", "[0,4]") + "}", 4, "dtype must be a string"},
+    // A non-negative integer is a "number" (it once read "signed integer 4", and u64 max
+    // "negative integer -1").
+    {"NumericDtypeSaysNumber", R"({"w":)" + Entry("4", "[1]", "[0,4]") + "}", 4,
+     "tensor 'w': dtype must be a string, not number"},
+    {"EntryMaxU64SaysNumber", R"({"w":18446744073709551615})", 0,
+     "tensor 'w': entry must be an object with dtype, shape and data_offsets, not number"},
 
     // shape.
     {"ShapeNegative", R"({"w":)" + Entry(R"("F32")", "[-1]", "[0,4]") + "}", 4,
@@ -567,6 +573,65 @@ TEST(SafetensorsParse, MessagesTruncateHugeNames) {
   ASSERT_FALSE(parsed.ok());
   EXPECT_LT(parsed.status().message().size(), 300u) << parsed.status().message();
   EXPECT_NE(parsed.status().message().find("qqq..."), std::string::npos);
+}
+
+// Which of several damaged entries is reported does not depend on the order of the file: the
+// one whose name sorts first (after a syntax error anywhere, and a repeated key anywhere).
+TEST(SafetensorsParse, ReportsTheSameErrorWhateverTheEntryOrder) {
+  const std::string a = R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  const std::string b_bad = R"("b":{"dtype":"F17","shape":[1],"data_offsets":[4,8]})";
+  const std::string c_bad = R"("c":{"dtype":"F32","shape":[1]})";
+  for (const std::string& json : {"{" + a + "," + b_bad + "," + c_bad + "}",
+                                  "{" + c_bad + "," + b_bad + "," + a + "}"}) {
+    SCOPED_TRACE(json);
+    ExpectCorruption(ParseJson(json, 8), "tensor 'b': unknown dtype 'F17'");
+  }
+  // A repeated key after a damaged entry still wins.
+  ExpectCorruption(ParseJson("{" + c_bad + "," + a + "," + a + "}", 8), "duplicate key 'a' at the top level");
+  // And a syntax error after both.
+  ExpectCorruption(ParseJson("{" + c_bad + "," + a + "," + a + ",}", 8), "header is not valid JSON");
+}
+
+// Mixture-of-experts checkpoints hold tens of thousands of tensors in one file; reading and
+// writing a header must stay linear in them (a DOM callback once made it quadratic: 32k
+// tensors took 49 s). No time limit here (parser_bench measures), but a quadratic reader or
+// writer would take minutes.
+std::vector<TensorInfo> ManyTensors(size_t n) {
+  std::vector<TensorInfo> tensors;
+  tensors.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    tensors.push_back(Tensor("layers." + std::to_string(i / 256) + ".experts." + std::to_string(i % 256),
+                             DType::kBF16, {1 + i % 3}));
+  }
+  return tensors;
+}
+
+TEST(SafetensorsParse, HeaderWithManyTensorsParses) {
+  constexpr size_t kTensors = 100'000;
+  std::vector<TensorInfo> tensors = ManyTensors(kTensors);
+  const std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {{"format", "pt"}});
+  Expected<SafetensorsHeader> parsed = ParseBuilt(prefix, tensors);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  SortLikeReader(tensors);
+  ExpectSameTensors(parsed->tensors, tensors);
+  EXPECT_EQ(parsed->metadata.at("format"), "pt");
+}
+
+TEST(SafetensorsParse, RepeatedKeyAmongManyTensorsIsFound) {
+  constexpr size_t kTensors = 50'000;
+  std::vector<TensorInfo> tensors = ManyTensors(kTensors);
+  const std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {});
+  std::string json(prefix.begin() + 8, prefix.end());
+  while (json.back() == ' ') json.pop_back();
+  // The first tensor again, at the end: a repeated top-level key.
+  const std::string first = json.substr(1, json.find('}') + 1 - 1);
+  const uint64_t data = tensors.back().end;
+  ExpectCorruption(ParseJson(json.substr(0, json.size() - 1) + "," + first + "}", data),
+                   "duplicate key 'layers.0.experts.0' at the top level");
+  // A field repeated in the last entry.
+  std::string repeated = json;
+  repeated.insert(repeated.rfind("\"dtype\""), R"("dtype":"BF16",)");
+  ExpectCorruption(ParseJson(repeated, data), "tensor 'layers.195.experts.79': duplicate key 'dtype' in its entry");
 }
 
 // ---------------------------------------------------------------------------------------------

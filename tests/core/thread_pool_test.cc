@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstddef>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <set>
 #include <thread>
 #include <vector>
@@ -124,6 +126,32 @@ TEST(ThreadPoolTest, NestedLoopFromInsideALoop) {
     pool.ParallelFor(16, [&](size_t inner, size_t) { runs[outer * 16 + inner].fetch_add(1); });
   });
   for (size_t i = 0; i < runs.size(); ++i) EXPECT_EQ(runs[i].load(), 1) << i;
+}
+
+// A loop body that throws (an allocation failing while a chunk is encoded) must not end the
+// process from a worker thread: the exception reaches ParallelFor's caller, the rest of that loop
+// is skipped, and the pool serves the next loop.
+TEST(ThreadPoolTest, ExceptionInALoopReachesTheCallerAndThePoolCarriesOn) {
+  ThreadPool pool(4);
+  for (size_t thrower : {size_t{0}, size_t{1}, size_t{500}, size_t{999}}) {
+    SCOPED_TRACE(thrower);
+    std::atomic<size_t> ran{0};
+    try {
+      pool.ParallelFor(1000, [&](size_t i, size_t) {
+        if (i == thrower) throw std::bad_alloc();
+        ran.fetch_add(1);
+        std::this_thread::yield();
+      });
+      ADD_FAILURE() << "no exception";
+    } catch (const std::bad_alloc&) {
+    }
+    EXPECT_LT(ran.load(), 1000u);
+    ExpectEachIndexOnce(pool, 1000);
+  }
+  // Several throwing at once: one of them arrives.
+  EXPECT_THROW(pool.ParallelFor(64, [](size_t, size_t) { throw std::runtime_error("each"); }),
+               std::runtime_error);
+  ExpectEachIndexOnce(pool, 64);
 }
 
 TEST(ThreadPoolTest, DestroysCleanlyWithoutWork) {

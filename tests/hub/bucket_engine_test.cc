@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <new>
 #include <random>
 #include <thread>
 
@@ -90,16 +91,24 @@ struct Model {
   }
 };
 
-// Lets a test corrupt what Get returns for keys with a prefix, or fail Puts.
+// Lets a test fail Puts, or make reads and writes of packs throw std::bad_alloc (an allocation
+// failing inside the store, e.g. while a response body grows).
 class FaultyStore : public StoreWrapper {
  public:
   using StoreWrapper::StoreWrapper;
   std::atomic<int> fail_puts_after{-1};  // -1: never
+  std::atomic<bool> pack_gets_throw{false};
+  std::atomic<bool> pack_puts_throw{false};
   Status Put(std::string_view key, std::span<const uint8_t> data, PutMode mode) override {
+    if (pack_puts_throw && key.starts_with("packs/")) throw std::bad_alloc();
     int n = fail_puts_after.load();
     if (n == 0) return Status::IOError("injected: bucket refuses writes");
     if (n > 0) fail_puts_after--;
     return inner_->Put(key, data, mode);
+  }
+  Expected<std::vector<uint8_t>> Get(std::string_view key, std::optional<ByteRange> range) override {
+    if (pack_gets_throw && key.starts_with("packs/")) throw std::bad_alloc();
+    return inner_->Get(key, range);
   }
 };
 
@@ -444,6 +453,44 @@ TEST_F(BucketEngineTest, SharedChunksHaveTheBytesAndCacheHitsArePrivateCopies) {
 // Intermediate results of a chain are not hashed on the way (only the final one is), yet a bad
 // payload in the middle of a chain is still an error naming the version that wrote it, and
 // nothing unverified reaches the cache.
+// The materializer fetches a chain's payloads on threads of its own: an allocation failing there
+// fails that chunk with ResourceExhausted. It used to end the process (an exception leaving a
+// thread), and the build would have waited for the payload forever.
+TEST_F(BucketEngineTest, AllocationFailureFetchingAPayloadFailsOnlyThatChunk) {
+  auto chain = PushChain(3, nullptr);
+  ASSERT_EQ(chain.size(), 3u);
+  const ManifestFile& file = *chain[2]->FindFile("model.safetensors");
+  size_t deep = file.chunks.size();
+  for (size_t i = 0; i < file.chunks.size() && deep == file.chunks.size(); ++i) {
+    if (file.chunks[i].depth >= 2) deep = i;  // three payloads, so fetched in parallel
+  }
+  ASSERT_LT(deep, file.chunks.size()) << "no chunk with a chain of two deltas";
+  Materializer mat(bucket_.get(), nullptr);
+  faulty_->pack_gets_throw = true;
+  Expected<ByteBuffer> got = mat.Chunk(*chain[2], file, deep);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().kind(), ErrorKind::kResourceExhausted) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("out of memory"), std::string::npos) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("acme/m@v"), std::string::npos) << got.status().ToString();
+  faulty_->pack_gets_throw = false;
+  got = mat.Chunk(*chain[2], file, deep);  // the materializer and its threads carry on
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(HashChunk(*got), file.chunks[deep].hash);
+}
+
+// Packs are uploaded on PackWriter's threads: an allocation failing there fails the push,
+// which publishes nothing.
+TEST_F(BucketEngineTest, AllocationFailureUploadingAPackFailsThePush) {
+  faulty_->pack_puts_throw = true;
+  auto r = Push(0, nullptr, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().kind(), ErrorKind::kResourceExhausted) << r.status().ToString();
+  EXPECT_EQ(bucket_->ReadManifest("acme/m", "v0").status().kind(), ErrorKind::kNotFound);
+  faulty_->pack_puts_throw = false;
+  r = Push(0, nullptr, nullptr);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+}
+
 TEST_F(BucketEngineTest, CorruptPayloadInsideAChainIsNamed) {
   options_.chunk_bytes = 256 << 10;
   auto chain = PushChain(3, nullptr);
