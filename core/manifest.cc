@@ -37,6 +37,10 @@ Status ValidateComponents(std::string_view what, std::string_view s, size_t max_
       return Status::InvalidArgument(std::string(what) + " '" + std::string(s) +
                                      "' has an empty, '.' or '..' component");
     }
+    // File paths: NAME_MAX of every local file system a version is pulled to, and of the mount.
+    if (path && comp.size() > 255) {
+      return Status::InvalidArgument(std::string(what) + " has a component longer than 255 bytes");
+    }
     for (char c : comp) {
       if (!NameChar(c, path)) {
         return Status::InvalidArgument(std::string(what) + " '" + std::string(s) +

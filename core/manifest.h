@@ -139,7 +139,7 @@ Expected<Manifest> ParseManifest(std::span<const uint8_t> bytes,
 
 // Names. A model is '/'-separated components of [A-Za-z0-9._-] (not "." or ".."), at most 256
 // bytes; a version is one such component, at most 128 bytes; a file path is like a model name
-// plus '@', '=' and '+' allowed, at most 1024 bytes. Each returns InvalidArgument naming the rule.
+// plus '@', '=' and '+' allowed, at most 1024 bytes, no component longer than 255 (NAME_MAX). Each returns InvalidArgument naming the rule.
 Status ValidateModelName(std::string_view model);
 Status ValidateVersionName(std::string_view version);
 Status ValidateFilePath(std::string_view path);

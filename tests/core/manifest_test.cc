@@ -530,7 +530,11 @@ TEST(ManifestTest, RejectsFilePathsThatEscape) {
   }
   ExpectRejected([](json& j) { j["files"][2]["path"] = "sub/" + std::string(1021, 'p'); },
                  "longer than 1024");
-  ExpectAccepted([](json& j) { j["files"][2]["path"] = "sub/" + std::string(1020, 'p'); });
+  ExpectAccepted([](json& j) {
+    j["files"][2]["path"] = "sub/" + std::string(255, 'p') + "/" + std::string(255, 'p') + "/" +
+                            std::string(255, 'p') + "/" + std::string(251, 'p');
+  });
+  ExpectRejected([](json& j) { j["files"][2]["path"] = "sub/" + std::string(256, 'p'); }, "longer than 255 bytes");
 }
 
 TEST(ManifestTest, RejectsAManifestStoredUnderAnotherName) {
@@ -1144,7 +1148,11 @@ TEST(ManifestNameTest, FilePaths) {
   for (const char* ok : {"model.safetensors", "a@b=c+d", "dir/sub/file-00001-of-00002.bin", "x", ".gitattributes"}) {
     EXPECT_TRUE(ValidateFilePath(ok).ok()) << ok;
   }
-  EXPECT_TRUE(ValidateFilePath(std::string(1024, 'p')).ok());
+  // 1024 bytes in all, but no component over NAME_MAX (255): a longer one could not be pulled
+  // to a local file system or looked up on the mount.
+  const std::string c255(255, 'p');
+  EXPECT_TRUE(ValidateFilePath(c255 + "/" + c255 + "/" + c255 + "/" + std::string(1024 - 3 * 256 - 1, 'p')).ok());
+  EXPECT_NE(ValidateFilePath(std::string(256, 'p')).message().find("longer than 255 bytes"), std::string::npos);
   for (const std::string& bad : EscapingNames()) {
     SCOPED_TRACE("'" + bad + "'");
     Status s = ValidateFilePath(bad);
