@@ -1,5 +1,7 @@
 #include "core/manifest.h"
 
+#include "core/chunk_table.h"
+
 #include <zstd.h>
 
 #include <algorithm>
@@ -105,6 +107,60 @@ uint32_t Manifest::PackIndex(const Hash128& pack) {
   }
   packs.push_back(pack);
   return static_cast<uint32_t>(packs.size() - 1);
+}
+
+namespace {
+
+std::vector<uint8_t> MaybeCompress(const std::string& text) {
+  if (text.size() <= kCompressAbove) return std::vector<uint8_t>(text.begin(), text.end());
+  std::vector<uint8_t> out(ZSTD_compressBound(text.size()));
+  size_t n = ZSTD_compress(out.data(), out.size(), text.data(), text.size(), 6);
+  out.resize(ZSTD_isError(n) ? 0 : n);
+  if (out.empty()) return std::vector<uint8_t>(text.begin(), text.end());
+  return out;
+}
+
+// The fields format 1 and 2 share.
+json TopFields(const Manifest& m, int format) {
+  json j;
+  j["format"] = format;
+  j["model"] = m.model;
+  j["version"] = m.version;
+  j["parent"] = m.parent ? json(*m.parent) : json(nullptr);
+  j["created"] = m.created;
+  j["chunk_bytes"] = m.chunk_bytes;
+  j["versions"] = m.versions;
+  json packs = json::array();
+  for (const Hash128& p : m.packs) packs.push_back(p.ToHex());
+  j["packs"] = std::move(packs);
+  if (!m.sources.empty()) j["sources"] = m.sources;
+  j["stats"] = {{"logical_bytes", m.stats.logical_bytes},
+                {"stored_bytes", m.stats.stored_bytes},
+                {"changed_elements", m.stats.changed_elements},
+                {"elements", m.stats.elements}};
+  return j;
+}
+
+}  // namespace
+
+SerializedVersion SerializeVersion(const Manifest& m) {
+  SerializedVersion out;
+  json files = json::array();
+  for (const ManifestFile& f : m.files) {
+    const std::vector<uint8_t> section = EncodeChunkTable(f.chunks);
+    files.push_back({{"path", f.path},
+                     {"size", f.size},
+                     {"sha256", f.sha256},
+                     {"rows", f.chunks.size()},
+                     {"section", json::array({out.table.size(), section.size()})}});
+    out.table.insert(out.table.end(), section.begin(), section.end());
+  }
+  out.table_hash = HashChunk(out.table);
+  json j = TopFields(m, kManifestFormat2);
+  j["table"] = {{"pack", out.table_hash.ToHex()}, {"size", out.table.size()}};
+  j["files"] = std::move(files);
+  out.head = MaybeCompress(j.dump());
+  return out;
 }
 
 std::vector<uint8_t> SerializeManifest(const Manifest& m) {

@@ -40,6 +40,9 @@
 namespace weightfs {
 
 inline constexpr int kManifestFormat = 1;
+// Bucket format 2 (docs/format2.md): a version is a small head (this JSON, each file's rows in a
+// section of a binary table object instead of inline) and the table.
+inline constexpr int kManifestFormat2 = 2;
 
 struct PayloadRef {
   uint32_t pack = 0;     // index into Manifest::packs
@@ -68,11 +71,22 @@ struct ManifestChunk {
   }
 };
 
+// Where a file's rows are in a format 2 version's table object (core/chunk_table.h).
+struct TableSection {
+  uint64_t offset = 0;  // in the table object
+  uint64_t length = 0;  // bytes of the section
+  uint64_t rows = 0;    // chunk rows it holds
+};
+
 struct ManifestFile {
   std::string path;  // relative, '/'-separated
   uint64_t size = 0;
   std::string sha256;
-  std::vector<ManifestChunk> chunks;  // tile [0, size) in order
+  // Tile [0, size) in order. Empty in a format 2 head until the file's section is read
+  // (rows_loaded false): hub's Bucket::File resolves it.
+  std::vector<ManifestChunk> chunks;
+  bool rows_loaded = true;
+  TableSection section;  // format 2
   // Index of the chunk with this key, or nullopt.
   std::optional<size_t> FindChunk(const ChunkKey& key) const;
   // Index of the chunk containing byte `offset`. REQUIRES: offset < size.
@@ -90,6 +104,9 @@ struct ManifestStats {
 };
 
 struct Manifest {
+  int format = kManifestFormat;  // 1: rows inline; 2: a head whose files' rows are in `table`
+  Hash128 table;                 // format 2: the table object (packs/<hex>)
+  uint64_t table_size = 0;
   std::string model;
   std::string version;
   std::optional<std::string> parent;
@@ -117,6 +134,15 @@ struct Manifest {
 
 // Serialized manifest bytes (compressed with zstd when the JSON exceeds 64 KiB).
 std::vector<uint8_t> SerializeManifest(const Manifest& manifest);
+// Format 2: the head (small JSON: everything but the rows, which it locates) and the table (each
+// file's rows, a section per file: core/chunk_table.h), named by its hash. REQUIRES: every
+// file's rows loaded.
+struct SerializedVersion {
+  std::vector<uint8_t> head;
+  std::vector<uint8_t> table;
+  Hash128 table_hash;  // HashChunk(table): its key in the bucket
+};
+SerializedVersion SerializeVersion(const Manifest& manifest);
 
 // The most JSON ParseManifest reads unless its caller says otherwise (inflated, for a manifest
 // stored compressed). A real 500k-chunk manifest is ~74 MB of JSON.

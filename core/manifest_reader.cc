@@ -37,24 +37,17 @@
 
 #include "core/file_codec.h"
 #include "core/manifest.h"
+#include "core/manifest_checks.h"
 
 namespace weightfs {
 namespace {
 
 using json = nlohmann::json;
+using namespace manifest_checks;
 
-constexpr uint64_t kMaxFileSize = 1ull << 50;
-constexpr uint32_t kMaxDepth = 100000;
-constexpr uint64_t kMaxPayloadBytes = 2 * kMaxChunkBytes + 4096;
-constexpr uint64_t kMaxTensorName = 4096;
-// Entries of `versions` and of `sources`; `packs` may hold up to UINT32_MAX (a recipe's index
-// is 32 bits).
-constexpr uint64_t kMaxTableEntries = 1000000;
-constexpr uint64_t kMaxPacks = UINT32_MAX;
 // The largest zstd window a manifest frame may make the decoder allocate. SerializeManifest
 // (level 6) uses at most 2 MiB; every standard level up to 19 fits in 8 MiB.
 constexpr int kMaxWindowLog = 23;
-constexpr size_t kRowColumns = 14;
 
 // A name inside a manifest that fails validation is damaged data from the bucket (Corruption,
 // EIO to a reader), not a caller's mistake (InvalidArgument, EINVAL).
@@ -263,136 +256,6 @@ struct StringField {
   }
 };
 
-// The sizes of the tables a chunk row indexes into. While they are not known yet, their caps:
-// an index at or beyond a cap fails whatever the table turns out to hold.
-struct Tables {
-  uint64_t versions = kMaxTableEntries;
-  uint64_t packs = kMaxPacks;
-  uint64_t sources = kMaxTableEntries;
-};
-
-// A chunk row as read, before validation.
-struct RawRow {
-  size_t columns = 0;  // seen so far, however many
-  Status error;        // the first column of the wrong type (or a bad hash)
-  std::string tensor;
-  Hash128 hash;
-  uint64_t v[kRowColumns] = {};  // the integer columns, by position
-
-  void Reset() {
-    columns = 0;
-    error = Status::Ok();
-    tensor.clear();
-  }
-};
-
-constexpr const char* kColumnNames[kRowColumns] = {
-    "chunk tensor", "chunk index", "chunk offset", "chunk length", "chunk hash",
-    "chunk encoding", "chunk pack", "chunk pack offset", "chunk pack length", "chunk origin",
-    "chunk base", "chunk depth", "chunk chain bytes", "chunk keyframe bytes"};
-enum Column : size_t {
-  kTensor = 0, kIndex, kOffset, kLength, kHash, kEncoding, kPack, kPackOffset, kPackLength,
-  kOrigin, kBase, kDepth, kChainBytes, kKeyframeBytes,
-};
-
-// The checks of a chunk's references into the manifest's tables, in the order CheckRow makes
-// them. `external`: `pack` indexes sources.
-Status CheckPack(bool external, uint64_t pack, const Tables& t) {
-  const uint64_t n = external ? t.sources : t.packs;
-  if (pack < n) return Status::Ok();
-  return Status::Corruption(std::string("chunk names ") + (external ? "source " : "pack ") +
-                            std::to_string(pack) + " of " + std::to_string(n));
-}
-
-Status CheckOrigin(uint64_t origin, const Tables& t) {
-  return origin < t.versions ? Status::Ok() : Status::Corruption("chunk origin out of range");
-}
-
-Status CheckBase(uint64_t base, const Tables& t) {
-  return base != 0 && base < t.versions
-             ? Status::Ok()
-             : Status::Corruption("delta chunk's base version out of range");
-}
-
-bool IsDelta(ChunkEncoding e) {
-  return e == ChunkEncoding::kSparse || e == ChunkEncoding::kDense || e == ChunkEncoding::kPatch;
-}
-
-// Validates a row whose columns all have their types; fills *out (when given) if it passes.
-// With the tables' caps for `t`, an index check fails only where it must fail for any table.
-Status CheckRow(const RawRow& r, const Tables& t, ManifestChunk* out) {
-  const uint64_t enc = r.v[kEncoding], pack = r.v[kPack], length = r.v[kLength];
-  const uint64_t ref_offset = r.v[kPackOffset], ref_length = r.v[kPackLength];
-  const uint64_t origin = r.v[kOrigin], base = r.v[kBase], depth = r.v[kDepth];
-  const uint64_t chain_bytes = r.v[kChainBytes], keyframe_bytes = r.v[kKeyframeBytes];
-  if (r.tensor.size() > kMaxTensorName) return Status::Corruption("tensor name longer than 4096 bytes");
-  if (enc < 1 || enc > 6) return Status::Corruption("unknown chunk encoding " + std::to_string(enc));
-  const auto encoding = static_cast<ChunkEncoding>(enc);
-  if (length == 0 || length > kMaxChunkBytes) {
-    return Status::Corruption("chunk length " + std::to_string(length) + " out of range");
-  }
-  const bool external = encoding == ChunkEncoding::kExternal;
-  WFS_TRY(CheckPack(external, pack, t));
-  if (external) {
-    if (ref_length != length || ref_offset > kMaxFileSize) {
-      return Status::Corruption("external chunk's source range out of bounds");
-    }
-  } else if (ref_length < kPayloadHeaderBytes || ref_length > kMaxPayloadBytes ||
-             ref_offset > (1ull << 48)) {
-    return Status::Corruption("chunk payload range out of bounds");
-  }
-  WFS_TRY(CheckOrigin(origin, t));
-  if (depth > kMaxDepth) return Status::Corruption("chunk chain depth out of range");
-  // No chain holds more than kMaxDepth payloads of kMaxPayloadBytes; larger counts would wrap
-  // KeyframePolicy's sum (and the writer's) around u64.
-  if (chain_bytes > kMaxDepth * kMaxPayloadBytes) return Status::Corruption("chunk chain bytes out of range");
-  if (keyframe_bytes > kMaxPayloadBytes) return Status::Corruption("chunk keyframe bytes out of range");
-  if (IsDelta(encoding)) {
-    WFS_TRY(CheckBase(base, t));
-    if (depth == 0) return Status::Corruption("delta chunk with depth 0");
-  } else if (base != 0 || depth != 0) {
-    return Status::Corruption("keyframe chunk with a base");
-  }
-  if (out != nullptr) {
-    out->key.index = r.v[kIndex];
-    out->offset = r.v[kOffset];
-    out->length = length;
-    out->hash = r.hash;
-    out->encoding = encoding;
-    out->ref = {static_cast<uint32_t>(pack), ref_offset, ref_length};
-    out->origin = static_cast<uint32_t>(origin);
-    out->base = static_cast<uint32_t>(base);
-    out->depth = static_cast<uint32_t>(depth);
-    out->chain_bytes = chain_bytes;
-    out->keyframe_bytes = keyframe_bytes;
-  }
-  return Status::Ok();
-}
-
-// CheckRow's index checks for a chunk that passed the others.
-Status CheckRefs(const ManifestChunk& c, const Tables& t) {
-  WFS_TRY(CheckPack(c.is_external(), c.ref.pack, t));
-  WFS_TRY(CheckOrigin(c.origin, t));
-  if (c.is_delta()) WFS_TRY(CheckBase(c.base, t));
-  return Status::Ok();
-}
-
-// The index of the first chunk whose key an earlier chunk has, or nullopt.
-std::optional<size_t> FirstRepeatedKey(const std::vector<ManifestChunk>& chunks) {
-  std::vector<size_t> order(chunks.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return std::tie(chunks[a].key, a) < std::tie(chunks[b].key, b);
-  });
-  std::optional<size_t> first;
-  for (size_t i = 1; i < order.size(); ++i) {
-    if (chunks[order[i]].key == chunks[order[i - 1]].key && (!first || order[i] < *first)) {
-      first = order[i];
-    }
-  }
-  return first;
-}
-
 // ---------------------------------------------------------------------------------------------
 // The SAX handler.
 
@@ -444,12 +307,14 @@ class ManifestReader {
 
  private:
   // Where the parser is: the containers the reader looks into, innermost last.
-  enum class Ctx : uint8_t { kTop, kVersions, kPacks, kSources, kStats, kFiles, kFile, kChunks, kRow };
+  enum class Ctx : uint8_t {
+    kTop, kVersions, kPacks, kSources, kStats, kFiles, kFile, kChunks, kRow, kTable, kSection
+  };
   enum class TopKey : uint8_t {
     kOther, kFormat, kModel, kVersion, kParent, kCreated, kChunkBytes, kVersions, kPacks,
-    kSources, kStats, kFiles, kCount
+    kSources, kStats, kFiles, kTable, kCount
   };
-  enum class FileKey : uint8_t { kOther, kPath, kSize, kSha256, kChunks, kCount };
+  enum class FileKey : uint8_t { kOther, kPath, kSize, kSha256, kChunks, kRows, kSection, kCount };
   enum class StatKey : uint8_t { kOther, kLogical, kStored, kChanged, kElements };
 
   // A table (versions, packs, sources): how many entries, the first bad one.
@@ -482,6 +347,11 @@ class ManifestReader {
     std::optional<uint64_t> size;  // nullopt: not a non-negative integer
     bool seen_chunks = false;
     bool chunks_is_array = false;
+    // Format 2: the row count and [offset, length] of the file's table section instead of rows.
+    bool seen_rows = false, seen_section = false;
+    std::optional<uint64_t> row_count;
+    std::vector<std::optional<uint64_t>> section;  // as read; valid: two integers
+    bool section_is_array = false;
     uint64_t rows = 0;  // chunk rows seen
     uint64_t pos = 0;   // where the next row must start
     // The first row that failed as it was read (stage 0 or 1); later rows are only counted.
@@ -517,6 +387,12 @@ class ManifestReader {
   StringField model_, version_, parent_, created_;
   bool parent_null_ = false;
   std::optional<uint64_t> chunk_bytes_;
+  // Format 2: the table object ({"pack": hex, "size": n}).
+  bool table_is_object_ = false;
+  std::string table_key_;
+  StringField table_pack_;
+  std::optional<uint64_t> table_size_;
+  bool table_bad_ = false;
   Table versions_, packs_, sources_;
   std::set<std::string> seen_versions_, seen_sources_;
   StatKey stat_key_ = StatKey::kOther;
@@ -542,7 +418,7 @@ bool ManifestReader::key(json::string_t& k) {
           {"created", TopKey::kCreated}, {"chunk_bytes", TopKey::kChunkBytes},
           {"versions", TopKey::kVersions}, {"packs", TopKey::kPacks},
           {"sources", TopKey::kSources}, {"stats", TopKey::kStats},
-          {"files", TopKey::kFiles}};
+          {"files", TopKey::kFiles},     {"table", TopKey::kTable}};
       top_key_ = TopKey::kOther;
       for (const auto& [name, id] : kKeys) {
         if (k == name) top_key_ = id;
@@ -566,12 +442,17 @@ bool ManifestReader::key(json::string_t& k) {
                   : k == "elements"         ? StatKey::kElements
                                             : StatKey::kOther;
       break;
+    case Ctx::kTable:
+      table_key_ = k;
+      break;
     case Ctx::kFile: {
-      file_key_ = k == "path"     ? FileKey::kPath
-                  : k == "size"   ? FileKey::kSize
-                  : k == "sha256" ? FileKey::kSha256
-                  : k == "chunks" ? FileKey::kChunks
-                                  : FileKey::kOther;
+      file_key_ = k == "path"      ? FileKey::kPath
+                  : k == "size"    ? FileKey::kSize
+                  : k == "sha256"  ? FileKey::kSha256
+                  : k == "chunks"  ? FileKey::kChunks
+                  : k == "rows"    ? FileKey::kRows
+                  : k == "section" ? FileKey::kSection
+                                   : FileKey::kOther;
       if (file_key_ != FileKey::kOther) {
         bool& seen = file_seen_[static_cast<size_t>(file_key_)];
         if (seen) {
@@ -633,6 +514,19 @@ bool ManifestReader::OnScalar(const Scalar& v) {
     case Ctx::kRow:
       RowColumn(v);
       break;
+    case Ctx::kTable:
+      if (table_key_ == "pack") {
+        if (table_pack_.seen) table_bad_ = true;
+        table_pack_.Set(v);
+      } else if (table_key_ == "size") {
+        if (table_size_) table_bad_ = true;
+        table_size_ = AsU64(v);
+        if (!table_size_) table_bad_ = true;
+      }
+      break;
+    case Ctx::kSection:
+      if (file_.section.size() < 3) file_.section.push_back(AsU64(v));
+      break;
   }
   return true;
 }
@@ -667,6 +561,9 @@ bool ManifestReader::OnOpen(bool object) {
       } else if (!object && k == TopKey::kFiles) {
         files_is_array_ = true;
         stack_.push_back(Ctx::kFiles);
+      } else if (object && k == TopKey::kTable) {
+        table_is_object_ = true;
+        stack_.push_back(Ctx::kTable);
       } else {
         TopValue(Scalar{});  // a container where a scalar belongs: the field's type is wrong
         Skip();
@@ -696,6 +593,9 @@ bool ManifestReader::OnOpen(bool object) {
       if (!object && file_key_ == FileKey::kChunks) {
         file_.seen_chunks = file_.chunks_is_array = true;
         stack_.push_back(Ctx::kChunks);
+      } else if (!object && file_key_ == FileKey::kSection) {
+        file_.seen_section = file_.section_is_array = true;
+        stack_.push_back(Ctx::kSection);
       } else {
         FileValue(Scalar{});
         Skip();
@@ -713,6 +613,14 @@ bool ManifestReader::OnOpen(bool object) {
       return true;
     case Ctx::kRow:
       RowColumn(Scalar{});
+      Skip();
+      return true;
+    case Ctx::kTable:
+      table_bad_ = table_bad_ || table_key_ == "pack" || table_key_ == "size";
+      Skip();
+      return true;
+    case Ctx::kSection:
+      file_.section.push_back(std::nullopt);
       Skip();
       return true;
   }
@@ -823,6 +731,14 @@ void ManifestReader::FileValue(const Scalar& v) {
       file_.seen_chunks = true;
       file_.chunks_is_array = false;
       break;
+    case FileKey::kRows:
+      file_.seen_rows = true;
+      file_.row_count = AsU64(v);
+      break;
+    case FileKey::kSection:
+      file_.seen_section = true;
+      file_.section_is_array = false;
+      break;
     default:
       break;
   }
@@ -879,7 +795,9 @@ Status ManifestReader::FileFields(ManifestFile* f) {
   f->path = std::move(file_.path.value);
   WFS_TRY(AsCorruption(ValidateFilePath(f->path)));  // Finish adds "manifest M@V"
   auto ctx = [&](const Status& s) { return s.WithContext("file '" + f->path + "'"); };
-  if (!file_.seen_size || !file_.sha256.seen || !file_.seen_chunks || !file_.chunks_is_array) {
+  const bool sectioned = file_.seen_rows || file_.seen_section;  // format 2
+  if (!file_.seen_size || !file_.sha256.seen || (sectioned ? file_.seen_chunks : !file_.seen_chunks) ||
+      (!sectioned && !file_.chunks_is_array)) {
     return ctx(Status::Corruption("missing size, sha256 or chunks"));
   }
   if (!file_.size) return ctx(NotU64("size"));
@@ -890,6 +808,21 @@ Status ManifestReader::FileFields(ManifestFile* f) {
   }
   f->sha256 = std::move(file_.sha256.value);
   if (file_.rows > f->size) return ctx(Status::Corruption("more chunks than bytes"));
+  if (sectioned) {
+    if (!file_.seen_rows || !file_.row_count) return ctx(NotU64("rows"));
+    if (!file_.section_is_array || file_.section.size() != 2 || !file_.section[0] || !file_.section[1]) {
+      return ctx(Status::Corruption("section is not [offset, length]"));
+    }
+    const uint64_t rows = *file_.row_count;
+    if (rows > f->size || (rows == 0) != (f->size == 0)) {
+      return ctx(Status::Corruption(std::to_string(rows) + " rows for " + std::to_string(f->size) + " bytes"));
+    }
+    f->rows_loaded = false;
+    f->section = TableSection{*file_.section[0], *file_.section[1], rows};
+    if (f->section.offset > kMaxFileSize || f->section.length > kMaxFileSize) {
+      return ctx(Status::Corruption("section out of range"));
+    }
+  }
   return Status::Ok();
 }
 
@@ -932,7 +865,7 @@ void ManifestReader::FinishFile() {
     files_error_ = std::move(first);
     return;
   }
-  if (file_.pos != f.size) {
+  if (file_.pos != f.size && f.rows_loaded) {
     files_error_ = FilesError{file, file_.rows + 1, 0,
                               Status::Corruption("chunks do not cover the file").WithContext(where),
                               std::nullopt};
@@ -981,12 +914,14 @@ Expected<Manifest> ManifestReader::Finish(std::string_view expected_model,
   if (!seen(TopKey::kFormat) || (format_kind_ != Scalar::kSigned && format_kind_ != Scalar::kUnsigned)) {
     return Status::Corruption("manifest has no format");
   }
-  if (format_kind_ == Scalar::kUnsigned ? format_u_ != kManifestFormat : format_i_ != kManifestFormat) {
-    return Status::Unsupported("manifest format " +
-                               (format_kind_ == Scalar::kUnsigned ? std::to_string(format_u_)
-                                                                  : std::to_string(format_i_)) +
-                               " (this weightfs reads format 1; upgrade weightfs)");
+  const int64_t format = format_kind_ == Scalar::kUnsigned
+                             ? static_cast<int64_t>(std::min<uint64_t>(format_u_, 1u << 30))
+                             : format_i_;
+  if (format != 1 && format != kManifestFormat2) {
+    return Status::Unsupported("manifest format " + std::to_string(format) +
+                               " (this weightfs reads formats 1 and 2; upgrade weightfs)");
   }
+  m_.format = static_cast<int>(format);
   static constexpr std::pair<const char*, TopKey> kRequired[] = {
       {"model", TopKey::kModel},     {"version", TopKey::kVersion},
       {"created", TopKey::kCreated}, {"chunk_bytes", TopKey::kChunkBytes},
@@ -1043,7 +978,27 @@ Expected<Manifest> ManifestReader::Finish(std::string_view expected_model,
     WFS_TRY(ctx(sources_.error));
   }
   if (!files_is_array_) return ctx(Status::Corruption("files is not an array"));
+  // Format 2: a table object whose sections hold the rows; format 1: rows inline.
+  if (m_.format == kManifestFormat2) {
+    if (!seen(TopKey::kTable) || !table_is_object_ || table_bad_ || !table_pack_.is_string ||
+        !IsHex(table_pack_.value, 32) || !table_size_) {
+      return ctx(Status::Corruption("table is not {\"pack\": 32 hex digits, \"size\": bytes}"));
+    }
+    m_.table = *Hash128::FromHex(table_pack_.value);
+    m_.table_size = *table_size_;
+  } else if (seen(TopKey::kTable)) {
+    return ctx(Status::Corruption("a format 1 manifest with a table"));
+  }
   WFS_TRY(ctx(FilesStatus(Tables{m_.versions.size(), m_.packs.size(), m_.sources.size()})));
+  for (const ManifestFile& f : m_.files) {
+    if (f.rows_loaded != (m_.format == 1)) {
+      return ctx(Status::Corruption("file '" + f.path + "' has " + (f.rows_loaded ? "rows inline" : "a table section") +
+                                    " in a format " + std::to_string(m_.format) + " manifest"));
+    }
+    if (!f.rows_loaded && (f.section.offset > m_.table_size || f.section.length > m_.table_size - f.section.offset)) {
+      return ctx(Status::Corruption("file '" + f.path + "': its section ends past the table"));
+    }
+  }
   // A file path must not also be a directory of another file ("a" and "a/b"). At most 1024
   // nested prefixes (the path limit), so this is linear in the files.
   for (size_t i = 1; i < m_.files.size(); ++i) {

@@ -1,0 +1,272 @@
+#include "core/chunk_table.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <unordered_map>
+
+#include "core/manifest_checks.h"
+
+namespace weightfs {
+namespace {
+
+using namespace manifest_checks;
+
+constexpr char kMagic[4] = {'W', 'C', 'T', '1'};
+// zstd level of a section: tables are written once per version and read by every reader.
+constexpr int kLevel = 9;
+// The most bytes a row can take in a section (14 varints of at most 10 bytes and a hash),
+// without its tensor name: bounds what a frame may inflate to.
+constexpr uint64_t kMaxRowBytes = 13 * 10 + 16 + 1;
+
+void PutVarint(std::vector<uint8_t>& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<uint8_t>(v) | 0x80);
+    v >>= 7;
+  }
+  out.push_back(static_cast<uint8_t>(v));
+}
+
+uint64_t Zigzag(int64_t v) { return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63); }
+int64_t Unzigzag(uint64_t v) { return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1); }
+// The difference a - b as a zigzag varint (wrapping: any two u64 round-trip).
+uint64_t Diff(uint64_t a, uint64_t b) { return Zigzag(static_cast<int64_t>(a - b)); }
+uint64_t Undiff(uint64_t d, uint64_t b) { return b + static_cast<uint64_t>(Unzigzag(d)); }
+
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
+  bool Varint(uint64_t* v) {
+    uint64_t x = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos_ >= in_.size()) return false;
+      const uint8_t b = in_[pos_++];
+      x |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) {
+        *v = x;
+        return true;
+      }
+    }
+    return false;
+  }
+  bool Bytes(size_t n, const uint8_t** p) {
+    if (in_.size() - pos_ < n) return false;
+    *p = in_.data() + pos_;
+    pos_ += n;
+    return true;
+  }
+  bool done() const { return pos_ == in_.size(); }
+
+ private:
+  std::span<const uint8_t> in_;
+  size_t pos_ = 0;
+};
+
+Status Bad(const ManifestFile& file, const std::string& what) {
+  return Status::Corruption("chunk table of " + file.path + ": " + what);
+}
+
+}  // namespace
+
+std::vector<uint8_t> EncodeChunkTable(std::span<const ManifestChunk> chunks) {
+  std::vector<uint8_t> raw(kMagic, kMagic + 4);
+  PutVarint(raw, chunks.size());
+  std::unordered_map<std::string_view, uint64_t> name_index;
+  std::vector<std::string_view> names;
+  for (const ManifestChunk& c : chunks) {
+    if (name_index.emplace(c.key.tensor, names.size()).second) names.push_back(c.key.tensor);
+  }
+  PutVarint(raw, names.size());
+  for (std::string_view n : names) {
+    PutVarint(raw, n.size());
+    raw.insert(raw.end(), n.begin(), n.end());
+  }
+  // Column by column.
+  for (const ManifestChunk& c : chunks) PutVarint(raw, name_index[c.key.tensor]);
+  {
+    std::unordered_map<uint64_t, uint64_t> next_index;  // by name index
+    for (const ManifestChunk& c : chunks) {
+      uint64_t& next = next_index[name_index[c.key.tensor]];
+      PutVarint(raw, Diff(c.key.index, next));
+      next = c.key.index + 1;
+    }
+  }
+  for (const ManifestChunk& c : chunks) PutVarint(raw, c.length);
+  for (const ManifestChunk& c : chunks) raw.push_back(static_cast<uint8_t>(c.encoding));
+  {
+    uint64_t prev = 0;
+    for (const ManifestChunk& c : chunks) {
+      PutVarint(raw, Diff(c.ref.pack, prev));
+      prev = c.ref.pack;
+    }
+  }
+  {
+    uint64_t pack = ~0ull, expect = 0;
+    for (const ManifestChunk& c : chunks) {
+      PutVarint(raw, Diff(c.ref.offset, c.ref.pack == pack ? expect : 0));
+      pack = c.ref.pack;
+      expect = c.ref.offset + c.ref.length;
+    }
+  }
+  for (const ManifestChunk& c : chunks) PutVarint(raw, c.ref.length);
+  auto column = [&](auto get) {
+    uint64_t prev = 0;
+    for (const ManifestChunk& c : chunks) {
+      const uint64_t v = get(c);
+      PutVarint(raw, Diff(v, prev));
+      prev = v;
+    }
+  };
+  column([](const ManifestChunk& c) -> uint64_t { return c.origin; });
+  column([](const ManifestChunk& c) -> uint64_t { return c.base; });
+  column([](const ManifestChunk& c) -> uint64_t { return c.depth; });
+  column([](const ManifestChunk& c) -> uint64_t { return c.chain_bytes; });
+  column([](const ManifestChunk& c) -> uint64_t { return c.keyframe_bytes; });
+  for (const ManifestChunk& c : chunks) {
+    for (int i = 0; i < 8; ++i) raw.push_back(static_cast<uint8_t>(c.hash.hi >> (8 * i)));
+    for (int i = 0; i < 8; ++i) raw.push_back(static_cast<uint8_t>(c.hash.lo >> (8 * i)));
+  }
+  // With zstd's checksum of the content: a section is read by range, so the table's own hash
+  // (in the head) cannot vouch for it; a damaged section is Corruption, not other rows.
+  std::vector<uint8_t> out(ZSTD_compressBound(raw.size()));
+  std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> cctx(ZSTD_createCCtx(), ZSTD_freeCCtx);
+  if (!cctx) throw std::bad_alloc();
+  ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, kLevel);
+  ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_checksumFlag, 1);
+  const size_t n = ZSTD_compress2(cctx.get(), out.data(), out.size(), raw.data(), raw.size());
+  if (ZSTD_isError(n)) throw std::bad_alloc();  // (only an allocation can fail here)
+  out.resize(n);
+  return out;
+}
+
+Expected<std::vector<ManifestChunk>> DecodeChunkTable(std::span<const uint8_t> section, const ManifestFile& file,
+                                                      const ChunkTableLimits& limits, uint64_t max_bytes) {
+  const uint64_t rows = file.section.rows;
+  if ((file.size > 0) != (rows > 0) || rows > file.size) {
+    return Bad(file, std::to_string(rows) + " rows for " + std::to_string(file.size) + " bytes");
+  }
+  // What a frame may inflate to: the columns' worst case plus tensor names of up to 512 bytes
+  // per row on average (real names are tens of bytes, and a row per tensor at least).
+  const uint64_t bound = std::min<uint64_t>(max_bytes, 64 + rows * (kMaxRowBytes + 10 + 512));
+  const uint64_t decoded_memory = rows * (sizeof(ManifestChunk) + 64);
+  if (decoded_memory > max_bytes) {
+    return Status::ResourceExhausted("chunk table of " + file.path + ": " + std::to_string(rows) +
+                                     " rows would take more than the " + std::to_string(max_bytes) +
+                                     " bytes allowed for it");
+  }
+  const unsigned long long claimed = ZSTD_getFrameContentSize(section.data(), section.size());
+  if (claimed == ZSTD_CONTENTSIZE_ERROR || claimed == ZSTD_CONTENTSIZE_UNKNOWN) {
+    return Bad(file, "not a zstd frame with its size");
+  }
+  if (claimed > bound) return Bad(file, "claims " + std::to_string(claimed) + " bytes for " + std::to_string(rows) + " rows");
+  std::vector<uint8_t> raw(claimed);
+  const size_t n = ZSTD_decompress(raw.data(), raw.size(), section.data(), section.size());
+  if (ZSTD_isError(n) || n != claimed) return Bad(file, "the zstd frame does not decode");
+
+  Reader r(raw);
+  const uint8_t* magic;
+  if (!r.Bytes(4, &magic) || std::memcmp(magic, kMagic, 4) != 0) return Bad(file, "no WCT1 magic");
+  uint64_t count = 0, name_count = 0;
+  if (!r.Varint(&count) || count != rows) return Bad(file, "row count differs from the head's");
+  if (!r.Varint(&name_count) || name_count > rows) return Bad(file, "bad tensor name count");
+  std::vector<std::string> names(name_count);
+  for (std::string& name : names) {
+    uint64_t len;
+    const uint8_t* p;
+    if (!r.Varint(&len) || len > kMaxTensorName || !r.Bytes(len, &p)) return Bad(file, "bad tensor name");
+    name.assign(reinterpret_cast<const char*>(p), len);
+  }
+  std::vector<RawRow> raws(rows);
+  auto read_column = [&](Column col, auto&& decode) -> Status {
+    for (uint64_t i = 0; i < rows; ++i) {
+      uint64_t v;
+      if (!r.Varint(&v)) return Bad(file, std::string("truncated ") + kColumnNames[col] + " column");
+      raws[i].v[col] = decode(i, v);
+    }
+    return Status::Ok();
+  };
+  {
+    for (uint64_t i = 0; i < rows; ++i) {
+      uint64_t v;
+      if (!r.Varint(&v) || v >= name_count) return Bad(file, "bad tensor index");
+      raws[i].v[kTensor] = v;
+    }
+    std::vector<uint64_t> next(name_count, 0);
+    WFS_TRY(read_column(kIndex, [&](uint64_t i, uint64_t v) {
+      uint64_t& nx = next[raws[i].v[kTensor]];
+      const uint64_t index = Undiff(v, nx);
+      nx = index + 1;
+      return index;
+    }));
+  }
+  WFS_TRY(read_column(kLength, [](uint64_t, uint64_t v) { return v; }));
+  for (uint64_t i = 0; i < rows; ++i) {
+    const uint8_t* p;
+    if (!r.Bytes(1, &p)) return Bad(file, "truncated chunk encoding column");
+    raws[i].v[kEncoding] = *p;
+  }
+  {
+    uint64_t prev = 0;
+    WFS_TRY(read_column(kPack, [&](uint64_t, uint64_t v) { return prev = Undiff(v, prev); }));
+  }
+  {
+    WFS_TRY(read_column(kPackOffset, [](uint64_t, uint64_t v) { return v; }));  // resolved below
+  }
+  WFS_TRY(read_column(kPackLength, [](uint64_t, uint64_t v) { return v; }));
+  {
+    uint64_t pack = ~0ull, expect = 0;
+    for (uint64_t i = 0; i < rows; ++i) {
+      RawRow& row = raws[i];
+      row.v[kPackOffset] = Undiff(row.v[kPackOffset], row.v[kPack] == pack ? expect : 0);
+      pack = row.v[kPack];
+      expect = row.v[kPackOffset] + row.v[kPackLength];
+    }
+  }
+  for (Column col : {kOrigin, kBase, kDepth, kChainBytes, kKeyframeBytes}) {
+    uint64_t prev = 0;
+    WFS_TRY(read_column(col, [&](uint64_t, uint64_t v) { return prev = Undiff(v, prev); }));
+  }
+  for (uint64_t i = 0; i < rows; ++i) {
+    const uint8_t* p;
+    if (!r.Bytes(16, &p)) return Bad(file, "truncated chunk hash column");
+    uint64_t hi = 0, lo = 0;
+    for (int k = 0; k < 8; ++k) hi |= static_cast<uint64_t>(p[k]) << (8 * k);
+    for (int k = 0; k < 8; ++k) lo |= static_cast<uint64_t>(p[8 + k]) << (8 * k);
+    raws[i].hash = Hash128{hi, lo};
+  }
+  if (!r.done()) return Bad(file, "bytes after the last column");
+
+  const Tables tables{limits.versions, limits.packs, limits.sources};
+  std::vector<ManifestChunk> chunks(rows);
+  uint64_t pos = 0;
+  for (uint64_t i = 0; i < rows; ++i) {
+    RawRow& row = raws[i];
+    row.v[kOffset] = pos;
+    row.columns = kRowColumns;
+    if (Status s = CheckRow(row, tables, &chunks[i]); !s.ok()) {
+      return Bad(file, "row " + std::to_string(i) + ": " + s.message());
+    }
+    chunks[i].key.tensor = names[row.v[kTensor]];
+    pos += chunks[i].length;
+    if (pos > file.size) return Bad(file, "row " + std::to_string(i) + " ends past the file's end");
+  }
+  if (pos != file.size) return Bad(file, "rows cover " + std::to_string(pos) + " of " + std::to_string(file.size) + " bytes");
+  if (std::optional<size_t> dup = FirstRepeatedKey(chunks)) {
+    return Bad(file, "row " + std::to_string(*dup) + " repeats the key of an earlier row");
+  }
+  return chunks;
+}
+
+size_t ChunkRowsMemory(std::span<const ManifestChunk> chunks) {
+  size_t n = chunks.size() * sizeof(ManifestChunk);
+  for (const ManifestChunk& c : chunks) {
+    if (c.key.tensor.size() > 15) n += c.key.tensor.size() + 1;
+  }
+  return n;
+}
+
+}  // namespace weightfs
