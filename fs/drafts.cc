@@ -143,6 +143,9 @@ int PreadAll(int fd, uint8_t* p, size_t n, uint64_t off) {
   return 0;
 }
 
+// Rows a file of a manifest has, loaded or not (a format 2 head knows the count).
+size_t RowCount(const ManifestFile& f) { return f.rows_loaded ? f.chunks.size() : f.section.rows; }
+
 }  // namespace
 
 // Who owns a node of a draft (its directories and files), its permission bits and times: what
@@ -191,7 +194,11 @@ struct DraftFile {
   int fd = -1;
   uint64_t size = 0;
   std::string parent_path;                  // inherited or backed: the parent's file
-  const ManifestFile* parent_file = nullptr;  // in the draft's parent manifest
+  const ManifestFile* parent_file = nullptr;  // in the draft's parent manifest (its head)
+  // The parent's file with its rows (format 2 keeps them in the parent's table: read when first
+  // needed, State::EnsureRows). Set once, then never changes.
+  std::shared_ptr<const ManifestFile> rows_holder;
+  const ManifestFile* rows = nullptr;
   bool backed = false;
   std::vector<char> present;
   uint64_t backing_limit = 0;
@@ -556,7 +563,7 @@ struct Drafts::State {
       if (::ftruncate(f.fd, static_cast<off_t>(f.parent_file->size)) != 0) return errno;
       f.size = f.parent_file->size;
       f.backed = true;
-      f.present.assign(f.parent_file->chunks.size(), '0');
+      f.present.assign(RowCount(*f.parent_file), '0');
       f.backing_limit = f.parent_file->size;
     }
     return 0;
@@ -619,13 +626,36 @@ struct Drafts::State {
   }
 
   // Fills the parent chunks a backed file has not copied yet. REQUIRES no lock held.
+  // Loads the rows of f's parent file (once). REQUIRES no lock held (it may read the bucket).
+  Status EnsureRows(Draft& d, DraftFile& f) {
+    const ManifestFile* head;
+    {
+      std::lock_guard<std::mutex> lock(f.mu);
+      if (f.rows || !f.parent_file) return Status::Ok();
+      head = f.parent_file;
+    }
+    Expected<std::shared_ptr<const ManifestFile>> rows = bucket->File(d.parent_manifest, *head);
+    if (!rows.ok()) return rows.status().WithContext("reading the rows of " + head->path + " in the parent");
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (!f.rows) {
+      f.rows_holder = std::move(rows).value();
+      f.rows = f.rows_holder.get();
+    }
+    return Status::Ok();
+  }
+  int EnsureRowsErrno(Draft& d, DraftFile& f, const std::string& what) {
+    Status st = EnsureRows(d, f);
+    return st.ok() ? 0 : StatusToErrnoLogged(st, what);
+  }
+
   Status Fill(Draft& d, DraftFile& f) {
+    WFS_TRY(EnsureRows(d, f));
     std::vector<size_t> missing;
     const ManifestFile* pf;
     {
       std::lock_guard<std::mutex> lock(f.mu);
       if (!f.backed) return Status::Ok();
-      pf = f.parent_file;
+      pf = f.rows;
       for (size_t c = 0; c < f.present.size(); ++c) {
         if (f.present[c] == '0' && pf->chunks[c].offset < f.backing_limit) missing.push_back(c);
       }
@@ -809,7 +839,7 @@ struct Drafts::State {
   // Whether the published manifest of m's name has exactly m's parent and files (the same
   // recipes): then it is this draft's own, published by a commit that was cut short.
   bool IsOurs(const Manifest& m) {
-    Expected<std::shared_ptr<const Manifest>> there = bucket->ReadManifest(m.model, m.version);
+    Expected<std::shared_ptr<const Manifest>> there = bucket->ReadFullManifest(m.model, m.version);
     if (!there.ok() || (*there)->parent != m.parent || (*there)->files.size() != m.files.size()) return false;
     for (size_t i = 0; i < m.files.size(); ++i) {
       const ManifestFile& a = m.files[i];
@@ -1009,14 +1039,27 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     m.chunk_bytes = options.push.chunk_bytes;
     std::array<uint64_t, 4> tally{};  // as DraftFile::tally, summed over the version
     std::vector<const ManifestFile*> inherited;
+    // The rows of the files the version inherits (read from the parent's table first).
+    {
+      std::vector<std::shared_ptr<DraftFile>> unchanged;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        for (auto& [path, f] : d->files) {
+          std::lock_guard<std::mutex> flock(f->mu);
+          if (f->id == 0) unchanged.push_back(f);
+        }
+      }
+      for (const std::shared_ptr<DraftFile>& f : unchanged) WFS_TRY(EnsureRows(*d, *f));
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
       for (auto& [path, f] : d->files) {
         std::lock_guard<std::mutex> flock(f->mu);
         if (f->id == 0) {
-          AppendFileFrom(*d->parent_manifest, *f->parent_file, &m, /*src_is_dst=*/false);
-          m.stats.logical_bytes += f->parent_file->size;
-          inherited.push_back(f->parent_file);
+          if (!f->rows) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
+          AppendFileFrom(*d->parent_manifest, *f->rows, &m, /*src_is_dst=*/false);
+          m.stats.logical_bytes += f->rows->size;
+          inherited.push_back(f->rows);
           continue;
         }
         for (size_t i = 0; i < 4; ++i) tally[i] += f->tally[i];
@@ -1151,7 +1194,7 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j)
       f->backed = e.at("backed").get<bool>();
       if (f->backed) {
         const std::string present = e.at("present").get<std::string>();
-        if (!f->parent_file || present.size() != f->parent_file->chunks.size()) {
+        if (!f->parent_file || present.size() != RowCount(*f->parent_file)) {
           return Status::Corruption("draft " + d->name() + ": " + path + " has a bad copy-up map");
         }
         f->present.assign(present.begin(), present.end());
@@ -1781,20 +1824,21 @@ int Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* handle,
     }
   }
   if (size) {
+    if (int err = s.EnsureRowsErrno(*d, *f, "truncate " + d->name() + "/" + path); err != 0) return err;
     // The chunk the new end cuts through keeps its head: copy it up first.
     std::optional<size_t> cut;
     {
       std::lock_guard<std::mutex> flock(f->mu);
       if (f->backed && *size < f->backing_limit) {
-        const size_t c = f->parent_file->ChunkAt(*size);
-        if (f->present[c] == '0' && f->parent_file->chunks[c].offset < *size) cut = c;
+        const size_t c = f->rows->ChunkAt(*size);
+        if (f->present[c] == '0' && f->rows->chunks[c].offset < *size) cut = c;
       }
     }
     if (cut) {
-      Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(d->parent_manifest, *f->parent_file, *cut);
+      Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(d->parent_manifest, *f->rows, *cut);
       if (!bytes.ok()) return StatusToErrnoLogged(bytes.status(), "truncate " + d->name() + "/" + path);
       std::lock_guard<std::mutex> flock(f->mu);
-      const ManifestChunk& c = f->parent_file->chunks[*cut];
+      const ManifestChunk& c = f->rows->chunks[*cut];
       if (f->present[*cut] == '0') {
         if (int err = PwriteAll(f->fd, (*bytes)->data(), std::min<uint64_t>(c.length, *size - c.offset), c.offset); err != 0) return err;
         f->present[*cut] = '1';
@@ -1822,6 +1866,7 @@ int Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* handle,
 int Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8_t>* out) {
   State& s = *state_;
   DraftFile& f = *h.file;
+  if (int err = s.EnsureRowsErrno(*h.draft, f, "read " + h.draft->name() + "/" + h.path); err != 0) return err;
   uint64_t id, fsize, limit = 0;
   bool backed;
   std::vector<char> present;
@@ -1845,7 +1890,7 @@ int Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8
   if (offset >= fsize) return 0;
   const uint64_t end = std::min<uint64_t>(fsize, offset + size);
   if (id == 0) {
-    Expected<ReadResult> r = s.reader->Read(h.draft->parent_manifest, *f.parent_file, offset, end - offset, &h.stream);
+    Expected<ReadResult> r = s.reader->Read(h.draft->parent_manifest, *f.rows, offset, end - offset, &h.stream);
     if (!r.ok()) return StatusToErrnoLogged(r.status(), "read " + h.draft->name() + "/" + h.path);
     out->reserve(r->size);
     for (const iovec& v : r->iov) {
@@ -1857,11 +1902,11 @@ int Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8
   uint64_t pos = offset;
   while (pos < end) {
     if (backed && pos < limit) {
-      const size_t c = f.parent_file->ChunkAt(pos);
-      const ManifestChunk& ch = f.parent_file->chunks[c];
+      const size_t c = f.rows->ChunkAt(pos);
+      const ManifestChunk& ch = f.rows->chunks[c];
       const uint64_t cend = std::min({ch.offset + ch.length, limit, end});
       if (present[c] == '0') {
-        Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(h.draft->parent_manifest, *f.parent_file, c);
+        Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(h.draft->parent_manifest, *f.rows, c);
         if (!bytes.ok()) return StatusToErrnoLogged(bytes.status(), "read " + h.draft->name() + "/" + h.path);
         std::memcpy(out->data() + (pos - offset), (*bytes)->data() + (pos - ch.offset), cend - pos);
       } else if (int err = pread_staged(out->data() + (pos - offset), cend - pos, pos); err != 0) {
@@ -1880,6 +1925,7 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
   State& s = *state_;
   DraftFile& f = *h.file;
   if (!h.write) return EBADF;
+  if (int err = s.EnsureRowsErrno(*h.draft, f, "copy-up of " + h.draft->name() + "/" + h.path); err != 0) return err;
   const uint64_t end = offset + data.size();
   // Copy-up: parent chunks this write covers only in part are materialized first (and made
   // durable: the journal will say they are in the staging file).
@@ -1889,8 +1935,8 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
     {
       std::lock_guard<std::mutex> lock(f.mu);
       if (f.backed && offset < f.backing_limit) {
-        for (size_t c = f.parent_file->ChunkAt(offset); c < f.present.size(); ++c) {
-          const ManifestChunk& ch = f.parent_file->chunks[c];
+        for (size_t c = f.rows->ChunkAt(offset); c < f.present.size(); ++c) {
+          const ManifestChunk& ch = f.rows->chunks[c];
           if (ch.offset >= end || ch.offset >= f.backing_limit) break;
           if (f.present[c] != '0') continue;
           const uint64_t cend = std::min(ch.offset + ch.length, f.backing_limit);
@@ -1901,11 +1947,11 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
       }
     }
     if (!need) break;
-    Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(h.draft->parent_manifest, *f.parent_file, *need);
+    Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(h.draft->parent_manifest, *f.rows, *need);
     if (!bytes.ok()) return StatusToErrnoLogged(bytes.status(), "copy-up of " + h.draft->name() + "/" + h.path);
     std::lock_guard<std::mutex> lock(f.mu);
     if (f.present[*need] == '0') {
-      const ManifestChunk& ch = f.parent_file->chunks[*need];
+      const ManifestChunk& ch = f.rows->chunks[*need];
       const uint64_t len = std::min<uint64_t>(ch.length, f.backing_limit - ch.offset);
       if (int err = PwriteAll(f.fd, (*bytes)->data(), len, ch.offset); err != 0) return err;
       f.present[*need] = '1';
@@ -1925,8 +1971,8 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
     // Parent chunks this write covered whole are the staging file's from now on (marked only
     // once the bytes are there: a reader or a crash before sees the parent's).
     if (f.backed && offset < f.backing_limit) {
-      for (size_t c = f.parent_file->ChunkAt(offset); c < f.present.size(); ++c) {
-        const ManifestChunk& ch = f.parent_file->chunks[c];
+      for (size_t c = f.rows->ChunkAt(offset); c < f.present.size(); ++c) {
+        const ManifestChunk& ch = f.rows->chunks[c];
         if (ch.offset >= end || ch.offset >= f.backing_limit) break;
         if (f.present[c] == '0' && offset <= ch.offset && end >= std::min(ch.offset + ch.length, f.backing_limit)) {
           f.present[c] = '2';

@@ -616,11 +616,19 @@ Expected<std::string> Namespace::ReadLink(uint64_t ino) {
 }
 
 Expected<VersionFile> Namespace::Open(uint64_t ino) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const Node* n = NodeLocked(ino);
-  if (!n) return Status::NotFound("no inode " + std::to_string(ino));
-  if (n->kind != Kind::kFile) return Status::InvalidArgument(n->name + " is not a regular file");
-  return VersionFile{n->manifest, n->file};
+  std::shared_ptr<const Manifest> manifest;
+  const ManifestFile* head_file;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* n = NodeLocked(ino);
+    if (!n) return Status::NotFound("no inode " + std::to_string(ino));
+    if (n->kind != Kind::kFile) return Status::InvalidArgument(n->name + " is not a regular file");
+    manifest = n->manifest;
+    head_file = n->file;
+  }
+  // The file's rows: its section of the version's table (format 2), read once per open at most.
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_->File(manifest, *head_file));
+  return VersionFile{manifest, rows.get(), rows};
 }
 
 // ---- extended attributes ------------------------------------------------------------------
@@ -644,6 +652,27 @@ Expected<std::vector<std::string>> Namespace::ListXattr(uint64_t ino) {
 
 Expected<std::string> Namespace::GetXattr(uint64_t ino, std::string_view name) {
   WFS_TRY(EnsureAttrInputs(ino));
+  if (name == kXattrStoredBytes) {
+    std::shared_ptr<const Manifest> manifest;
+    const ManifestFile* head_file = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const Node* n = NodeLocked(ino);
+      if (n->kind == Kind::kFile) {
+        manifest = n->manifest;
+        head_file = n->file;
+      }
+    }
+    if (head_file) {
+      // Payload bytes this version wrote for the file (chunks it inherited cost nothing).
+      WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_->File(manifest, *head_file));
+      uint64_t stored = 0;
+      for (const ManifestChunk& c : rows->chunks) {
+        if (c.origin == 0 && !c.is_external()) stored += c.ref.length;
+      }
+      return std::to_string(stored);
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const Node* n = NodeLocked(ino);
   if (n->kind == Kind::kVersionDir && n->summary) {
@@ -659,14 +688,6 @@ Expected<std::string> Namespace::GetXattr(uint64_t ino, std::string_view name) {
     const Manifest& m = *n->manifest;
     if (name == kXattrParent && m.parent) return m.model + "@" + *m.parent;
     if (name == kXattrSha256 && !n->file->sha256.empty()) return n->file->sha256;
-    if (name == kXattrStoredBytes) {
-      // Payload bytes this version wrote for the file (chunks it inherited cost nothing).
-      uint64_t stored = 0;
-      for (const ManifestChunk& c : n->file->chunks) {
-        if (c.origin == 0 && !c.is_external()) stored += c.ref.length;
-      }
-      return std::to_string(stored);
-    }
   }
   return Status::NotFound("no attribute " + std::string(name));
 }

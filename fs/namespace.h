@@ -67,10 +67,12 @@ struct DirEntry {
   mode_t type = 0;  // S_IFDIR, S_IFREG or S_IFLNK
 };
 
-// A file of a published version, as the read path needs it. `file` points into `*manifest`.
+// A file of a published version, as the read path needs it: `file` (with its rows loaded)
+// points into `rows`, which keeps it alive with `manifest`.
 struct VersionFile {
   std::shared_ptr<const Manifest> manifest;
   const ManifestFile* file = nullptr;
+  std::shared_ptr<const ManifestFile> rows;
 };
 
 class Namespace {

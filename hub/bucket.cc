@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <functional>
 #include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
+
+#include "core/chunk_table.h"
 
 namespace weightfs {
 
@@ -22,8 +26,47 @@ Expected<std::vector<ObjectInfo>> ListAll(Store& store, std::string_view prefix)
   return all;
 }
 
+namespace {
+
+// What a manifest (or a head) and a file's rows take in memory, roughly: for the caches' budget.
+uint64_t MemoryOf(const ManifestFile& f) {
+  return sizeof(ManifestFile) + f.path.size() + f.sha256.size() + ChunkRowsMemory(f.chunks);
+}
+
+uint64_t MemoryOf(const Manifest& m) {
+  uint64_t n = sizeof(Manifest) + m.model.size() + m.created.size() + m.packs.size() * sizeof(Hash128);
+  for (const std::string& v : m.versions) n += sizeof(std::string) + v.size();
+  for (const std::string& v : m.sources) n += sizeof(std::string) + v.size();
+  for (const ManifestFile& f : m.files) n += MemoryOf(f);
+  return n;
+}
+
+// Runs fn(i) for i in [0, n) on up to 8 threads (this one included). fn must not throw.
+void Parallel(size_t n, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&]() noexcept {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  try {
+    threads.reserve(8);
+    for (size_t t = 1; t < std::min<size_t>(n, 8); ++t) threads.emplace_back(work);
+  } catch (const std::exception&) {
+    // Fewer threads: this one does the rest.
+  }
+  work();
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace
+
 Status Bucket::Init(Store& store) {
-  std::string marker = nlohmann::json{{"format", kManifestFormat}}.dump() + "\n";
+  std::string marker = nlohmann::json{{"format", kManifestFormat2}}.dump() + "\n";
   Status s = store.Put(kMarkerKey, {reinterpret_cast<const uint8_t*>(marker.data()), marker.size()},
                        PutMode::kCreateIfAbsent);
   if (s.kind() != ErrorKind::kConflict) return s;
@@ -46,11 +89,12 @@ Expected<std::unique_ptr<Bucket>> Bucket::Open(std::shared_ptr<Store> store) {
       !j["format"].is_number_integer()) {
     return Status::Corruption("bucket " + store->Describe() + ": weightfs.json is not valid");
   }
-  if (j["format"].get<int64_t>() != kManifestFormat) {
+  const int64_t format = j["format"].get<int64_t>();
+  if (format != kManifestFormat && format != kManifestFormat2) {
     return Status::Unsupported("bucket " + store->Describe() + " has format " +
-                               j["format"].dump() + "; this weightfs reads format 1");
+                               j["format"].dump() + "; this weightfs reads formats 1 and 2 (upgrade weightfs)");
   }
-  return std::unique_ptr<Bucket>(new Bucket(std::move(store)));
+  return std::unique_ptr<Bucket>(new Bucket(std::move(store), static_cast<int>(format)));
 }
 
 std::unique_ptr<Bucket> Bucket::FromDerived(std::shared_ptr<Store> store,
@@ -62,6 +106,24 @@ std::unique_ptr<Bucket> Bucket::FromDerived(std::shared_ptr<Store> store,
 
 std::string Bucket::ManifestKey(std::string_view model, std::string_view version) {
   return "models/" + std::string(model) + "/versions/" + std::string(version) + ".json";
+}
+
+std::string Bucket::TimeKey(std::string_view model, std::string_view version, int64_t created_ms) {
+  char ms[32];
+  std::snprintf(ms, sizeof ms, "%013lld", static_cast<long long>(std::max<int64_t>(created_ms, 0)));
+  return "models/" + std::string(model) + "/times/" + ms + "-" + std::string(version);
+}
+
+std::string Bucket::FileKey(std::string_view model, std::string_view version, std::string_view path) {
+  std::string k = std::string(model) + "@" + std::string(version);
+  k.push_back('\0');
+  k.append(path);
+  return k;
+}
+
+void Bucket::set_metadata_budget(uint64_t bytes) {
+  manifests_.set_max_bytes(bytes / 2);
+  files_.set_max_bytes(bytes / 2);
 }
 
 Expected<std::vector<VersionInfo>> Bucket::ListVersions(std::string_view model) {
@@ -97,11 +159,7 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
   WFS_TRY(ValidateVersionName(version));
   if (derived_) return derived_->ReadManifest(model, version);
   const std::string key = ManifestKey(model, version);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = manifests_.find(key);
-    if (it != manifests_.end()) return it->second;
-  }
+  if (std::shared_ptr<const Manifest> cached = manifests_.Get(key)) return cached;
   // A stored manifest is its JSON or a zstd frame of it (at worst slightly larger): an object
   // beyond that is refused without being read whole.
   const uint64_t max_json = std::min<uint64_t>(max_manifest_json_bytes_, 1ull << 50);
@@ -123,55 +181,158 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
   Expected<Manifest> parsed = ParseManifest(*bytes, model, version, max_manifest_json_bytes_);
   if (!parsed.ok()) return parsed.status().WithContext(store_->Describe() + "/" + key);
   auto shared = std::make_shared<const Manifest>(std::move(parsed).value());
-  std::lock_guard<std::mutex> lock(mu_);
-  auto [it, inserted] = manifests_.emplace(key, shared);
-  if (inserted) {
-    manifest_order_.push_back(key);
-    while (manifest_order_.size() > kMaxCachedManifests) {
-      manifests_.erase(manifest_order_.front());
-      manifest_order_.pop_front();
+  return manifests_.Put(key, shared, MemoryOf(*shared));
+}
+
+Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr<const Manifest>& manifest,
+                                                           const ManifestFile& file) {
+  if (file.rows_loaded) return std::shared_ptr<const ManifestFile>(manifest, &file);
+  return File(*manifest, file);
+}
+
+Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const Manifest& m, const ManifestFile& file) {
+  if (file.rows_loaded) return std::shared_ptr<const ManifestFile>(std::shared_ptr<const void>(), &file);
+  const Manifest* manifest = &m;
+  const std::string key = FileKey(manifest->model, manifest->version, file.path);
+  if (std::shared_ptr<const ManifestFile> cached = files_.Get(key)) return cached;
+  const std::string where = "the chunk table of " + manifest->model + "@" + manifest->version + "/" + file.path;
+  ByteBuffer section;
+  const std::string table_key = PackKey(manifest->table);
+  Status got = store_->GetInto(table_key, ByteRange{file.section.offset, file.section.length}, &section);
+  if (!got.ok()) {
+    if (got.kind() == ErrorKind::kNotFound || got.kind() == ErrorKind::kInvalidArgument) {
+      return Status::Corruption(where + ": " + table_key + " is missing or shorter than its head says (" +
+                                got.message() + ")");
+    }
+    return got.WithContext(where);
+  }
+  if (section.size() != file.section.length) {
+    return Status::Corruption(where + ": " + table_key + " is truncated");
+  }
+  const ChunkTableLimits limits{manifest->versions.size(), manifest->packs.size(), manifest->sources.size()};
+  Expected<std::vector<ManifestChunk>> rows =
+      DecodeChunkTable(std::span<const uint8_t>(section.data(), section.size()), file, limits,
+                       std::max<uint64_t>(files_.max_bytes(), 64ull << 20));
+  if (!rows.ok()) return rows.status().WithContext(manifest->model + "@" + manifest->version);
+  auto resolved = std::make_shared<ManifestFile>();
+  resolved->path = file.path;
+  resolved->size = file.size;
+  resolved->sha256 = file.sha256;
+  resolved->section = file.section;
+  resolved->chunks = std::move(rows).value();
+  resolved->rows_loaded = true;
+  return files_.Put(key, resolved, MemoryOf(*resolved));
+}
+
+Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr<const Manifest>& manifest,
+                                                           std::string_view path) {
+  const ManifestFile* f = manifest->FindFile(path);
+  if (!f) {
+    return Status::NotFound(manifest->model + "@" + manifest->version + " has no file " + std::string(path));
+  }
+  return File(manifest, *f);
+}
+
+void Bucket::PrefetchFiles(std::string_view model, std::span<const std::string> versions, std::string_view path) {
+  if (derived_) return;
+  std::vector<std::string_view> missing;
+  for (const std::string& v : versions) {
+    if (!files_.Contains(FileKey(model, v, path))) missing.push_back(v);
+    if (missing.size() == kMaxPrefetch) break;
+  }
+  if (missing.size() < 2) return;
+  Parallel(missing.size(), [&](size_t i) {
+    Expected<std::shared_ptr<const Manifest>> m = ReadManifest(model, missing[i]);
+    if (m.ok()) (void)File(*m, path);
+  });
+}
+
+Expected<std::shared_ptr<const Manifest>> Bucket::ReadFullManifest(std::string_view model, std::string_view version) {
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> head, ReadManifest(model, version));
+  if (head->format != kManifestFormat2) return head;
+  auto full = std::make_shared<Manifest>(*head);
+  for (ManifestFile& f : full->files) {
+    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> resolved, File(head, f));
+    f.chunks = resolved->chunks;
+    f.rows_loaded = true;
+  }
+  return std::shared_ptr<const Manifest>(std::move(full));
+}
+
+Expected<std::vector<VersionTime>> Bucket::VersionTimes(std::string_view model) {
+  WFS_TRY(ValidateModelName(model));
+  std::vector<VersionTime> out;
+  if (derived_) {
+    WFS_ASSIGN_OR_RETURN(std::vector<VersionInfo> versions, ListVersions(model));
+    for (const VersionInfo& v : versions) {
+      WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, ReadManifest(v.model, v.version));
+      out.push_back({v.version, m->created_ms});
+    }
+  } else {
+    // One listing of the model's keys holds both its versions and its time markers.
+    const std::string prefix = "models/" + std::string(model) + "/";
+    WFS_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects, ListAll(*store_, prefix));
+    std::map<std::string, int64_t> timed;
+    std::vector<std::string> versions;
+    const std::string times = prefix + "times/", names = prefix + "versions/";
+    for (const ObjectInfo& o : objects) {
+      std::string_view key = o.key;
+      if (key.starts_with(times)) {
+        std::string_view rest = key.substr(times.size());
+        if (rest.size() < 15 || rest[13] != '-') continue;
+        int64_t ms = 0;
+        bool digits = true;
+        for (size_t i = 0; i < 13; ++i) {
+          if (rest[i] < '0' || rest[i] > '9') digits = false;
+          ms = ms * 10 + (rest[i] - '0');
+        }
+        std::string_view v = rest.substr(14);
+        if (!digits || !ValidateVersionName(v).ok()) continue;
+        timed[std::string(v)] = ms;
+      } else if (key.starts_with(names) && key.ends_with(".json")) {
+        std::string_view v = key.substr(names.size(), key.size() - names.size() - 5);
+        if (ValidateVersionName(v).ok()) versions.emplace_back(v);
+      }
+    }
+    // A marker without its version (retired by gc midway) is ignored; a version without a
+    // marker has its head read.
+    std::vector<std::string> unmarked;
+    for (const std::string& v : versions) {
+      auto it = timed.find(v);
+      if (it != timed.end()) {
+        out.push_back({v, it->second});
+      } else {
+        unmarked.push_back(v);
+      }
+    }
+    std::vector<Expected<std::shared_ptr<const Manifest>>> read(unmarked.size(), Status::IOError("not read"));
+    Parallel(unmarked.size(), [&](size_t i) { read[i] = ReadManifest(model, unmarked[i]); });
+    for (size_t i = 0; i < unmarked.size(); ++i) {
+      if (!read[i].ok()) return read[i].status();
+      out.push_back({unmarked[i], (*read[i])->created_ms});
     }
   }
-  return it->second;
+  std::sort(out.begin(), out.end(), [](const VersionTime& a, const VersionTime& b) {
+    return std::tie(a.created_ms, a.version) < std::tie(b.created_ms, b.version);
+  });
+  return out;
 }
 
 void Bucket::PrefetchManifests(std::string_view model, std::span<const std::string> versions) {
   if (derived_) return;
   std::vector<std::string_view> missing;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const std::string& v : versions) {
-      if (!manifests_.count(ManifestKey(model, v))) missing.push_back(v);
-    }
+  for (const std::string& v : versions) {
+    if (!manifests_.Contains(ManifestKey(model, v))) missing.push_back(v);
+    if (missing.size() == kMaxPrefetch) break;
   }
   if (missing.size() < 2) return;  // the walk reads one as fast
-  missing.resize(std::min(missing.size(), kMaxCachedManifests / 2));
-  std::atomic<size_t> next{0};
-  // Runs on threads of its own: nothing may escape. An error (an allocation failing included)
-  // is left to the ReadManifest that needs the manifest.
-  auto work = [&]() noexcept {
-    for (size_t i; (i = next.fetch_add(1)) < missing.size();) {
-      try {
-        (void)ReadManifest(model, missing[i]);
-      } catch (...) {
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  try {
-    threads.reserve(8);
-    for (size_t t = 1; t < std::min<size_t>(missing.size(), 8); ++t) threads.emplace_back(work);
-  } catch (const std::exception&) {
-    // Fewer threads: this one does the rest.
-  }
-  work();
-  for (std::thread& t : threads) t.join();
+  // Errors (an allocation failing included) are left to the ReadManifest that needs it.
+  Parallel(missing.size(), [&](size_t i) { (void)ReadManifest(model, missing[i]); });
 }
 
 void Bucket::Forget(std::string_view model, std::string_view version) {
-  const std::string key = ManifestKey(model, version);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (manifests_.erase(key)) manifest_order_.remove(key);
+  manifests_.Erase(ManifestKey(model, version));
+  files_.ErasePrefix(FileKey(model, version, ""));
 }
 
 Status Bucket::PublishManifest(const Manifest& manifest) {
@@ -180,7 +341,20 @@ Status Bucket::PublishManifest(const Manifest& manifest) {
                                " is not a weightfs bucket (its versions are derived from another "
                                "layout) and is read-only; `weightfs import` it into one");
   }
-  std::vector<uint8_t> bytes = SerializeManifest(manifest);
+  for (const ManifestFile& f : manifest.files) {
+    if (!f.rows_loaded) return Status::InvalidArgument("publishing " + manifest.model + "@" + manifest.version + ": the rows of " + f.path + " are not loaded");
+  }
+  std::vector<uint8_t> bytes;
+  if (format_ == kManifestFormat2) {
+    // The table first (named by its hash: two writers racing for one name each write their
+    // own), then the head that names it, created if absent: the one publishing step.
+    SerializedVersion v = SerializeVersion(manifest);
+    WFS_TRY(store_->Put(PackKey(v.table_hash), v.table).WithContext("writing the chunk table of " +
+                                                                    manifest.model + "@" + manifest.version));
+    bytes = std::move(v.head);
+  } else {
+    bytes = SerializeManifest(manifest);
+  }
   Status s = store_->Put(ManifestKey(manifest.model, manifest.version), bytes,
                          PutMode::kCreateIfAbsent);
   if (s.kind() == ErrorKind::kConflict) {
@@ -188,20 +362,37 @@ Status Bucket::PublishManifest(const Manifest& manifest) {
                             " was already published in " + store_->Describe() +
                             " (another writer won); push under another version name");
   }
-  return s;
+  WFS_TRY(s);
+  // The time marker: after the version exists (a reader never sees a marker of a version that
+  // is not there, except one gc is retiring). A writer that dies here leaves a version whose
+  // time is read from its head. Its failure fails nothing: the version is published.
+  (void)store_->Put(TimeKey(manifest.model, manifest.version, manifest.created_ms), {});
+  return Status::Ok();
+}
+
+Status Bucket::ReplaceManifest(const Manifest& manifest, int format) {
+  if (derived_) return Status::Unsupported("bucket " + store_->Describe() + " is read-only");
+  if (format == 0) format = manifest.format;
+  for (const ManifestFile& f : manifest.files) {
+    if (!f.rows_loaded) return Status::InvalidArgument("rewriting " + manifest.model + "@" + manifest.version + ": the rows of " + f.path + " are not loaded");
+  }
+  std::vector<uint8_t> bytes;
+  if (format == kManifestFormat2) {
+    SerializedVersion v = SerializeVersion(manifest);
+    WFS_TRY(store_->Put(PackKey(v.table_hash), v.table));
+    bytes = std::move(v.head);
+  } else {
+    bytes = SerializeManifest(manifest);
+  }
+  WFS_TRY(store_->Put(ManifestKey(manifest.model, manifest.version), bytes, PutMode::kOverwrite));
+  Forget(manifest.model, manifest.version);
+  return Status::Ok();
 }
 
 Expected<std::shared_ptr<const Manifest>> Bucket::Latest(std::string_view model) {
-  WFS_ASSIGN_OR_RETURN(std::vector<VersionInfo> versions, ListVersions(model));
-  std::shared_ptr<const Manifest> best;
-  for (const VersionInfo& v : versions) {
-    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, ReadManifest(v.model, v.version));
-    if (!best || std::tie(m->created_ms, m->version) > std::tie(best->created_ms, best->version)) {
-      best = m;
-    }
-  }
-  if (!best) return Status::NotFound("model " + std::string(model) + " has no versions in " + store_->Describe());
-  return best;
+  WFS_ASSIGN_OR_RETURN(std::vector<VersionTime> times, VersionTimes(model));
+  if (times.empty()) return Status::NotFound("model " + std::string(model) + " has no versions in " + store_->Describe());
+  return ReadManifest(model, times.back().version);
 }
 
 }  // namespace weightfs

@@ -1,12 +1,21 @@
-// Bucket: the weightfs layout (format 1, ../shared/DESIGN.md "Bucket layout") on top of a Store.
+// Bucket: the weightfs layout (docs/format2.md) on top of a Store.
 //
-//   weightfs.json                            {"format": 1}
-//   models/<model>/versions/<version>.json   one manifest per published version, created once
-//   packs/<32 hex>                           immutable packs of chunk payloads (named by XXH3-128)
-//   leases/<id>.json                         pushes in progress (gc leaves their packs alone)
+//   weightfs.json                              {"format": 2} (or 1: a bucket not upgraded)
+//   models/<model>/versions/<version>.json     per published version, created once: its head
+//                                              (format 2: small, the rows are in its table) or
+//                                              its whole manifest (format 1)
+//   models/<model>/times/<ms>-<version>        empty; the version's creation time in its name,
+//                                              so `ls` and "latest" need only a listing
+//   packs/<32 hex>                             immutable packs of chunk payloads, and format 2
+//                                              tables (each named by its XXH3-128)
+//   leases/<id>.json                           pushes in progress (gc leaves their packs alone)
 //
-// Manifests are immutable once published, so the Bucket keeps the ones it has read in memory
-// (bounded by count) and hands out shared pointers to them.
+// Every version is read as what it is (a bucket upgraded part way holds both formats); the
+// bucket's format says what new versions are written as.
+//
+// Memory: heads (manifests) and decoded file tables are immutable once published; the Bucket
+// keeps the ones it has read in caches bounded by bytes (set_metadata_budget) and hands out
+// shared pointers to them, which keep them alive while held.
 //
 // Thread-safe.
 #pragma once
@@ -21,6 +30,7 @@
 #include <vector>
 
 #include "core/manifest.h"
+#include "hub/byte_lru.h"
 #include "hub/derived_versions.h"
 #include "hub/external_source.h"
 #include "hub/store.h"
@@ -30,6 +40,12 @@ namespace weightfs {
 struct VersionInfo {
   std::string model;
   std::string version;
+};
+
+// A version's creation time as its time marker names it (Unix ms).
+struct VersionTime {
+  std::string version;
+  int64_t created_ms = 0;
 };
 
 class Bucket {
@@ -53,6 +69,10 @@ class Bucket {
   // manifest holds, so a process with a memory budget sets a fraction of it. Set once, before
   // the bucket is shared between threads.
   void set_max_manifest_json_bytes(uint64_t bytes) { max_manifest_json_bytes_ = bytes; }
+  // Bytes the caches of heads and file tables may keep (half each). Default 256 MiB.
+  void set_metadata_budget(uint64_t bytes);
+  // What new versions are written as (weightfs.json's format).
+  int format() const { return format_; }
 
   Store& store() { return *store_; }
   std::string Describe() const { return store_->Describe(); }
@@ -64,32 +84,63 @@ class Bucket {
   // (errors are left to the ReadManifest that needs them). A materializer walking a chunk's
   // chain back otherwise reads and parses them one after another.
   void PrefetchManifests(std::string_view model, std::span<const std::string> versions);
-  // Parsed, validated manifest (NotFound naming model@version if absent).
+  // Parsed, validated manifest (NotFound naming model@version if absent). Format 2: the head,
+  // whose files' rows are not loaded (File loads them).
   Expected<std::shared_ptr<const Manifest>> ReadManifest(std::string_view model,
                                                          std::string_view version);
+  // `file` (of `manifest`) with its rows: itself when they are loaded, else read from the
+  // version's table (one ranged read of the file's section, validated, cached).
+  Expected<std::shared_ptr<const ManifestFile>> File(const std::shared_ptr<const Manifest>& manifest,
+                                                     const ManifestFile& file);
+  // The same for a manifest the caller keeps alive (the result does not own it when the rows
+  // are the manifest's own).
+  Expected<std::shared_ptr<const ManifestFile>> File(const Manifest& manifest, const ManifestFile& file);
+  // The file of that path, resolved; NotFound if the version has none.
+  Expected<std::shared_ptr<const ManifestFile>> File(const std::shared_ptr<const Manifest>& manifest,
+                                                     std::string_view path);
+  // Reads the sections of `path` in `versions` of `model` that are not cached yet, several at a
+  // time (a chain walk needs one per version); errors are left to the File call that needs it.
+  void PrefetchFiles(std::string_view model, std::span<const std::string> versions, std::string_view path);
+  // The manifest with every file's rows loaded (tools that process whole versions: push's
+  // parent, gc, verify). Not cached as a whole.
+  Expected<std::shared_ptr<const Manifest>> ReadFullManifest(std::string_view model, std::string_view version);
+  // Every version of `model` with its creation time, from the time markers (one listing);
+  // versions without one (written by an older weightfs, or a writer that died right after
+  // publishing) have their heads read. Sorted by (time, name): the last is the latest.
+  Expected<std::vector<VersionTime>> VersionTimes(std::string_view model);
   // Drops a manifest from the in-memory cache (after gc removed it).
   void Forget(std::string_view model, std::string_view version);
   // Publishes a manifest with create-if-absent: Conflict if the version exists.
   Status PublishManifest(const Manifest& manifest);
+  // Overwrites a published version's manifest with `manifest` (same files and bytes, other
+  // recipes: gc's rebase; `weightfs upgrade`), in `format` (0: the manifest's own). Format 2
+  // writes the new table first, then the head: a crash leaves the old or the new version.
+  Status ReplaceManifest(const Manifest& manifest, int format = 0);
   // The newest version (by creation time, then name) of `model`, or NotFound.
   Expected<std::shared_ptr<const Manifest>> Latest(std::string_view model);
 
   static std::string ManifestKey(std::string_view model, std::string_view version);
+  static std::string TimeKey(std::string_view model, std::string_view version, int64_t created_ms);
   static std::string PackKey(const Hash128& pack) { return "packs/" + pack.ToHex(); }
   static constexpr const char* kMarkerKey = "weightfs.json";
   static constexpr const char* kLeasePrefix = "leases/";
 
  private:
-  explicit Bucket(std::shared_ptr<Store> store) : store_(std::move(store)) {}
+  explicit Bucket(std::shared_ptr<Store> store, int format = kManifestFormat2)
+      : store_(std::move(store)), format_(format) {}
+  // A cache key of a file: "model@version\0path".
+  static std::string FileKey(std::string_view model, std::string_view version, std::string_view path);
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<DerivedVersions> derived_;
   std::shared_ptr<ExternalSources> external_;
   uint64_t max_manifest_json_bytes_ = kDefaultMaxManifestJsonBytes;
-  std::mutex mu_;  // guards the manifest cache; never held across store calls
-  std::map<std::string, std::shared_ptr<const Manifest>> manifests_;
-  std::list<std::string> manifest_order_;  // insertion order, for bounding the cache
-  static constexpr size_t kMaxCachedManifests = 256;
+  int format_;
+  ByteLru<Manifest> manifests_{128ull << 20};  // by ManifestKey
+  ByteLru<ManifestFile> files_{128ull << 20};  // by FileKey
+  // How many manifests PrefetchManifests reads at most (a chain is at most this deep in
+  // versions worth prefetching).
+  static constexpr size_t kMaxPrefetch = 128;
 };
 
 // Lists every key under `prefix`, following continuations.

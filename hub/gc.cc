@@ -65,9 +65,7 @@ Expected<size_t> RebaseVersion(Bucket& bucket, const Manifest& m,
     const auto& [fi, ci] = todo[i];
     out.files[fi].chunks[ci].ref.pack = out.PackIndex(packs.PackHash(slots[i].pack));
   }
-  std::vector<uint8_t> bytes = SerializeManifest(out);
-  WFS_TRY(bucket.store().Put(Bucket::ManifestKey(m.model, m.version), bytes, PutMode::kOverwrite));
-  bucket.Forget(m.model, m.version);
+  WFS_TRY(bucket.ReplaceManifest(out));
   spdlog::info("gc: rebased {} chunks of {}@{} onto new keyframes", todo.size(), m.model, m.version);
   return todo.size();
 }
@@ -96,11 +94,13 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
   // its delta recipes has its base there (inherited keyframe payloads need only their packs).
   std::set<std::string> retire;
   if (options.keep_last) {
-    auto bases_of = [](const Manifest& m) {
+    // (Format 2 keeps the rows in the version's table: read one version's at a time.)
+    auto bases_of = [&](const Manifest& head) -> Expected<std::set<std::string>> {
+      WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, bucket.ReadFullManifest(head.model, head.version));
       std::set<std::string> out;
-      for (const ManifestFile& f : m.files) {
+      for (const ManifestFile& f : m->files) {
         for (const ManifestChunk& c : f.chunks) {
-          if (c.is_delta()) out.insert(m.model + "@" + m.versions[c.base]);
+          if (c.is_delta()) out.insert(m->model + "@" + m->versions[c.base]);
         }
       }
       return out;
@@ -120,7 +120,8 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
       // so no kept version needs an old one any more. Oldest kept first; a kept version's
       // deltas on another kept version stay (that base stays).
       for (const auto& m : kept) {
-        WFS_ASSIGN_OR_RETURN(size_t rebased, RebaseVersion(bucket, *m, old_versions, options.dry_run));
+        WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> full, bucket.ReadFullManifest(m->model, m->version));
+        WFS_ASSIGN_OR_RETURN(size_t rebased, RebaseVersion(bucket, *full, old_versions, options.dry_run));
         if (rebased) {
           report.rebased.push_back(m->model + "@" + m->version + " (" + std::to_string(rebased) +
                                    " chunks now keyframes)");
@@ -141,7 +142,8 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
       auto it = manifests.find(name);
       if (it == manifests.end()) continue;
       if (options.rebase && options.dry_run && old_versions.count(name) == 0) continue;
-      for (const std::string& b : bases_of(*it->second)) stack.push_back(b);
+      WFS_ASSIGN_OR_RETURN(std::set<std::string> bases, bases_of(*it->second));
+      for (const std::string& b : bases) stack.push_back(b);
     }
     for (const std::string& name : old_versions) {
       if (needed.count(name)) {
@@ -157,6 +159,8 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
       const Manifest& m = *manifests[name];
       Status s = store.Delete(Bucket::ManifestKey(m.model, m.version));
       if (!s.ok() && s.kind() != ErrorKind::kNotFound) return s.WithContext("retiring " + name);
+      // Its time marker after it (a marker without its version is ignored; not the reverse).
+      (void)store.Delete(Bucket::TimeKey(m.model, m.version, m.created_ms));
       bucket.Forget(m.model, m.version);
       spdlog::info("gc: retired {}", name);
     }
@@ -166,6 +170,7 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
   for (const auto& [name, m] : manifests) {
     if (retire.count(name)) continue;
     for (const Hash128& p : m->packs) live.insert(Bucket::PackKey(p));
+    if (m->format == kManifestFormat2) live.insert(Bucket::PackKey(m->table));
   }
   for (const LeaseInfo& l : leases) {
     if (l.alive) {

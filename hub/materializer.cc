@@ -26,6 +26,7 @@ struct Step {
   const ManifestFile* file;
   const ManifestChunk* chunk;
   ByteBuffer payload;
+  std::shared_ptr<const ManifestFile> file_holder;  // keeps `file` (its rows) alive
 };
 
 // The chunk of `file` with `key`, trying the same position first (versions usually share
@@ -245,6 +246,10 @@ void Materializer::Warm(size_t builds, uint64_t chunk_bytes) {
 
 Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest, const ManifestFile& file,
                                          size_t index) {
+  if (!file.rows_loaded) {  // a format 2 head's file: its rows first
+    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_->File(manifest, file));
+    return Chunk(manifest, *rows, index);
+  }
   stats_.chunks++;
   auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
   if (index >= file.chunks.size()) return where(Status::InvalidArgument("no such chunk"));
@@ -270,6 +275,11 @@ Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest, const Manifes
 
 Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const ManifestFile& file,
                                           size_t index) {
+  if (!file.rows_loaded) {
+    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_->File(manifest, file));
+    Expected<ChunkBytes> bytes = Shared(manifest, *rows, index);
+    return bytes;
+  }
   stats_.chunks++;
   auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
   if (index >= file.chunks.size()) return where(Status::InvalidArgument("no such chunk"));
@@ -352,7 +362,12 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
 
   // Walk back to a keyframe or a cached ancestor. Depth strictly decreases along the walk
   // (checked), so a hostile manifest cannot make it loop.
-  if (file.chunks[index].is_delta()) bucket_->PrefetchManifests(manifest.model, manifest.versions);
+  // Every version of the chain, at once: their heads, then the file's rows in each (format 2
+  // keeps a file's rows in a section of its own, read by range).
+  if (file.chunks[index].is_delta()) {
+    bucket_->PrefetchManifests(manifest.model, manifest.versions);
+    bucket_->PrefetchFiles(manifest.model, std::span<const std::string>(manifest.versions).subspan(1), file.path);
+  }
   std::vector<Step> steps;
   steps.push_back({nullptr, &manifest, &file, &file.chunks[index], {}});
   Scratch base_buffer;  // the cached ancestor's bytes, read (and verified) into a pooled buffer
@@ -362,7 +377,13 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
     const std::string& base_version = s.manifest->versions[s.chunk->base];
     Expected<std::shared_ptr<const Manifest>> bm = bucket_->ReadManifest(s.manifest->model, base_version);
     if (!bm.ok()) return where(bm.status().WithContext("reading base version " + base_version));
-    const ManifestFile* bf = (*bm)->FindFile(s.file->path);
+    std::shared_ptr<const ManifestFile> bf_holder;
+    if (const ManifestFile* head_file = (*bm)->FindFile(s.file->path)) {
+      Expected<std::shared_ptr<const ManifestFile>> rows = bucket_->File(*bm, *head_file);
+      if (!rows.ok()) return where(rows.status().WithContext("reading base version " + base_version));
+      bf_holder = std::move(rows).value();
+    }
+    const ManifestFile* bf = bf_holder.get();
     const ManifestChunk* bc =
         bf ? FindByKey(*bf, s.chunk->key, static_cast<size_t>(s.chunk - s.file->chunks.data())) : nullptr;
     if (!bc) {
@@ -383,7 +404,7 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
       break;
     }
     std::shared_ptr<const Manifest> holder = *bm;
-    steps.push_back({holder, holder.get(), bf, bc, {}});
+    steps.push_back({holder, holder.get(), bf, bc, {}, std::move(bf_holder)});
   }
   if (steps.back().chunk->is_delta() && !have_base) {
     const Step& s = steps.back();

@@ -74,6 +74,7 @@ class Materializer {
   // decoding only, not ~40 ms of page faults and table set-up (measured on the 2-core VM).
   void Warm(size_t builds, uint64_t chunk_bytes);
 
+  Bucket* bucket() const { return bucket_; }
   // Caps what the pools keep between builds (default 16 codecs, 64 MiB of scratch buffers);
   // what is pooled beyond the new caps is freed now. A mount sets them from its memory budget.
   void set_pool_limits(size_t codecs, uint64_t scratch_bytes);

@@ -33,8 +33,10 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes, uint64_t offset, const s
 }  // namespace
 
 Status ForEachChunk(Materializer& materializer, ThreadPool& pool, const Manifest& manifest,
-                    const ManifestFile& file,
+                    const ManifestFile& head_file,
                     const std::function<Status(size_t, std::span<const uint8_t>)>& consume) {
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, materializer.bucket()->File(manifest, head_file));
+  const ManifestFile& file = *rows;
   const size_t window = std::max<size_t>(2, pool.size() * 2);
   std::vector<std::optional<Expected<ByteBuffer>>> results(window);
   for (size_t start = 0; start < file.chunks.size(); start += window) {
@@ -55,7 +57,9 @@ Status ForEachChunk(Materializer& materializer, ThreadPool& pool, const Manifest
 Status PullVersion(Materializer& materializer, ThreadPool& pool, const Manifest& manifest,
                    const std::string& dest_dir, const ReadOptions& options) {
   uint64_t total = manifest.stats.logical_bytes, done = 0;
-  for (const ManifestFile& file : manifest.files) {
+  for (const ManifestFile& head_file : manifest.files) {
+    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, materializer.bucket()->File(manifest, head_file));
+    const ManifestFile& file = *rows;
     const std::string final_path = dest_dir + "/" + file.path;
     const std::string partial = final_path + ".weightfs-partial";
     std::error_code ec;
@@ -122,9 +126,11 @@ Status VerifyVersion(Materializer& materializer, ThreadPool& pool, const Manifes
   return Status::Ok();
 }
 
-Status ReadRange(Materializer& materializer, const Manifest& manifest, const ManifestFile& file,
+Status ReadRange(Materializer& materializer, const Manifest& manifest, const ManifestFile& head_file,
                  uint64_t offset, uint64_t length,
                  const std::function<Status(std::span<const uint8_t>)>& sink) {
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, materializer.bucket()->File(manifest, head_file));
+  const ManifestFile& file = *rows;
   if (offset >= file.size) return Status::Ok();
   const uint64_t end = offset + std::min(length, file.size - offset);
   for (size_t i = file.ChunkAt(offset); i < file.chunks.size() && file.chunks[i].offset < end; ++i) {

@@ -121,7 +121,14 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     local_abs = std::filesystem::absolute(local_path, abs_ec).string();
   }
   ChunkPlan plan = PlanFile(data, data.size(), options.chunk_bytes);
-  const ManifestFile* pfile = parent ? parent->FindFile(path) : nullptr;
+  // The parent's file of this path, with its rows (format 2 reads the file's table section).
+  std::shared_ptr<const ManifestFile> pfile_rows;
+  if (const ManifestFile* head_file = parent ? parent->FindFile(path) : nullptr) {
+    Expected<std::shared_ptr<const ManifestFile>> rows = st.bucket.File(parent, *head_file);
+    if (!rows.ok()) return rows.status().WithContext("the parent's " + path);
+    pfile_rows = std::move(rows).value();
+  }
+  const ManifestFile* pfile = pfile_rows.get();
   std::map<ChunkKey, size_t> parent_index;
   if (pfile) {
     for (size_t i = 0; i < pfile->chunks.size(); ++i) parent_index.emplace(pfile->chunks[i].key, i);
@@ -372,8 +379,9 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
   }
   Status published = bucket.PublishManifest(*manifest);
   if (!published.ok()) return published;
-  // Reading it back through the bucket validates what we wrote and caches it.
-  WFS_ASSIGN_OR_RETURN(result.manifest, bucket.ReadManifest(target.model, target.version));
+  // Reading it back through the bucket validates what we wrote (format 2: the head and every
+  // section of its table).
+  WFS_ASSIGN_OR_RETURN(result.manifest, bucket.ReadFullManifest(target.model, target.version));
   return result;
 }
 

@@ -354,7 +354,7 @@ options:
   if (!ref.ok()) return Fail(ref.status());
   Expected<Context> ctx = OpenContext(args, pos[0], true, true, /*any_layout=*/true);
   if (!ctx.ok()) return Fail(ctx.status());
-  Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(ref->model, ref->version);
+  Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadFullManifest(ref->model, ref->version);
   if (!m.ok()) return Fail(m.status());
   std::error_code ec;
   std::filesystem::create_directories(pos[2], ec);
@@ -393,7 +393,7 @@ options:
   if (!ref.ok()) return Fail(ref.status());
   Expected<Context> ctx = OpenContext(args, pos[0], true, false, /*any_layout=*/true);
   if (!ctx.ok()) return Fail(ctx.status());
-  Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(ref->model, ref->version);
+  Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadFullManifest(ref->model, ref->version);
   if (!m.ok()) return Fail(m.status());
   Materializer materializer(ctx->bucket.get(), nullptr);
   std::shared_ptr<Progress> progress;
@@ -444,8 +444,10 @@ options:
   if (!ctx.ok()) return Fail(ctx.status());
   Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(ref->model, ref->version);
   if (!m.ok()) return Fail(m.status());
-  const ManifestFile* file = (*m)->FindFile(path);
-  if (!file) return Fail(spec + ": no such file in the version");
+  if (!(*m)->FindFile(path)) return Fail(spec + ": no such file in the version");
+  Expected<std::shared_ptr<const ManifestFile>> rows = ctx->bucket->File(*m, path);
+  if (!rows.ok()) return Fail(rows.status());
+  const ManifestFile* file = rows->get();
   Materializer materializer(ctx->bucket.get(), ctx->cache.get());
   Status s = ReadRange(materializer, **m, *file, offset, length, [](std::span<const uint8_t> b) {
     if (std::fwrite(b.data(), 1, b.size(), stdout) != b.size()) {

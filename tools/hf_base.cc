@@ -32,7 +32,7 @@ Expected<HfBaseResult> EnsureHfBase(Bucket& bucket, ThreadPool& pool, std::share
     }
     return true;
   };
-  Expected<std::shared_ptr<const Manifest>> existing = bucket.ReadManifest(model, version);
+  Expected<std::shared_ptr<const Manifest>> existing = bucket.ReadFullManifest(model, version);
   if (existing.ok()) {
     if (!matches(**existing)) {
       return Status::Conflict(std::string(model) + "@" + version + " already exists and is not " +
@@ -65,7 +65,7 @@ Expected<HfBaseResult> EnsureHfBase(Bucket& bucket, ThreadPool& pool, std::share
   Status published = bucket.PublishManifest(m);
   if (published.kind() == ErrorKind::kConflict) {
     // Someone registered it meanwhile: theirs is as good if it names the same commit.
-    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> theirs, bucket.ReadManifest(model, version));
+    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> theirs, bucket.ReadFullManifest(model, version));
     if (!matches(*theirs)) return published;
     out.manifest = theirs;
     return out;

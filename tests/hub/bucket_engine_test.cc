@@ -243,7 +243,7 @@ TEST_F(BucketEngineTest, FilesEncodedOneAtATimeAssembleIntoWhatPushMakes) {
   m.stats = reread->stats;
   m.created = FormatUtc(NowMs());
   ASSERT_TRUE(bucket_->PublishManifest(m).ok());
-  auto published = bucket_->ReadManifest("acme/m", "v2b");
+  auto published = bucket_->ReadFullManifest("acme/m", "v2b");  // (its rows, not only its head)
   ASSERT_TRUE(published.ok()) << published.status().ToString();
 
   // The written file's recipes are push's: same encodings, lengths, bases (by name).
@@ -754,8 +754,9 @@ TEST_F(BucketEngineTest, ExternalBaseIsReadFromItsSourceOnlyWhereNeeded) {
   // One chunk of one tensor reads exactly that chunk's bytes from the source.
   sources->bytes = 0;
   sources->reads = 0;
-  const ManifestFile* f = (*base_m)->FindFile("model.safetensors");
-  ASSERT_NE(f, nullptr);
+  auto f_rows = bucket_->File(*base_m, "model.safetensors");  // (a head's file, with its rows)
+  ASSERT_TRUE(f_rows.ok()) << f_rows.status().ToString();
+  const ManifestFile* f = f_rows->get();
   const size_t idx = f->chunks.size() / 2;
   Materializer mat(bucket_.get(), nullptr);
   auto chunk = mat.Chunk(**base_m, *f, idx);
