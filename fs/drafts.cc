@@ -1824,7 +1824,14 @@ int Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* handle,
     }
   }
   if (size) {
-    if (int err = s.EnsureRowsErrno(*d, *f, "truncate " + d->name() + "/" + path); err != 0) return err;
+    bool backed;
+    {
+      std::lock_guard<std::mutex> flock(f->mu);
+      backed = f->backed && *size < f->backing_limit;
+    }
+    if (backed) {
+      if (int err = s.EnsureRowsErrno(*d, *f, "truncate " + d->name() + "/" + path); err != 0) return err;
+    }
     // The chunk the new end cuts through keeps its head: copy it up first.
     std::optional<size_t> cut;
     {
@@ -1866,7 +1873,14 @@ int Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* handle,
 int Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8_t>* out) {
   State& s = *state_;
   DraftFile& f = *h.file;
-  if (int err = s.EnsureRowsErrno(*h.draft, f, "read " + h.draft->name() + "/" + h.path); err != 0) return err;
+  bool needs_rows;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    needs_rows = f.id == 0 || f.backed;  // reads (some of) the parent's bytes
+  }
+  if (needs_rows) {
+    if (int err = s.EnsureRowsErrno(*h.draft, f, "read " + h.draft->name() + "/" + h.path); err != 0) return err;
+  }
   uint64_t id, fsize, limit = 0;
   bool backed;
   std::vector<char> present;
@@ -1925,7 +1939,16 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
   State& s = *state_;
   DraftFile& f = *h.file;
   if (!h.write) return EBADF;
-  if (int err = s.EnsureRowsErrno(*h.draft, f, "copy-up of " + h.draft->name() + "/" + h.path); err != 0) return err;
+  bool backed;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    backed = f.backed;
+  }
+  // Only a file still backed by its parent needs the parent's rows (a write to a file opened
+  // with O_TRUNC must not depend on the bucket).
+  if (backed) {
+    if (int err = s.EnsureRowsErrno(*h.draft, f, "copy-up of " + h.draft->name() + "/" + h.path); err != 0) return err;
+  }
   const uint64_t end = offset + data.size();
   // Copy-up: parent chunks this write covers only in part are materialized first (and made
   // durable: the journal will say they are in the staging file).

@@ -197,7 +197,7 @@ Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const Manifest& m, co
   if (std::shared_ptr<const ManifestFile> cached = files_.Get(key)) return cached;
   const std::string where = "the chunk table of " + manifest->model + "@" + manifest->version + "/" + file.path;
   ByteBuffer section;
-  const std::string table_key = PackKey(manifest->table);
+  const std::string table_key = TableKey(manifest->table);
   Status got = store_->GetInto(table_key, ByteRange{file.section.offset, file.section.length}, &section);
   if (!got.ok()) {
     if (got.kind() == ErrorKind::kNotFound || got.kind() == ErrorKind::kInvalidArgument) {
@@ -349,7 +349,7 @@ Status Bucket::PublishManifest(const Manifest& manifest) {
     // The table first (named by its hash: two writers racing for one name each write their
     // own), then the head that names it, created if absent: the one publishing step.
     SerializedVersion v = SerializeVersion(manifest);
-    WFS_TRY(store_->Put(PackKey(v.table_hash), v.table).WithContext("writing the chunk table of " +
+    WFS_TRY(store_->Put(TableKey(v.table_hash), v.table).WithContext("writing the chunk table of " +
                                                                     manifest.model + "@" + manifest.version));
     bytes = std::move(v.head);
   } else {
@@ -379,7 +379,7 @@ Status Bucket::ReplaceManifest(const Manifest& manifest, int format) {
   std::vector<uint8_t> bytes;
   if (format == kManifestFormat2) {
     SerializedVersion v = SerializeVersion(manifest);
-    WFS_TRY(store_->Put(PackKey(v.table_hash), v.table));
+    WFS_TRY(store_->Put(TableKey(v.table_hash), v.table));
     bytes = std::move(v.head);
   } else {
     bytes = SerializeManifest(manifest);

@@ -6,8 +6,10 @@
 //                                              its whole manifest (format 1)
 //   models/<model>/times/<ms>-<version>        empty; the version's creation time in its name,
 //                                              so `ls` and "latest" need only a listing
-//   packs/<32 hex>                             immutable packs of chunk payloads, and format 2
-//                                              tables (each named by its XXH3-128)
+//   packs/<32 hex>                             immutable packs of chunk payloads (XXH3-128)
+//   tables/<32 hex>                            format 2 chunk tables, a section per file, read
+//                                              by range (named by their XXH3-128: two writers
+//                                              racing for a name each write their own)
 //   leases/<id>.json                           pushes in progress (gc leaves their packs alone)
 //
 // Every version is read as what it is (a bucket upgraded part way holds both formats); the
@@ -122,6 +124,7 @@ class Bucket {
   static std::string ManifestKey(std::string_view model, std::string_view version);
   static std::string TimeKey(std::string_view model, std::string_view version, int64_t created_ms);
   static std::string PackKey(const Hash128& pack) { return "packs/" + pack.ToHex(); }
+  static std::string TableKey(const Hash128& table) { return "tables/" + table.ToHex(); }
   static constexpr const char* kMarkerKey = "weightfs.json";
   static constexpr const char* kLeasePrefix = "leases/";
 

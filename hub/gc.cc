@@ -76,11 +76,16 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
   GcReport report;
   Store& store = bucket.store();
   WFS_ASSIGN_OR_RETURN(std::vector<ObjectInfo> pack_objects, ListAll(store, "packs/"));
+  // Format 2 tables are collected like packs: unreferenced ones (a losing writer's, a rebased
+  // version's old one) go once no push is live.
+  WFS_ASSIGN_OR_RETURN(std::vector<ObjectInfo> table_objects, ListAll(store, "tables/"));
+  const size_t data_packs = pack_objects.size();
+  pack_objects.insert(pack_objects.end(), table_objects.begin(), table_objects.end());
   WFS_ASSIGN_OR_RETURN(std::vector<TemporaryObject> temporaries, store.ListTemporaries());
   WFS_ASSIGN_OR_RETURN(std::vector<LeaseInfo> leases, ListLeases(store));
   WFS_ASSIGN_OR_RETURN(std::vector<VersionInfo> versions, bucket.ListVersions());
   report.versions = versions.size();
-  report.packs = pack_objects.size();
+  report.packs = data_packs;
 
   std::map<std::string, std::shared_ptr<const Manifest>> manifests;  // "model@version"
   std::map<std::string, std::vector<std::shared_ptr<const Manifest>>> by_model;
@@ -170,7 +175,7 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
   for (const auto& [name, m] : manifests) {
     if (retire.count(name)) continue;
     for (const Hash128& p : m->packs) live.insert(Bucket::PackKey(p));
-    if (m->format == kManifestFormat2) live.insert(Bucket::PackKey(m->table));
+    if (m->format == kManifestFormat2) live.insert(Bucket::TableKey(m->table));
   }
   for (const LeaseInfo& l : leases) {
     if (l.alive) {
@@ -181,12 +186,13 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
     }
   }
   for (const ObjectInfo& o : pack_objects) {
+    const bool table = o.key.starts_with("tables/");
     if (live.count(o.key)) {
-      report.live_packs++;
+      (table ? report.live_tables : report.live_packs)++;
       continue;
     }
     if (report.live_leases > 0) continue;  // a push in progress may still reference it
-    report.deleted_packs++;
+    (table ? report.deleted_tables : report.deleted_packs)++;
     report.deleted_bytes += o.size;
     if (!options.dry_run) {
       Status s = store.Delete(o.key);

@@ -56,6 +56,7 @@ struct GcReport {
   size_t packs = 0;
   size_t live_packs = 0;
   size_t deleted_packs = 0;
+  size_t live_tables = 0, deleted_tables = 0;  // format 2 chunk tables (tables/)
   uint64_t deleted_bytes = 0;
   size_t live_leases = 0;                     // > 0: no pack was deleted
   std::vector<std::string> live_lease_names;

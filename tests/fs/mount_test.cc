@@ -40,6 +40,8 @@
 
 #include "core/file_codec.h"
 #include "core/hash.h"
+#include "hub/bucket.h"
+#include "hub/local_store.h"
 #include "core/manifest.h"
 #include "fs/mount_point.h"
 #include "tests/command_runner.h"
@@ -205,11 +207,17 @@ class MountTest : public ::testing::Test {
     if (it == cache.end()) it = cache.emplace(key, Slurp(Source(k, file))).first;
     return it->second;
   }
+  // Version k's manifest with every file's rows (format 2 keeps them in the version's table).
   static Manifest ManifestOf(const fs::path& bucket, int k) {
-    auto bytes = Slurp(bucket / "models/acme/tiny/versions" / ("v" + std::to_string(k) + ".json"));
-    auto m = ParseManifest(bytes);
+    Expected<std::unique_ptr<LocalStore>> store = LocalStore::Open(bucket.string());
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    if (!store.ok()) return Manifest{};
+    Expected<std::unique_ptr<Bucket>> b = Bucket::Open(std::shared_ptr<Store>(std::move(store).value()));
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    if (!b.ok()) return Manifest{};
+    auto m = (*b)->ReadFullManifest("acme/tiny", "v" + std::to_string(k));
     EXPECT_TRUE(m.ok()) << m.status().ToString();
-    return m.ok() ? std::move(m).value() : Manifest{};
+    return m.ok() ? **m : Manifest{};
   }
   // A copy of the shared bucket, for tests that change it.
   fs::path CopyBucket(const std::string& name) {

@@ -30,7 +30,8 @@ the proxy is rewritten to name the target. Hop-by-hop headers are not forwarded.
 GET /.fault-proxy/stats answers (without forwarding) a JSON object of counters:
 requests, forwarded, errors, stalls, resets, and received_<METHOD> per method (counted when the
 request has arrived, before it is stalled or forwarded: a test can tell that a request is in
-the proxy's hands).
+the proxy's hands), and for requests with a Destination (WebDAV MOVE) received_<METHOD>_to_<the
+destination's folder>.
 """
 
 import argparse
@@ -175,6 +176,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         cfg.count("requests")
         cfg.count("received_" + self.command)  # as it arrives, before any stall
+        dest = self.headers.get("Destination")
+        if dest:  # a WebDAV MOVE/COPY: also by the folder it goes to ("received_MOVE_to_versions")
+            parts = urllib.parse.urlsplit(dest).path.rstrip("/").split("/")
+            if len(parts) >= 2:
+                cfg.count("received_" + self.command + "_to_" + parts[-2])
         fault = cfg.fault()
         if fault == "error":
             cfg.count("errors")
