@@ -17,8 +17,9 @@
 //     origin       zigzag   - previous row's
 //     base         zigzag   - previous row's
 //     depth        zigzag   - previous row's
-//     chain bytes  zigzag   - previous row's
-//     keyframe     zigzag   - previous row's keyframe bytes
+//     chain bytes  zigzag   of (chain bytes - pack length for a delta), - previous row's
+//     keyframe     zigzag   - pack length for a keyframe (depth 0), else - the previous
+//                            delta's keyframe bytes
 //     hash         16 bytes per row, hi then lo, little-endian (incompressible: last)
 //
 // Decoding trusts nothing: the frame's size is bounded by the row count the head gives (itself

@@ -22,8 +22,12 @@ size_t ChunkReader::MaxBuilds(uint64_t memory_limit) {
   return static_cast<size_t>(std::clamp<uint64_t>(spare / 4 / kBuildBytes, 1, 16));
 }
 
+uint64_t ChunkReader::MetadataBudget(uint64_t memory_limit) {
+  return std::clamp<uint64_t>(memory_limit / 8, 16ull << 20, 1ull << 30);
+}
+
 uint64_t ChunkReader::CacheBudget(uint64_t memory_limit) {
-  const uint64_t reserve = kBaseBytes + MaxBuilds(memory_limit) * kBuildBytes;
+  const uint64_t reserve = kBaseBytes + MaxBuilds(memory_limit) * kBuildBytes + MetadataBudget(memory_limit);
   return memory_limit > reserve ? memory_limit - reserve : 0;
 }
 

@@ -143,6 +143,9 @@ class ChunkReader {
   // A quarter of what the base leaves, in builds, 1 to 16.
   static size_t MaxBuilds(uint64_t memory_limit);
   static uint64_t CacheBudget(uint64_t memory_limit);
+  // What the bucket's caches of version heads and file tables get (Bucket::set_metadata_budget):
+  // an eighth, 16 MiB to 1 GiB. The chunks kept in memory get the rest after it.
+  static uint64_t MetadataBudget(uint64_t memory_limit);
   // Readahead threads for `options` (see ChunkReaderOptions::readahead_threads), at most
   // MaxBuilds.
   static size_t ReadaheadThreads(const ChunkReaderOptions& options);

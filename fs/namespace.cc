@@ -177,8 +177,8 @@ uint64_t Namespace::DirForModelLocked(const std::string& model, std::string* lea
 }
 
 void Namespace::ApplyListingLocked(const std::vector<VersionInfo>& versions, uint64_t listing_seq) {
-  std::map<std::string, std::set<std::string>> listed;
-  for (const VersionInfo& v : versions) listed[v.model].insert(v.version);
+  std::map<std::string, std::map<std::string, std::optional<int64_t>>> listed;
+  for (const VersionInfo& v : versions) listed[v.model][v.version] = v.created_ms;
 
   // Versions that are gone (retired by gc): their entries go, their inodes stay.
   for (auto& [name, m] : models_) {
@@ -203,18 +203,24 @@ void Namespace::ApplyListingLocked(const std::vector<VersionInfo>& versions, uin
   }
   // New versions.
   for (const auto& [name, vs] : listed) {
-    for (const std::string& version : vs) AddVersionLocked(name, version);
+    for (const auto& [version, created] : vs) AddVersionLocked(name, version, created);
   }
   for (auto& [name, m] : models_) UpdateLatestLinkLocked(name, m);
 }
 
-uint64_t Namespace::AddVersionLocked(const std::string& model, const std::string& version) {
+uint64_t Namespace::AddVersionLocked(const std::string& model, const std::string& version,
+                                     std::optional<int64_t> created_ms) {
   Model& m = models_[model];
   if (m.dir == 0) m.dir = DirForModelLocked(model, &m.leaf);
-  if (auto it = m.versions.find(version); it != m.versions.end()) return it->second;
+  if (auto it = m.versions.find(version); it != m.versions.end()) {
+    Node& v = *NodeLocked(it->second);
+    if (created_ms && !v.listed_created_ms) v.listed_created_ms = created_ms;
+    return it->second;
+  }
   Node& v = NewNodeLocked(Kind::kVersionDir, m.dir, m.leaf + "@" + version);
   v.model = model;
   v.version = version;
+  v.listed_created_ms = created_ms;
   AddChildLocked(*NodeLocked(m.dir), v.name, v.ino);
   m.versions.emplace(version, v.ino);
   m.generation++;
@@ -417,7 +423,10 @@ Expected<std::string> Namespace::EnsureLatest(const std::string& model) {
     Model& m = it->second;
     if (m.latest_generation == m.generation) return m.latest;
     generation = m.generation;
-    for (const auto& [v, ino] : m.versions) inos.push_back(ino);
+    // Only versions whose time the listing did not give (no time marker) need their heads.
+    for (const auto& [v, ino] : m.versions) {
+      if (!CreatedMs(*NodeLocked(ino))) inos.push_back(ino);
+    }
   }
   Status s = EnsureSummaries(inos);
   if (!s.ok()) spdlog::warn("{}@latest ignores versions whose manifest cannot be read: {}", model, s.ToString());
@@ -426,8 +435,8 @@ Expected<std::string> Namespace::EnsureLatest(const std::string& model) {
   const Node* best = nullptr;
   for (const auto& [v, ino] : m.versions) {
     const Node* n = NodeLocked(ino);
-    if (!n->summary) continue;
-    if (!best || std::tie(n->summary->created_ms, n->version) > std::tie(best->summary->created_ms, best->version)) {
+    if (!CreatedMs(*n)) continue;
+    if (!best || std::make_pair(*CreatedMs(*n), n->version) > std::make_pair(*CreatedMs(*best), best->version)) {
       best = n;
     }
   }
@@ -448,7 +457,7 @@ Status Namespace::EnsureAttrInputs(uint64_t ino) {
     if (!n) return Status::NotFound("no inode " + std::to_string(ino));
     if (n->kind == Kind::kLatestLink) {
       link_model = n->model;
-    } else if (n->kind != Kind::kVersionDir || n->summary) {
+    } else if (n->kind != Kind::kVersionDir || CreatedMs(*n)) {
       return Status::Ok();
     }
   }
@@ -477,11 +486,13 @@ Status Namespace::FillAttrLocked(const Node& node, NodeAttr* out) const {
       out->timeout_s = std::chrono::duration<double>(options_.refresh).count();
       break;
     case Kind::kVersionDir:
-      if (!node.summary) return Status::IOError(node.name + ": attributes not loaded");
+      if (!CreatedMs(node)) return Status::IOError(node.name + ": attributes not loaded");
       st.st_mode = S_IFDIR | 0555;
-      st.st_nlink = 2 + (node.contents_built ? node.subdirs : node.summary->top_subdirs);
+      // Without the summary the number of subdirectories is unknown: 1 says so (find and
+      // friends then do not rely on it, as on btrfs).
+      st.st_nlink = node.contents_built ? 2 + node.subdirs : node.summary ? 2 + node.summary->top_subdirs : 1;
       st.st_size = 4096;
-      time_ms = node.summary->created_ms;
+      time_ms = *CreatedMs(node);
       break;
     case Kind::kVersionSubdir:
       st.st_mode = S_IFDIR | 0555;
@@ -507,7 +518,7 @@ Status Namespace::FillAttrLocked(const Node& node, NodeAttr* out) const {
         auto v = model.versions.find(model.latest.substr(model.leaf.size() + 1));
         if (v != model.versions.end()) {
           const Node* target = NodeLocked(v->second);
-          if (target->summary) time_ms = target->summary->created_ms;
+          if (CreatedMs(*target)) time_ms = *CreatedMs(*target);
         }
       }
       out->timeout_s = std::chrono::duration<double>(options_.refresh).count();
@@ -544,7 +555,15 @@ std::vector<NodeAttr> Namespace::GetAttrs(std::span<const uint64_t> inos) {
       if (n && n->kind == Kind::kLatestLink) link_models.insert(n->model);
     }
   }
-  Status s = EnsureSummaries(inos);
+  std::vector<uint64_t> unknown;  // version directories the listing gave no time for
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t ino : inos) {
+      const Node* n = NodeLocked(ino);
+      if (n && n->kind == Kind::kVersionDir && !CreatedMs(*n)) unknown.push_back(ino);
+    }
+  }
+  Status s = EnsureSummaries(unknown);
   if (!s.ok()) spdlog::warn("listing: {}", s.ToString());
   for (const std::string& model : link_models) (void)EnsureLatest(model);
   std::vector<NodeAttr> out;
@@ -635,6 +654,10 @@ Expected<VersionFile> Namespace::Open(uint64_t ino) {
 
 Expected<std::vector<std::string>> Namespace::ListXattr(uint64_t ino) {
   WFS_TRY(EnsureAttrInputs(ino));
+  {
+    const uint64_t one[] = {ino};
+    WFS_TRY(EnsureSummaries(one));  // (a version's xattrs are its summary's)
+  }
   std::vector<std::string> names;
   std::lock_guard<std::mutex> lock(mu_);
   const Node* n = NodeLocked(ino);
@@ -652,6 +675,10 @@ Expected<std::vector<std::string>> Namespace::ListXattr(uint64_t ino) {
 
 Expected<std::string> Namespace::GetXattr(uint64_t ino, std::string_view name) {
   WFS_TRY(EnsureAttrInputs(ino));
+  {
+    const uint64_t one[] = {ino};
+    WFS_TRY(EnsureSummaries(one));  // (a version's xattrs are its summary's)
+  }
   if (name == kXattrStoredBytes) {
     std::shared_ptr<const Manifest> manifest;
     const ManifestFile* head_file = nullptr;

@@ -141,7 +141,10 @@ class Namespace {
     int64_t mtime_ms = 0;
     std::map<std::string, uint64_t, std::less<>> children;  // directories
     uint32_t subdirs = 0;                                    // directories among children
-    // kVersionDir: the summary once read; the manifest once its contents are built.
+    // kVersionDir: its creation time from the listing (the version's time marker) — enough
+    // for its attributes, so `ls -l` of a model's directory reads no manifest; the summary
+    // once read (xattrs, a version without a marker); the manifest once its contents are built.
+    std::optional<int64_t> listed_created_ms;
     std::optional<VersionSummary> summary;
     bool contents_built = false;
     // kVersionSubdir, kFile, and kVersionDir once built: the version's manifest.
@@ -177,8 +180,14 @@ class Namespace {
   uint64_t DirForModelLocked(const std::string& model, std::string* leaf);
   // `listing_seq`: publish_seq_ when the listing began.
   void ApplyListingLocked(const std::vector<VersionInfo>& versions, uint64_t listing_seq);
-  // The version's directory node (made if new).
-  uint64_t AddVersionLocked(const std::string& model, const std::string& version);
+  // The version's directory node (made if new). `created_ms`: from its time marker.
+  uint64_t AddVersionLocked(const std::string& model, const std::string& version,
+                            std::optional<int64_t> created_ms = std::nullopt);
+  // A version directory's creation time, if known without reading anything.
+  static std::optional<int64_t> CreatedMs(const Node& n) {
+    if (n.summary) return n.summary->created_ms;
+    return n.listed_created_ms;
+  }
   void UpdateLatestLinkLocked(const std::string& name, Model& m);
   void BuildContentsLocked(Node& version, std::shared_ptr<const Manifest> manifest);
   Status FillAttrLocked(const Node& node, NodeAttr* out) const;

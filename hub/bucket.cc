@@ -65,8 +65,8 @@ void Parallel(size_t n, const std::function<void(size_t)>& fn) {
 
 }  // namespace
 
-Status Bucket::Init(Store& store) {
-  std::string marker = nlohmann::json{{"format", kManifestFormat2}}.dump() + "\n";
+Status Bucket::Init(Store& store, int format) {
+  std::string marker = nlohmann::json{{"format", format}}.dump() + "\n";
   Status s = store.Put(kMarkerKey, {reinterpret_cast<const uint8_t*>(marker.data()), marker.size()},
                        PutMode::kCreateIfAbsent);
   if (s.kind() != ErrorKind::kConflict) return s;
@@ -135,9 +135,22 @@ Expected<std::vector<VersionInfo>> Bucket::ListVersions(std::string_view model) 
   }
   WFS_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects, ListAll(*store_, prefix));
   std::vector<VersionInfo> out;
+  std::map<std::pair<std::string_view, std::string_view>, int64_t> times;
   for (const ObjectInfo& o : objects) {
-    // models/<model>/versions/<version>.json; anything else under models/ is ignored.
+    // models/<model>/versions/<version>.json, models/<model>/times/<13 digits>-<version>;
+    // anything else under models/ is ignored.
     std::string_view key = o.key;
+    if (size_t t = key.rfind("/times/"); t != std::string_view::npos && t >= 7) {
+      std::string_view rest = key.substr(t + 7);
+      std::string_view m = key.substr(7, t - 7);
+      if (rest.size() >= 15 && rest[13] == '-' &&
+          std::all_of(rest.begin(), rest.begin() + 13, [](char c) { return c >= '0' && c <= '9'; })) {
+        int64_t ms = 0;
+        for (size_t i = 0; i < 13; ++i) ms = ms * 10 + (rest[i] - '0');
+        times[{m, rest.substr(14)}] = ms;
+        continue;
+      }
+    }
     constexpr std::string_view kMid = "/versions/";
     size_t mid = key.rfind(kMid);
     if (mid == std::string_view::npos || mid < 7 || !key.ends_with(".json")) continue;
@@ -145,7 +158,10 @@ Expected<std::vector<VersionInfo>> Bucket::ListVersions(std::string_view model) 
     std::string_view v = key.substr(mid + kMid.size(), key.size() - mid - kMid.size() - 5);
     if (!ValidateModelName(m).ok() || !ValidateVersionName(v).ok()) continue;
     if (!model.empty() && m != model) continue;  // a sub-organisation's models, not this one
-    out.push_back({std::string(m), std::string(v)});
+    out.push_back({std::string(m), std::string(v), std::nullopt});
+  }
+  for (VersionInfo& v : out) {
+    if (auto it = times.find({v.model, v.version}); it != times.end()) v.created_ms = it->second;
   }
   std::sort(out.begin(), out.end(), [](const VersionInfo& a, const VersionInfo& b) {
     return std::tie(a.model, a.version) < std::tie(b.model, b.version);
@@ -366,7 +382,9 @@ Status Bucket::PublishManifest(const Manifest& manifest) {
   // The time marker: after the version exists (a reader never sees a marker of a version that
   // is not there, except one gc is retiring). A writer that dies here leaves a version whose
   // time is read from its head. Its failure fails nothing: the version is published.
-  (void)store_->Put(TimeKey(manifest.model, manifest.version, manifest.created_ms), {});
+  // (From `created`, what readers parse: writers need not have set created_ms.)
+  const Expected<int64_t> created = ParseUtc(manifest.created);
+  (void)store_->Put(TimeKey(manifest.model, manifest.version, created.ok() ? *created : manifest.created_ms), {});
   return Status::Ok();
 }
 
@@ -386,6 +404,14 @@ Status Bucket::ReplaceManifest(const Manifest& manifest, int format) {
   }
   WFS_TRY(store_->Put(ManifestKey(manifest.model, manifest.version), bytes, PutMode::kOverwrite));
   Forget(manifest.model, manifest.version);
+  return Status::Ok();
+}
+
+Status Bucket::SetFormat(int format) {
+  std::string marker = nlohmann::json{{"format", format}}.dump() + "\n";
+  WFS_TRY(store_->Put(kMarkerKey, {reinterpret_cast<const uint8_t*>(marker.data()), marker.size()},
+                      PutMode::kOverwrite));
+  format_ = format;
   return Status::Ok();
 }
 

@@ -22,11 +22,13 @@
 // Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -42,6 +44,9 @@ namespace weightfs {
 struct VersionInfo {
   std::string model;
   std::string version;
+  // From the version's time marker, when it has one (format 2 writers make one for every
+  // version): its creation time without reading its head.
+  std::optional<int64_t> created_ms;
 };
 
 // A version's creation time as its time marker names it (Unix ms).
@@ -52,8 +57,9 @@ struct VersionTime {
 
 class Bucket {
  public:
-  // Writes weightfs.json unless the bucket already has one (then checks its format).
-  static Status Init(Store& store);
+  // Writes weightfs.json unless the bucket already has one (then checks its format). `format`:
+  // what versions are written as (1 only for buckets older weightfs must still read).
+  static Status Init(Store& store, int format = kManifestFormat2);
   // Checks weightfs.json; a bucket without one gets an error that says to run `weightfs init`.
   static Expected<std::unique_ptr<Bucket>> Open(std::shared_ptr<Store> store);
   // A read-only bucket whose versions `derived` makes from another layout (a TRL delta-sync
@@ -118,6 +124,9 @@ class Bucket {
   // recipes: gc's rebase; `weightfs upgrade`), in `format` (0: the manifest's own). Format 2
   // writes the new table first, then the head: a crash leaves the old or the new version.
   Status ReplaceManifest(const Manifest& manifest, int format = 0);
+  // Makes weightfs.json say `format` (after `weightfs upgrade` converted every version):
+  // from then on versions are written in it.
+  Status SetFormat(int format);
   // The newest version (by creation time, then name) of `model`, or NotFound.
   Expected<std::shared_ptr<const Manifest>> Latest(std::string_view model);
 
@@ -138,7 +147,7 @@ class Bucket {
   std::shared_ptr<DerivedVersions> derived_;
   std::shared_ptr<ExternalSources> external_;
   uint64_t max_manifest_json_bytes_ = kDefaultMaxManifestJsonBytes;
-  int format_;
+  std::atomic<int> format_;
   ByteLru<Manifest> manifests_{128ull << 20};  // by ManifestKey
   ByteLru<ManifestFile> files_{128ull << 20};  // by FileKey
   // How many manifests PrefetchManifests reads at most (a chain is at most this deep in

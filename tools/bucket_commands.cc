@@ -185,10 +185,16 @@ std::string Ratio(uint64_t logical, uint64_t stored) {
 // ---- init -------------------------------------------------------------------------------------
 
 int InitMain(int argc, char** argv) {
-  ArgParser args(kCommonValues, kCommonFlags);
-  std::string help = std::string("usage: weightfs init BUCKET\n\nMakes BUCKET a weightfs bucket "
-                                 "(writes weightfs.json); a no-op on a bucket that is one.\n") +
-                     kBucketHelp;
+  ArgParser args(Concat(kCommonValues, {"--format"}), kCommonFlags);
+  std::string help = std::string(R"(usage: weightfs init BUCKET [--format 1|2]
+
+Makes BUCKET a weightfs bucket (writes weightfs.json); a no-op on a bucket that is one.
+
+options:
+  --format N           2 (default): versions are small heads plus binary chunk tables
+                       (docs/format2.md); 1: whole JSON manifests, for a bucket that
+                       weightfs releases before format 2 must still read
+)") + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 1)) return *rc;
   const std::string url = args.positionals()[0];
   if (url.find("://") == std::string::npos || url.starts_with("file://")) {
@@ -198,7 +204,9 @@ int InitMain(int argc, char** argv) {
   }
   Expected<Context> ctx = OpenContext(args, url, /*open_bucket=*/false, /*with_cache=*/false);
   if (!ctx.ok()) return Fail(ctx.status());
-  Status s = Bucket::Init(*ctx->opened.store);
+  const std::string format = args.GetOr("--format", "2");
+  if (format != "1" && format != "2") return Usage("--format takes 1 or 2");
+  Status s = Bucket::Init(*ctx->opened.store, format == "1" ? kManifestFormat : kManifestFormat2);
   if (!s.ok()) return Fail(s);
   std::printf("initialized weightfs bucket %s\n", ctx->opened.store->Describe().c_str());
   return 0;
@@ -477,11 +485,14 @@ bool ManifestsOwnFailure(const Status& s) {
 }
 
 int LogMain(int argc, char** argv) {
-  ArgParser args(kCommonValues, Concat(kCommonFlags, {"--json"}));
-  std::string help = std::string(R"(usage: weightfs log BUCKET [MODEL] [--json]
+  ArgParser args(Concat(kCommonValues, {"--last"}), Concat(kCommonFlags, {"--json"}));
+  std::string help = std::string(R"(usage: weightfs log BUCKET [MODEL] [--last N] [--json]
 
 Lists published versions, oldest first per model: parent, creation time, logical bytes,
 bytes the version stored, ratio, and the fraction of elements that changed vs the parent.
+Versions are printed as they are read (a model with thousands of versions streams, in bounded
+memory); their order comes from the bucket's listing (each version's time marker), so
+--last N (the newest N of each model) reads only those N versions.
 
 A version whose manifest cannot be read (corrupt, too large, a newer format) is listed as
 UNREADABLE after its model's other versions, with an error line on stderr naming it and why;
@@ -489,84 +500,201 @@ with --json its entry has "model", "version" and "error" instead of the other fi
 other versions are listed as usual. Exit status: 0 when every version was read, 1 when any
 could not be (or on any other error), 2 for a usage error. A bucket that cannot be listed or
 stops answering (refused credentials, timeouts) fails the whole command.
+
+options:
+  --last N             only the newest N versions of each model
+  --json               one JSON array of objects (streamed)
 )") + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 2)) return *rc;
   const auto& pos = args.positionals();
+  std::optional<size_t> last;
+  if (auto n = args.Get("--last")) {
+    Expected<double> v = ParseDouble(*n);
+    if (!v.ok() || *v < 1 || *v != static_cast<double>(static_cast<size_t>(*v))) return Usage("--last takes a count >= 1");
+    last = static_cast<size_t>(*v);
+  }
   Expected<Context> ctx = OpenContext(args, pos[0], true, false, /*any_layout=*/true);
   if (!ctx.ok()) return Fail(ctx.status());
   Expected<std::vector<VersionInfo>> versions =
       ctx->bucket->ListVersions(pos.size() > 1 ? pos[1] : "");
   if (!versions.ok()) return Fail(versions.status());
-  struct Row {
-    VersionInfo v;
-    std::shared_ptr<const Manifest> m;  // null: unreadable
-    Status error;
-  };
-  std::vector<Row> rows;
-  size_t unreadable = 0;
-  for (const VersionInfo& v : *versions) {
-    Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(v.model, v.version);
-    if (m.ok()) {
-      rows.push_back({v, *m, Status::Ok()});
-    } else if (m.status().kind() == ErrorKind::kNotFound) {
-      continue;  // removed since the listing (gc retired it)
-    } else if (ManifestsOwnFailure(m.status())) {
-      std::fprintf(stderr, "weightfs log: cannot read %s@%s: %s\n", v.model.c_str(), v.version.c_str(),
-                   m.status().ToString().c_str());
-      rows.push_back({v, nullptr, m.status()});
-      ++unreadable;
+  const bool json = args.Has("--json");
+  size_t unreadable = 0, printed = 0;
+  bool header = false;
+  if (json) std::printf("[");
+  auto print_error = [&](const VersionInfo& v, const Status& error) {
+    if (json) {
+      std::printf("%s\n  %s", printed++ ? "," : "",
+                  nlohmann::json{{"model", v.model}, {"version", v.version}, {"error", error.ToString()}}.dump().c_str());
     } else {
-      return Fail(m.status().WithContext("reading " + v.model + "@" + v.version));
+      printed++;
+      std::printf("%-40s UNREADABLE (%s)\n", (v.model + "@" + v.version).c_str(),
+                  std::string(ErrorKindName(error.kind())).c_str());
     }
-  }
-  // Per model, oldest first; unreadable versions (no creation time) after the others, by name.
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-    const int64_t ta = a.m ? a.m->created_ms : INT64_MAX, tb = b.m ? b.m->created_ms : INT64_MAX;
-    return std::tie(a.v.model, ta, a.v.version) < std::tie(b.v.model, tb, b.v.version);
-  });
-  const int rc = unreadable ? 1 : 0;
-  if (args.Has("--json")) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const Row& r : rows) {
-      if (!r.m) {
-        out.push_back({{"model", r.v.model}, {"version", r.v.version}, {"error", r.error.ToString()}});
-        continue;
-      }
-      const Manifest& m = *r.m;
-      out.push_back({{"model", m.model}, {"version", m.version},
-                     {"parent", m.parent ? nlohmann::json(*m.parent) : nlohmann::json(nullptr)},
-                     {"created", m.created}, {"files", m.files.size()},
-                     {"logical_bytes", m.stats.logical_bytes}, {"stored_bytes", m.stats.stored_bytes},
-                     {"changed_fraction", m.stats.changed_fraction()}});
+  };
+  auto print = [&](const Manifest& m) {
+    if (json) {
+      const nlohmann::json j = {{"model", m.model}, {"version", m.version},
+                                {"parent", m.parent ? nlohmann::json(*m.parent) : nlohmann::json(nullptr)},
+                                {"created", m.created}, {"files", m.files.size()},
+                                {"logical_bytes", m.stats.logical_bytes}, {"stored_bytes", m.stats.stored_bytes},
+                                {"changed_fraction", m.stats.changed_fraction()}};
+      std::printf("%s\n  %s", printed++ ? "," : "", j.dump().c_str());
+      return;
     }
-    std::printf("%s\n", out.dump(2).c_str());
-    return rc;
-  }
-  if (rows.empty()) {
-    std::printf("no versions%s\n", pos.size() > 1 ? (" of " + pos[1]).c_str() : "");
-    return rc;
-  }
-  std::printf("%-40s %-14s %-24s %10s %10s %8s %8s\n", "VERSION", "PARENT", "CREATED", "SIZE",
-              "STORED", "RATIO", "CHANGED");
-  for (const Row& r : rows) {
-    if (!r.m) {
-      std::printf("%-40s UNREADABLE (%s)\n", (r.v.model + "@" + r.v.version).c_str(),
-                  std::string(ErrorKindName(r.error.kind())).c_str());
-      continue;
+    printed++;
+    if (!header) {
+      header = true;
+      std::printf("%-40s %-14s %-24s %10s %10s %8s %8s\n", "VERSION", "PARENT", "CREATED", "SIZE",
+                  "STORED", "RATIO", "CHANGED");
     }
-    const Manifest& m = *r.m;
     std::printf("%-40s %-14s %-24s %10s %10s %8s %7.2f%%\n", (m.model + "@" + m.version).c_str(),
                 m.parent ? m.parent->c_str() : "-", m.created.c_str(),
                 FormatBytes(static_cast<double>(m.stats.logical_bytes)).c_str(),
                 FormatBytes(static_cast<double>(m.stats.stored_bytes)).c_str(),
                 Ratio(m.stats.logical_bytes, m.stats.stored_bytes).c_str(),
                 100.0 * m.stats.changed_fraction());
+  };
+  // A manifest's own failure is reported; the bucket failing stops the command.
+  auto read = [&](const VersionInfo& v) -> Expected<std::shared_ptr<const Manifest>> {
+    return ctx->bucket->ReadManifest(v.model, v.version);
+  };
+  // Model by model (the listing is sorted by model): oldest first by the creation times the
+  // listing gives; a version without a time marker has its head read for it.
+  for (size_t begin = 0; begin < versions->size();) {
+    size_t end = begin;
+    while (end < versions->size() && (*versions)[end].model == (*versions)[begin].model) ++end;
+    struct Entry {
+      VersionInfo v;
+      int64_t created_ms;
+    };
+    std::vector<Entry> entries;
+    std::vector<std::pair<VersionInfo, Status>> bad;
+    for (size_t i = begin; i < end; ++i) {
+      const VersionInfo& v = (*versions)[i];
+      if (v.created_ms) {
+        entries.push_back({v, *v.created_ms});
+        continue;
+      }
+      Expected<std::shared_ptr<const Manifest>> m = read(v);
+      if (m.ok()) {
+        entries.push_back({v, (*m)->created_ms});
+      } else if (m.status().kind() == ErrorKind::kNotFound) {
+        continue;  // removed since the listing (gc retired it)
+      } else if (ManifestsOwnFailure(m.status())) {
+        bad.emplace_back(v, m.status());
+      } else {
+        return Fail(m.status().WithContext("reading " + v.model + "@" + v.version));
+      }
+    }
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return std::tie(a.created_ms, a.v.version) < std::tie(b.created_ms, b.v.version);
+    });
+    if (last && entries.size() > *last) entries.erase(entries.begin(), entries.end() - static_cast<std::ptrdiff_t>(*last));
+    for (const Entry& e : entries) {
+      Expected<std::shared_ptr<const Manifest>> m = read(e.v);
+      if (m.ok()) {
+        print(**m);
+      } else if (m.status().kind() == ErrorKind::kNotFound) {
+        continue;
+      } else if (ManifestsOwnFailure(m.status())) {
+        bad.emplace_back(e.v, m.status());
+      } else {
+        return Fail(m.status().WithContext("reading " + e.v.model + "@" + e.v.version));
+      }
+      std::fflush(stdout);
+    }
+    std::sort(bad.begin(), bad.end(), [](const auto& a, const auto& b) { return a.first.version < b.first.version; });
+    for (const auto& [v, error] : bad) {
+      std::fprintf(stderr, "weightfs log: cannot read %s@%s: %s\n", v.model.c_str(), v.version.c_str(),
+                   error.ToString().c_str());
+      print_error(v, error);
+      ++unreadable;
+    }
+    begin = end;
+  }
+  if (json) {
+    std::printf("%s]\n", printed ? "\n" : "");
+  } else if (printed == 0) {
+    std::printf("no versions%s\n", pos.size() > 1 ? (" of " + pos[1]).c_str() : "");
   }
   if (unreadable) {
     std::fprintf(stderr, "weightfs log: %zu version%s could not be read (see above)\n", unreadable,
                  unreadable == 1 ? "" : "s");
   }
-  return rc;
+  return unreadable ? 1 : 0;
+}
+
+// ---- upgrade ------------------------------------------------------------------------------------
+
+int UpgradeMain(int argc, char** argv) {
+  ArgParser args(kCommonValues, Concat(kCommonFlags, {"--dry-run"}));
+  std::string help = std::string(R"(usage: weightfs upgrade BUCKET [--dry-run]
+
+Converts a bucket to format 2 in place (docs/format2.md): every version's manifest is rewritten
+as a small head plus a binary table of its chunk rows (the table first, then the head over the
+manifest, so a crash leaves every version readable, in one format or the other), every version
+gets its time marker, and weightfs.json says format 2 last. Nothing else changes: the same
+packs, the same bytes. Run it again after an interruption: it goes on where it stopped.
+
+Stop readers and writers that use an older weightfs first: they cannot read format 2. A bucket
+already in format 2 is checked (versions left in format 1 converted, markers added).
+
+options:
+  --dry-run            count what would be converted, change nothing
+)") + kBucketHelp;
+  if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 1)) return *rc;
+  Expected<Context> ctx = OpenContext(args, args.positionals()[0], true, false);
+  if (!ctx.ok()) return Fail(ctx.status());
+  Bucket& bucket = *ctx->bucket;
+  const bool dry = args.Has("--dry-run");
+  Expected<std::vector<VersionInfo>> versions = bucket.ListVersions();
+  if (!versions.ok()) return Fail(versions.status());
+  size_t converted = 0, already = 0, markers = 0;
+  uint64_t before_bytes = 0, after_bytes = 0, rows = 0;
+  std::shared_ptr<Progress> progress = std::make_shared<Progress>("upgrade", 0);
+  for (size_t i = 0; i < versions->size(); ++i) {
+    const VersionInfo& v = (*versions)[i];
+    Expected<std::shared_ptr<const Manifest>> m = bucket.ReadManifest(v.model, v.version);
+    if (!m.ok()) return Fail(m.status().WithContext("upgrading " + v.model + "@" + v.version));
+    if ((*m)->format == kManifestFormat) {
+      Expected<ObjectInfo> old_size = bucket.store().Head(Bucket::ManifestKey(v.model, v.version));
+      if (old_size.ok()) before_bytes += old_size->size;
+      const SerializedVersion sv = SerializeVersion(**m);
+      after_bytes += sv.head.size() + sv.table.size();
+      for (const ManifestFile& f : (*m)->files) rows += f.chunks.size();
+      if (!dry) {
+        if (Status s = bucket.ReplaceManifest(**m, kManifestFormat2); !s.ok()) {
+          return Fail(s.WithContext("upgrading " + v.model + "@" + v.version));
+        }
+      }
+      ++converted;
+    } else {
+      ++already;
+    }
+    if (!v.created_ms) {
+      if (!dry) {
+        if (Status s = bucket.store().Put(Bucket::TimeKey(v.model, v.version, (*m)->created_ms), {}); !s.ok()) {
+          return Fail(s.WithContext("writing the time marker of " + v.model + "@" + v.version));
+        }
+      }
+      ++markers;
+    }
+    progress->Update(i + 1, versions->size());
+  }
+  progress->Finish();
+  if (!dry && bucket.format() != kManifestFormat2) {
+    if (Status s = bucket.SetFormat(kManifestFormat2); !s.ok()) return Fail(s.WithContext("writing weightfs.json"));
+  }
+  std::printf("%s %zu versions to format 2 (%zu were already), %zu time markers%s\n", dry ? "would convert" : "converted",
+              converted, already, markers, dry ? "" : ", weightfs.json says format 2");
+  if (converted) {
+    std::printf("metadata of the converted versions: %s -> %s (%.1f -> %.1f bytes per chunk row)\n",
+                FormatBytes(static_cast<double>(before_bytes)).c_str(), FormatBytes(static_cast<double>(after_bytes)).c_str(),
+                rows ? static_cast<double>(before_bytes) / static_cast<double>(rows) : 0.0,
+                rows ? static_cast<double>(after_bytes) / static_cast<double>(rows) : 0.0);
+  }
+  return 0;
 }
 
 // ---- gc -----------------------------------------------------------------------------------------
@@ -639,6 +767,7 @@ int BucketMain(const std::string& command, int argc, char** argv) {
   if (command == "log") return LogMain(argc, argv);
   if (command == "verify") return VerifyMain(argc, argv);
   if (command == "gc") return GcMain(argc, argv);
+  if (command == "upgrade") return UpgradeMain(argc, argv);
   return -1;
 }
 

@@ -249,6 +249,7 @@ int Serve(const MountConfig& c, int notify_fd, bool daemon) {
   // decompression bomb or an absurd manifest fails its version with ENOMEM instead of taking
   // the daemon past its limit.
   opened->bucket->set_max_manifest_json_bytes(c.mount.reader.memory_limit / 4);
+  opened->bucket->set_metadata_budget(ChunkReader::MetadataBudget(c.mount.reader.memory_limit));
   Materializer materializer(opened->bucket.get(), opened->cache.get());
   ServerParts parts{opened->bucket.get(), &materializer, opened->cache.get(), opened->store.store.get()};
   MountOptions mount_options = c.mount;

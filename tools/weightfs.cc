@@ -21,6 +21,7 @@ commands:
   log          list versions: parent, size, stored bytes, ratio, % changed
   verify       re-derive every chunk of a version from the bucket and check every hash
   gc           remove unreferenced packs; retire old versions
+  upgrade      convert a bucket to format 2 in place (small heads, binary chunk tables)
   import       turn a TRL delta-sync bucket's steps into weightfs versions (shows the size difference)
   mount        show every version of a bucket as directories (FUSE); mkdir writes new ones
   unmount      publish a mount's drafts, unmount it and wait for its daemon to exit

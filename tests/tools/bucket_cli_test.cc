@@ -294,3 +294,91 @@ TEST_F(BucketCli, FlippedByteInAPackFailsPullAndVerifyNamingTheChunk) {
 }
 
 }  // namespace
+
+// ---- format 2 ----------------------------------------------------------------------------------
+
+nlohmann::json HeadOf(const fs::path& bucket, const std::string& version) {
+  return nlohmann::json::parse(Slurp((bucket / "models/acme/m/versions" / (version + ".json")).string()), nullptr, false);
+}
+
+// A format 1 bucket (an older weightfs's) is upgraded in place: versions read the same before,
+// during (some converted, some not: `upgrade` killed at random moments) and after; new
+// versions are written in format 2 once weightfs.json says so; the metadata shrinks.
+TEST_F(BucketCli, UpgradeConvertsAFormat1BucketInPlaceAndSurvivesBeingKilled) {
+  const fs::path b = root_ / "old";
+  ASSERT_EQ(RunCli("init " + b.string() + " --format 1").exit_code, 0);
+  EXPECT_NE(Slurp((b / "weightfs.json").string()).find("\"format\":1"), std::string::npos);
+  for (int k = 0; k <= 2; ++k) {
+    Result p = RunCli("push " + b.string() + " acme/m@v" + std::to_string(k) + " " + Version(k) + " --chunk-size 64KiB --no-cache");
+    ASSERT_EQ(p.exit_code, 0) << p.out;
+    EXPECT_EQ(HeadOf(b, "v" + std::to_string(k)).value("format", 0), 1);
+  }
+  // Format 1 buckets written by older releases have no time markers.
+  fs::remove_all(b / "models/acme/m/times");
+  auto pull_all_exact = [&](const std::string& when) {
+    for (int k = 0; k <= 2; ++k) {
+      const fs::path out = root_ / ("out-" + when + std::to_string(k));
+      Result pull = RunCli("pull " + b.string() + " acme/m@v" + std::to_string(k) + " " + out.string() + " --no-cache");
+      ASSERT_EQ(pull.exit_code, 0) << when << ": " << pull.out;
+      for (const auto& e : fs::directory_iterator(Version(k))) {
+        ASSERT_EQ(Slurp(e.path().string()), Slurp((out / e.path().filename()).string())) << when << " " << e.path();
+      }
+      fs::remove_all(out);
+    }
+  };
+  // Killed at random points: every version stays readable, whatever it was converted to.
+  std::mt19937 rng(5);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const pid_t pid = Spawn({"upgrade", b.string()}, (root_ / "upgrade.log").string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(attempt * 30, attempt * 30 + 30)(rng)));
+    ::kill(pid, SIGKILL);
+    Wait(pid);
+    ASSERT_NO_FATAL_FAILURE(pull_all_exact("killed" + std::to_string(attempt)));
+  }
+  Result dry = RunCli("upgrade " + b.string() + " --dry-run");
+  ASSERT_EQ(dry.exit_code, 0) << dry.out;
+  Result up = RunCli("upgrade " + b.string());
+  ASSERT_EQ(up.exit_code, 0) << up.out;
+  std::printf("[ upgrade  ] %s", up.out.c_str());
+  EXPECT_NE(Slurp((b / "weightfs.json").string()).find("\"format\":2"), std::string::npos);
+  for (int k = 0; k <= 2; ++k) {
+    const nlohmann::json head = HeadOf(b, "v" + std::to_string(k));
+    EXPECT_EQ(head.value("format", 0), 2) << k;
+    EXPECT_TRUE(head.contains("table")) << k;
+  }
+  EXPECT_EQ(CountFiles(b / "models/acme/m/times"), 3u);
+  ASSERT_NO_FATAL_FAILURE(pull_all_exact("after"));
+  EXPECT_EQ(RunCli("verify " + b.string() + " acme/m@v2").exit_code, 0);
+  // Upgrading again changes nothing.
+  Result again = RunCli("upgrade " + b.string());
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_NE(again.out.find("converted 0 versions"), std::string::npos) << again.out;
+  // New versions: format 2, on the latest (found from the time markers).
+  Result p3 = RunCli("push " + b.string() + " acme/m@v3 " + Version(2) + " --no-cache");
+  ASSERT_EQ(p3.exit_code, 0) << p3.out;
+  EXPECT_NE(p3.out.find("parent v2"), std::string::npos) << p3.out;
+  EXPECT_EQ(HeadOf(b, "v3").value("format", 0), 2);
+  // gc keeps the tables the heads name and removes nothing else of them.
+  Result gc = RunCli("gc " + b.string());
+  ASSERT_EQ(gc.exit_code, 0) << gc.out;
+  ASSERT_NO_FATAL_FAILURE(pull_all_exact("aftergc"));
+}
+
+// `log --last N` lists the newest N versions of each model, in time order, from the listing's
+// time markers.
+TEST_F(BucketCli, LogLastListsTheNewestVersions) {
+  for (int k = 0; k <= 2; ++k) {
+    ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v" + std::to_string(k) + " " + Version(k) + " --no-cache").exit_code, 0);
+  }
+  Result last = RunCli("log " + bucket_ + " --last 2 --json");
+  ASSERT_EQ(last.exit_code, 0) << last.out;
+  const nlohmann::json j = nlohmann::json::parse(last.out, nullptr, false);
+  ASSERT_TRUE(j.is_array()) << last.out;
+  ASSERT_EQ(j.size(), 2u) << last.out;
+  EXPECT_EQ(j[0]["version"], "v1");
+  EXPECT_EQ(j[1]["version"], "v2");
+  Result all = RunCli("log " + bucket_);
+  ASSERT_EQ(all.exit_code, 0) << all.out;
+  EXPECT_LT(all.out.find("acme/m@v0"), all.out.find("acme/m@v2")) << all.out;
+  EXPECT_EQ(RunCli("log " + bucket_ + " --last 0").exit_code, 2);
+}
