@@ -38,8 +38,13 @@
 
 namespace weightfs {
 
-// The section of `chunks` (rows of one file, in order).
+// The section of `chunks` (rows of one file, in order). A delta row's chain bytes (less its own
+// payload) and keyframe bytes are hints and are stored rounded to 6 significant bits (to the
+// nearest: a chain's error is a random walk, ~3% after 64 deltas, not a drift).
 std::vector<uint8_t> EncodeChunkTable(std::span<const ManifestChunk> chunks);
+
+// `c` as a table gives it back (the hints rounded as above).
+ManifestChunk AsStoredInTable(const ManifestChunk& c);
 
 // What a section's rows may index into: the sizes of the head's tables.
 struct ChunkTableLimits {

@@ -8,6 +8,7 @@ namespace weightfs::cli {
 
 int GenMain(int argc, char** argv);         // weightfs gen
 int BenchCodecMain(int argc, char** argv);  // weightfs bench codec
+int BenchScaleMain(int argc, char** argv);  // weightfs bench scale
 int MountMain(int argc, char** argv);       // weightfs mount
 int UnmountMain(int argc, char** argv);     // weightfs unmount
 int CommitMain(int argc, char** argv);      // weightfs commit

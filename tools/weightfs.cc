@@ -30,6 +30,7 @@ commands:
   discard      abandon a draft (nothing of it is published)
   gen          generate a realistic checkpoint sequence (safetensors shards) for tests and demos
   bench codec  measure the delta codec against zstd, zstd --patch-from and the entropy floor
+  bench scale  metadata costs of a simulated huge model with many versions (real mount, real format)
 
 Run 'weightfs <command> --help' for the options of one command.
 )";
@@ -65,7 +66,10 @@ int main(int argc, char** argv) {
     if (argc >= 3 && std::string(argv[2]) == "codec") {
       return weightfs::cli::BenchCodecMain(argc - 2, argv + 2);
     }
-    std::fprintf(stderr, "weightfs: usage: weightfs bench codec OLD NEW | --generate (see --help)\n");
+    if (argc >= 3 && std::string(argv[2]) == "scale") {
+      return weightfs::cli::BenchScaleMain(argc - 2, argv + 2);
+    }
+    std::fprintf(stderr, "weightfs: usage: weightfs bench codec OLD NEW | --generate, or weightfs bench scale (see --help)\n");
     return 2;
   }
   std::fprintf(stderr, "weightfs: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
