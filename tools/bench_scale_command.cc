@@ -19,6 +19,7 @@
 // file: the metadata path of a push). Each line has its wall time and what the bucket was
 // asked (requests, bytes): the request counts are what does not grow with versions x chunks.
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -111,17 +112,24 @@ Run RunSelf(const std::vector<std::string>& args) {
   if (out < 0) return r;
   ::unlink(out_path);
   const auto t0 = Clock::now();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out, 1);
-    ::dup2(out, 2);
-    std::vector<char*> argv;
-    const std::string self = Self();
-    argv.push_back(const_cast<char*>(self.c_str()));
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(self.c_str(), argv.data());
-    ::_exit(127);
+  // posix_spawn, not fork: a forked child's peak RSS would count this process's pages until
+  // its exec (the bucket just built here), and the figure is the command's own.
+  std::vector<char*> argv;
+  const std::string self = Self();
+  argv.push_back(const_cast<char*>(self.c_str()));
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_adddup2(&actions, out, 1);
+  ::posix_spawn_file_actions_adddup2(&actions, out, 2);
+  pid_t pid = -1;
+  const int spawned = ::posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) {
+    ::close(out);
+    r.out = std::string("cannot run ") + self + ": " + std::strerror(spawned);
+    return r;
   }
   int status = 0;
   struct rusage ru {};
