@@ -88,8 +88,9 @@ TEST_F(ChunkReaderTest, ConcurrentReadersOfOneChunkShareOneMaterialization) {
 }
 
 TEST_F(ChunkReaderTest, MemoryStaysWithinTheLimit) {
-  // What the process and one build take, plus three chunks.
-  const uint64_t limit = ChunkReader::kBaseBytes + ChunkReader::kBuildBytes + 3 * kChunk;
+  // What the process, one build and the metadata caches take, plus three chunks.
+  const uint64_t limit = ChunkReader::kBaseBytes + ChunkReader::kBuildBytes + (16ull << 20) + 3 * kChunk;
+  ASSERT_EQ(ChunkReader::MetadataBudget(limit), 16ull << 20);
   ASSERT_EQ(ChunkReader::MaxBuilds(limit), 1u);
   ASSERT_EQ(ChunkReader::CacheBudget(limit), 3 * kChunk);
   ChunkReader reader(&materializer_, {.memory_limit = limit, .readahead_bytes = 0});
@@ -110,7 +111,9 @@ TEST_F(ChunkReaderTest, MemoryStaysWithinTheLimit) {
 TEST_F(ChunkReaderTest, ConcurrentBuildsAreBoundedByTheMemoryLimit) {
   EXPECT_EQ(ChunkReader::MaxBuilds(ChunkReader::kMinMemoryLimit), 1u);
   EXPECT_EQ(ChunkReader::MaxBuilds(1ull << 30), 15u);
-  EXPECT_GE(ChunkReader::CacheBudget(1ull << 30), 700ull << 20);
+  // An eighth of the limit goes to metadata (heads, chunk tables); most of the rest to chunks.
+  EXPECT_EQ(ChunkReader::MetadataBudget(1ull << 30), 128ull << 20);
+  EXPECT_GE(ChunkReader::CacheBudget(1ull << 30), 560ull << 20);
   ChunkReader reader(&materializer_, {.memory_limit = ChunkReader::kMinMemoryLimit, .readahead_bytes = 0});
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};

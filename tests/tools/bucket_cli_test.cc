@@ -119,7 +119,7 @@ TEST_F(BucketCli, PushPullVerifyLogCatRoundTrip) {
   EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
   Result log = RunCli("log " + bucket_ + " --json");
   ASSERT_EQ(log.exit_code, 0) << log.out;
-  EXPECT_NE(log.out.find("\"version\": \"v1\""), std::string::npos) << log.out;
+  EXPECT_NE(log.out.find("\"version\":\"v1\""), std::string::npos) << log.out;
   Result cat = RunCli("cat " + bucket_ + " acme/m@v1/config.json" + Cache("c3"));
   EXPECT_EQ(cat.exit_code, 0);
   EXPECT_EQ(cat.out, Slurp(Version(1) + "/config.json"));
