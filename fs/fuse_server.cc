@@ -41,6 +41,8 @@ constexpr const char* kXattrCommit = "user.weightfs.commit";
 constexpr const char* kXattrCommitAll = "user.weightfs.commit_all";
 constexpr const char* kXattrKeepDrafts = "user.weightfs.keep_drafts";
 constexpr const char* kXattrDiscard = "user.weightfs.discard";
+// On a version directory: its model's newest version, from a listing made now (rate-bounded).
+constexpr const char* kXattrNewest = "user.weightfs.newest";
 
 // The longest name of a directory entry (NAME_MAX, what statfs reports): a longer one is
 // refused where it enters (ENAMETOOLONG), as local file systems do, not accepted and lost.
@@ -567,6 +569,14 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
       std::string v;
       if (int err = s.drafts->GetXattr(ino, n, &v); err != 0) return err;
       return ReplyXattrValue(req, v, size);
+    }
+    if (n == kXattrNewest) {
+      Expected<std::string> newest = s.names.NewestVersion(ino);
+      if (!newest.ok()) {
+        if (newest.status().kind() == ErrorKind::kInvalidArgument) return ENODATA;  // not a version
+        return StatusToErrno(newest.status(), ErrnoContext::kName, "getxattr " + n);
+      }
+      return ReplyXattrValue(req, *newest, size);
     }
     Expected<std::string> v = s.names.GetXattr(ino, n);
     if (!v.ok()) return StatusToErrno(v.status(), ErrnoContext::kXattr, "getxattr " + n);

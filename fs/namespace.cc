@@ -128,6 +128,87 @@ void Namespace::AddPublished(std::shared_ptr<const Manifest> manifest) {
   invalidated_ = true;  // versions published elsewhere meanwhile come with the next listing
 }
 
+void Namespace::AddFoundLocked(const std::string& model, const std::string& version,
+                               std::optional<int64_t> created_ms) {
+  const size_t known = models_[model].versions.size();
+  AddVersionLocked(model, version, created_ms);
+  Model& m = models_[model];
+  if (m.versions.size() != known) UpdateLatestLinkLocked(model, m);
+  published_[model + "@" + version] = ++publish_seq_;
+  absent_.erase(model + "@" + version);
+}
+
+bool Namespace::TakeProbeTokenLocked() {
+  if (options_.probe_rate <= 0) return false;
+  const auto now = std::chrono::steady_clock::now();
+  const double elapsed = std::chrono::duration<double>(now - tokens_at_).count();
+  tokens_at_ = now;
+  probe_tokens_ = std::min(std::max(options_.probe_rate, 1.0), probe_tokens_ + elapsed * options_.probe_rate);
+  if (probe_tokens_ < 1) return false;
+  probe_tokens_ -= 1;
+  return true;
+}
+
+Expected<bool> Namespace::Probe(uint64_t dir, std::string_view name) {
+  const size_t at = name.find('@');
+  if (at == std::string_view::npos || at == 0 || at + 1 == name.size()) return false;
+  const std::string leaf(name.substr(0, at)), version(name.substr(at + 1));
+  if (version == "latest" || leaf.find('/') != std::string::npos) return false;
+  std::string model;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* d = NodeLocked(dir);
+    if (!d || d->kind != Kind::kDir) return false;
+    model = d->model.empty() ? leaf : d->model + "/" + leaf;
+    const std::string key = model + "@" + version;
+    const auto now = std::chrono::steady_clock::now();
+    if (auto it = absent_.find(key); it != absent_.end() && now - it->second < options_.probe_negative_ttl) return false;
+    if (!TakeProbeTokenLocked()) return false;  // over the rate: the listing will tell
+  }
+  Expected<std::shared_ptr<const Manifest>> m = bucket_->ReadManifest(model, version);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!m.ok()) {
+    if (m.status().kind() != ErrorKind::kNotFound && m.status().kind() != ErrorKind::kInvalidArgument) {
+      return m.status().WithContext("checking for " + model + "@" + version);
+    }
+    if (absent_.size() >= kMaxAbsent) absent_.erase(absent_.begin());
+    absent_[model + "@" + version] = std::chrono::steady_clock::now();
+    return false;
+  }
+  AddFoundLocked(model, version, (*m)->created_ms);
+  Node& v = *NodeLocked(models_[model].versions[version]);
+  if (!v.summary) v.summary = Summarize(**m);
+  return true;
+}
+
+Expected<std::string> Namespace::NewestVersion(uint64_t link_ino) {
+  std::string model;
+  bool relist = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* n = NodeLocked(link_ino);
+    if (!n || (n->kind != Kind::kLatestLink && n->kind != Kind::kVersionDir)) {
+      return Status::InvalidArgument("not a version directory");
+    }
+    model = n->model;
+    auto it = model_listed_.find(model);
+    const auto now = std::chrono::steady_clock::now();
+    const auto min_gap = std::chrono::duration<double>(options_.probe_rate > 0 ? 1.0 / options_.probe_rate : 1e9);
+    relist = it == model_listed_.end() || now - it->second.first >= min_gap;
+    if (!relist && !it->second.second.empty()) return it->second.second;
+    if (relist) model_listed_[model].first = now;  // one re-listing at a time per interval
+  }
+  if (relist) {
+    WFS_ASSIGN_OR_RETURN(std::vector<VersionTime> times, bucket_->VersionTimes(model));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const VersionTime& t : times) AddFoundLocked(model, t.version, t.created_ms);
+    if (!times.empty()) model_listed_[model].second = times.back().version;  // sorted by (time, name)
+  }
+  WFS_ASSIGN_OR_RETURN(std::string target, EnsureLatest(model));
+  const size_t at = target.rfind('@');
+  return at == std::string::npos ? target : target.substr(at + 1);
+}
+
 std::optional<std::string> Namespace::DirPath(uint64_t ino) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Node* n = NodeLocked(ino);
@@ -588,12 +669,21 @@ Expected<NodeAttr> Namespace::Lookup(uint64_t parent, std::string_view name) {
   if (kind == Kind::kDir) WFS_TRY(RefreshIfStale());
   if (kind == Kind::kVersionDir) WFS_TRY(EnsureContents(parent));
   uint64_t child = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Node* p = NodeLocked(parent);
-    auto it = p->children.find(name);
-    if (it == p->children.end()) return Status::NotFound("no entry '" + std::string(name) + "' in " + (p->name.empty() ? "/" : p->name));
-    child = it->second;
+  for (bool probed = false;; probed = true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const Node* p = NodeLocked(parent);
+      auto it = p->children.find(name);
+      if (it != p->children.end()) {
+        child = it->second;
+        break;
+      }
+      if (probed || kind != Kind::kDir) {
+        return Status::NotFound("no entry '" + std::string(name) + "' in " + (p->name.empty() ? "/" : p->name));
+      }
+    }
+    WFS_ASSIGN_OR_RETURN(bool found, Probe(parent, name));
+    (void)found;  // found: the next pass finds its entry; not: it answers NotFound
   }
   return GetAttr(child);
 }

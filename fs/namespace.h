@@ -12,8 +12,13 @@
 //
 // Freshness: directories above the versions re-list the bucket when their listing is older than
 // `refresh` (one List per interval for the whole bucket), so versions published elsewhere
-// appear within that interval; their attributes and entries get that interval as timeout.
-// Version directories and everything in them are immutable: long timeouts.
+// appear in listings and @latest within that interval; their attributes and entries get that
+// interval as timeout. A lookup of an exact "name@version" the listing does not have checks the
+// bucket for that version (one head read; at most `probe_rate` a second for the whole mount,
+// an absent answer kept for `probe_negative_ttl`), so a version published on another node can
+// be opened as soon as it exists (RL weight sync: `weightfs wait`). NewestVersion re-lists one
+// model's versions on demand, under the same rate. Version directories and everything in them
+// are immutable: long timeouts.
 //
 // Laziness: the listing only creates names. A version's manifest is read when its attributes
 // are needed (a summary is kept: creation time, parent, stats) and again when its contents are
@@ -52,6 +57,10 @@ struct NamespaceOptions {
   // The directories above the versions are writable by their owner (mkdir makes drafts in
   // them): mode 0755 instead of 0555.
   bool writable_dirs = false;
+  // Direct checks of version names not (yet) in the listing: at most this many a second (0:
+  // none, a version appears with the next listing); an absent answer is reused this long.
+  double probe_rate = 20;
+  std::chrono::milliseconds probe_negative_ttl{200};
 };
 
 // A node's attributes as a FUSE reply needs them (copied out under the lock).
@@ -115,6 +124,11 @@ class Namespace {
   // draft that held its name goes, so its path never answers ENOENT in between; a listing that
   // began before the publish does not remove it.
   void AddPublished(std::shared_ptr<const Manifest> manifest);
+  // The newest version of the model of `ino` (a version directory, or the name@latest link; the
+  // kernel allows user.* attributes on directories only), from a listing of
+  // that model's versions made now (one listing of its time markers), unless one was made less
+  // than 1/probe_rate s ago (then that one's). New versions it finds are shown at once.
+  Expected<std::string> NewestVersion(uint64_t ino);
 
  private:
   enum class Kind : uint8_t { kDir, kVersionDir, kVersionSubdir, kFile, kLatestLink };
@@ -166,6 +180,9 @@ class Namespace {
 
   // Each REQUIRES mu_ not held; they do bucket I/O.
   Status RefreshIfStale();
+  // `name` ("leaf@version") in directory `dir` is not listed: is it a version published since?
+  // True when it was found (and added).
+  Expected<bool> Probe(uint64_t dir, std::string_view name);
   Status EnsureSummaries(std::span<const uint64_t> version_inos);
   Status EnsureContents(uint64_t version_ino);
   Expected<std::string> EnsureLatest(const std::string& model);
@@ -189,6 +206,11 @@ class Namespace {
     return n.listed_created_ms;
   }
   void UpdateLatestLinkLocked(const std::string& name, Model& m);
+  // Shows a version found outside a listing (a probe, a model's re-listing), protected from a
+  // listing that began before it like AddPublished's.
+  void AddFoundLocked(const std::string& model, const std::string& version, std::optional<int64_t> created_ms);
+  // One probe's worth of the rate (token bucket, burst of one second's worth).
+  bool TakeProbeTokenLocked();
   void BuildContentsLocked(Node& version, std::shared_ptr<const Manifest> manifest);
   Status FillAttrLocked(const Node& node, NodeAttr* out) const;
   int64_t VersionTimeLocked(const Node& node) const;
@@ -216,6 +238,13 @@ class Namespace {
   std::map<std::string, uint64_t> published_;                          // GUARDED_BY(mu_)
   uint64_t publish_seq_ = 0;                                           // GUARDED_BY(mu_)
   std::condition_variable refreshed_;
+  // Probes: "model@version" found absent -> when (bounded: oldest dropped beyond kMaxAbsent).
+  std::map<std::string, std::chrono::steady_clock::time_point> absent_;  // GUARDED_BY(mu_)
+  double probe_tokens_ = 0;                                             // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point tokens_at_;                     // GUARDED_BY(mu_)
+  // NewestVersion: model -> when its versions were last re-listed, and the newest then.
+  std::map<std::string, std::pair<std::chrono::steady_clock::time_point, std::string>> model_listed_;  // GUARDED_BY(mu_)
+  static constexpr size_t kMaxAbsent = 4096;
 };
 
 }  // namespace weightfs

@@ -1,3 +1,6 @@
+#include <sys/stat.h>
+
+#include <filesystem>
 #include "tools/cli.h"
 
 #include <unistd.h>
@@ -155,6 +158,21 @@ std::optional<int> ParseArgs(ArgParser& args, int argc, char** argv, const char*
     return 2;
   }
   return std::nullopt;
+}
+
+// The root of the file system holding `path`: the highest ancestor on the same device.
+std::string MountRootOf(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::path(path).lexically_normal();
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) return path;
+  const dev_t dev = st.st_dev;
+  while (p.has_parent_path() && p.parent_path() != p) {
+    struct stat up {};
+    if (::stat(p.parent_path().c_str(), &up) != 0 || up.st_dev != dev) break;
+    p = p.parent_path();
+  }
+  return p.string();
 }
 
 }  // namespace weightfs::cli

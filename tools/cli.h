@@ -68,6 +68,9 @@ class Progress {
 // returns 2; nullopt when the command should run.
 std::optional<int> ParseArgs(ArgParser& args, int argc, char** argv, const char* help, size_t positionals);
 
+// The root of the file system holding `path`: the highest ancestor on the same device.
+std::string MountRootOf(const std::string& path);
+
 // Prints "weightfs: <message>" on stderr and returns exit code 1 (for `return Fail(...)`).
 int Fail(const std::string& message);
 inline int Fail(const Status& s) { return Fail(s.ToString()); }

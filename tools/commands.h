@@ -11,6 +11,7 @@ int BenchCodecMain(int argc, char** argv);  // weightfs bench codec
 int BenchScaleMain(int argc, char** argv);  // weightfs bench scale
 int MountMain(int argc, char** argv);       // weightfs mount
 int UnmountMain(int argc, char** argv);     // weightfs unmount
+int WaitMain(int argc, char** argv);        // weightfs wait
 int CommitMain(int argc, char** argv);      // weightfs commit
 int StatusMain(int argc, char** argv);      // weightfs status
 int DiscardMain(int argc, char** argv);     // weightfs discard

@@ -63,21 +63,6 @@ options:
   -h, --help     show this help
 )";
 
-// The root of the file system holding `path`: the highest ancestor on the same device.
-std::string MountRootOf(const std::string& path) {
-  namespace fs = std::filesystem;
-  fs::path p = fs::path(path).lexically_normal();
-  struct stat st {};
-  if (::stat(p.c_str(), &st) != 0) return path;
-  const dev_t dev = st.st_dev;
-  while (p.has_parent_path() && p.parent_path() != p) {
-    struct stat up {};
-    if (::stat(p.parent_path().c_str(), &up) != 0 || up.st_dev != dev) break;
-    p = p.parent_path();
-  }
-  return p.string();
-}
-
 std::optional<std::string> GetXattr(const std::string& path, const char* name) {
   std::string value(4096, '\0');
   for (int i = 0; i < 4; ++i) {

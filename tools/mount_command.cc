@@ -58,7 +58,9 @@ Shows every published version of every model in BUCKET as a read-only directory:
   MOUNTPOINT/acme/qwen@latest        a symbolic link to the newest version
 A file is materialized lazily, chunk by chunk, where it is read: from memory, else from the
 local chunk cache, else from the nearest cached ancestor plus the deltas after it. Versions
-published elsewhere appear within --refresh seconds. Runs as a daemon unless --foreground;
+published elsewhere appear in listings and @latest within --refresh seconds, and at once when
+looked up by name (`stat MNT/acme/qwen@v7` checks the bucket for v7 if it is not listed yet;
+`weightfs wait` waits for one that way). Runs as a daemon unless --foreground;
 returns once the mount answers. `weightfs unmount MOUNTPOINT` (or fusermount3 -u) unmounts.
 
 BUCKET: a directory, http(s)://host/prefix (WebDAV), s3://bucket/prefix, or a Hugging Face
@@ -99,6 +101,9 @@ options:
                        the rest; readers beyond wait), the rest for chunks kept
                        in memory
   --refresh SECONDS    re-list the bucket at most this often                  [10]
+  --probe-rate N       bucket checks a second, at most, for version names not   [20]
+                       listed yet (a lookup of NAME@VERSION, `weightfs wait`);
+                       0: new versions appear only with the --refresh listing
   --chunk-size BYTES   chunk size of the versions drafts publish (as push's)  [4MiB]
   --threads N          FUSE worker threads                                    [16]
   --read-only          mount read-only: no drafts (published versions always are)
@@ -356,6 +361,10 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
     WFS_ASSIGN_OR_RETURN(refresh, ParseDouble(*v));
   }
   m.names.refresh = std::chrono::milliseconds(static_cast<int64_t>(refresh * 1000));
+  if (auto v = args.Get("--probe-rate")) {
+    WFS_ASSIGN_OR_RETURN(m.names.probe_rate, ParseDouble(*v));
+    if (m.names.probe_rate < 0 || m.names.probe_rate > 10000) return Status::InvalidArgument("--probe-rate expects 0..10000");
+  }
   if (auto v = args.Get("--chunk-size")) {
     WFS_ASSIGN_OR_RETURN(m.drafts.push.chunk_bytes, ParseSize(*v));
     if (m.drafts.push.chunk_bytes < 4096 || m.drafts.push.chunk_bytes > kMaxChunkBytes) {
@@ -376,7 +385,7 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
 }  // namespace
 
 int MountMain(int argc, char** argv) {
-  ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--threads", "-o", "--chunk-size",
+  ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;

@@ -28,6 +28,7 @@ commands:
   commit       publish a draft (a new version directory written on a mount)
   status       a mount's drafts: files to encode and upload, errors
   discard      abandon a draft (nothing of it is published)
+  wait         block until a version is published (by any node) and visible in a mount
   gen          generate a realistic checkpoint sequence (safetensors shards) for tests and demos
   bench codec  measure the delta codec against zstd, zstd --patch-from and the entropy floor
   bench scale  metadata costs of a simulated huge model with many versions (real mount, real format)
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   if (cmd == "gen") return weightfs::cli::GenMain(argc - 1, argv + 1);
   if (cmd == "mount") return weightfs::cli::MountMain(argc - 1, argv + 1);
   if (cmd == "unmount" || cmd == "umount") return weightfs::cli::UnmountMain(argc - 1, argv + 1);
+  if (cmd == "wait") return weightfs::cli::WaitMain(argc - 1, argv + 1);
   if (cmd == "commit") return weightfs::cli::CommitMain(argc - 1, argv + 1);
   if (cmd == "status") return weightfs::cli::StatusMain(argc - 1, argv + 1);
   if (cmd == "discard") return weightfs::cli::DiscardMain(argc - 1, argv + 1);

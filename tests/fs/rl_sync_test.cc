@@ -1,0 +1,137 @@
+// RL weight sync through real mounts: a version published by another node (a trainer's push or
+// commit) is visible by name at once on a mount that is not due to refresh, and `weightfs wait`
+// returns as soon as it is. Nothing here sleeps to let something happen: every wait is for a
+// condition, bounded.
+#include <sys/stat.h>
+#include <sys/xattr.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tests/fs/draft_mount.h"
+
+namespace weightfs::test {
+namespace {
+
+class RlSyncTest : public DraftMountTest {
+ protected:
+  // Bucket requests the mount has made so far.
+  static uint64_t Requests(const Mount& m) {
+    auto stats = GetXattr(m.mnt(), "user.weightfs.stats");
+    if (!stats) return 0;
+    Json j = Json::parse(*stats, nullptr, false);
+    return j.is_object() && j.contains("bucket") ? j["bucket"].value("requests", uint64_t{0}) : 0;
+  }
+  Result Push(int k) {
+    return Cli("push " + bucket_ + " m/x@v" + std::to_string(k) + " " + Source(k).string() + " --cache-dir " +
+               (root_ / "c0").string());
+  }
+};
+
+TEST_F(RlSyncTest, AVersionPublishedElsewhereIsVisibleByNameAtOnceWithoutARefresh) {
+  Generate("2M", 3);
+  InitWithBase();
+  Mount& b = NewMount("b", "--refresh 3600");
+  ASSERT_EQ(b.Start().exit_code, 0) << b.Describe();
+  ASSERT_TRUE(fs::is_directory(b.Dir("m/x@v0")));
+  EXPECT_FALSE(fs::exists(b.Dir("m/x@v1")));  // not published yet: checked, absent
+  // Another node publishes v1: a mount's draft, committed (what a trainer does).
+  Mount& a = NewMount("a");
+  ASSERT_EQ(a.Start().exit_code, 0) << a.Describe();
+  ASSERT_TRUE(fs::create_directory(a.Dir("m/x@v1")));
+  for (const auto& e : fs::directory_iterator(Source(1))) {
+    fs::copy_file(e.path(), a.Dir("m/x@v1") / e.path().filename(), fs::copy_options::overwrite_existing);
+  }
+  Result c = a.Commit("m/x@v1");
+  ASSERT_EQ(c.exit_code, 0) << c.out << a.Describe();
+  // B's listing is an hour from its refresh, yet the name resolves now: the absent answer above
+  // is kept for 200 ms at most.
+  const auto t0 = Clock::now();
+  EXPECT_TRUE(WaitFor([&] { return fs::is_directory(b.Dir("m/x@v1")); }, 5s)) << b.Describe();
+  std::printf("[          ] visible on B %.0f ms after the commit returned\n",
+              std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  ExpectSameFiles(b.Dir("m/x@v1"), Source(1));
+  // Found by name, it is in the model's directory and @latest too.
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(b.mnt() / "m")) names.insert(e.path().filename().string());
+  EXPECT_TRUE(names.count("x@v1")) << "listing without it";
+  EXPECT_EQ(fs::read_symlink(b.Dir("m/x@latest")).string(), "x@v1");
+}
+
+TEST_F(RlSyncTest, LookupsOfAbsentVersionsCostBoundedRequests) {
+  Generate("2M", 1);
+  InitWithBase();
+  Mount& b = NewMount("b", "--refresh 3600 --probe-rate 10");
+  ASSERT_EQ(b.Start().exit_code, 0) << b.Describe();
+  ASSERT_TRUE(fs::is_directory(b.Dir("m/x@v0")));
+  const uint64_t before = Requests(b);
+  const auto t0 = Clock::now();
+  int lookups = 0;
+  while (Clock::now() - t0 < 1500ms) {
+    struct stat st {};
+    EXPECT_NE(::stat(b.Dir("m/x@nope" + std::to_string(lookups % 3)).c_str(), &st), 0);
+    EXPECT_EQ(errno, ENOENT);
+    ++lookups;
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const uint64_t made = Requests(b) - before;
+  std::printf("[          ] %d lookups of 3 absent names in %.1f s: %llu bucket requests\n", lookups, secs,
+              static_cast<unsigned long long>(made));
+  EXPECT_GT(lookups, 100);
+  EXPECT_GE(made, 1u);                                          // it did check
+  EXPECT_LE(made, static_cast<uint64_t>(10 * secs + 10 + 1));  // --probe-rate 10, burst 10
+  // --probe-rate 0: never checked; a published version waits for the listing.
+  Mount& quiet = NewMount("quiet", "--refresh 3600 --probe-rate 0");
+  ASSERT_EQ(quiet.Start().exit_code, 0) << quiet.Describe();
+  ASSERT_TRUE(fs::is_directory(quiet.Dir("m/x@v0")));
+  const uint64_t quiet_before = Requests(quiet);
+  for (int i = 0; i < 50; ++i) EXPECT_FALSE(fs::exists(quiet.Dir("m/x@nope")));
+  EXPECT_EQ(Requests(quiet), quiet_before);
+}
+
+TEST_F(RlSyncTest, WaitReturnsWhenTheVersionIsPublishedAndTimesOutWithItsOwnStatus) {
+  Generate("2M", 4);
+  InitWithBase();
+  ASSERT_EQ(Push(1).exit_code, 0);
+  Mount& b = NewMount("b", "--refresh 3600");
+  ASSERT_EQ(b.Start().exit_code, 0) << b.Describe();
+  ASSERT_TRUE(fs::is_directory(b.Dir("m/x@v1")));
+  // A named version, published while waiting.
+  auto waiting = std::async(std::launch::async, [&] { return Cli("wait " + b.Dir("m/x@v2").string() + " --timeout 60"); });
+  EXPECT_EQ(waiting.wait_for(300ms), std::future_status::timeout) << "returned before v2 existed";
+  ASSERT_EQ(Push(2).exit_code, 0);
+  Result w = waiting.get();
+  EXPECT_EQ(w.exit_code, 0) << w.out;
+  EXPECT_NE(w.out.find(b.Dir("m/x@v2").string()), std::string::npos) << w.out;
+  ExpectSameFiles(b.Dir("m/x@v2"), Source(2));
+  // "The next one": newer than v2.
+  auto next = std::async(std::launch::async,
+                         [&] { return Cli("wait " + b.Dir("m/x@latest").string() + " --newer-than v2 --timeout 60"); });
+  EXPECT_EQ(next.wait_for(300ms), std::future_status::timeout) << "returned before v3 existed";
+  ASSERT_EQ(Push(3).exit_code, 0);
+  Result n = next.get();
+  EXPECT_EQ(n.exit_code, 0) << n.out;
+  EXPECT_NE(n.out.find(b.Dir("m/x@v3").string()), std::string::npos) << n.out;
+  // Already newer: at once.
+  Result now = Cli("wait " + b.Dir("m/x@latest").string() + " --newer-than v1 --timeout 5");
+  EXPECT_EQ(now.exit_code, 0) << now.out;
+  EXPECT_NE(now.out.find("m/x@v3"), std::string::npos) << now.out;
+  // Timeouts and errors have their own exit codes.
+  Result late = Cli("wait " + b.Dir("m/x@v9").string() + " --timeout 0.5");
+  EXPECT_EQ(late.exit_code, 124) << late.out;
+  EXPECT_NE(late.out.find("not published after"), std::string::npos) << late.out;
+  Result unknown = Cli("wait " + b.Dir("m/x@latest").string() + " --newer-than v7 --timeout 5");
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.out;
+  Result elsewhere = Cli("wait " + (root_ / "m@v1").string() + " --timeout 5");
+  EXPECT_EQ(elsewhere.exit_code, 1) << elsewhere.out;
+  EXPECT_NE(elsewhere.out.find("not in a weightfs mount"), std::string::npos) << elsewhere.out;
+  Result usage = Cli("wait " + b.Dir("m/x").string());
+  EXPECT_EQ(usage.exit_code, 2) << usage.out;
+}
+
+}  // namespace
+}  // namespace weightfs::test
