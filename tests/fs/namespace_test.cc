@@ -128,7 +128,9 @@ TEST_F(NamespaceTest, ExtendedAttributes) {
 }
 
 TEST_F(NamespaceTest, NewVersionsAppearAfterTheRefreshIntervalWithStableInodes) {
-  Namespace slow(&bucket_.bucket(), Options(std::chrono::hours(1)));
+  NamespaceOptions listing_only = Options(std::chrono::hours(1));
+  listing_only.probe_rate = 0;  // (probes: the next test)
+  Namespace slow(&bucket_.bucket(), listing_only);
   Namespace fast(&bucket_.bucket(), Options(std::chrono::milliseconds(0)));
   auto acme_slow = slow.Lookup(Namespace::kRootIno, "acme");
   auto acme_fast = fast.Lookup(Namespace::kRootIno, "acme");
@@ -143,6 +145,32 @@ TEST_F(NamespaceTest, NewVersionsAppearAfterTheRefreshIntervalWithStableInodes) 
   auto v0_after = fast.Lookup(acme_fast->ino, "m@v0");
   ASSERT_TRUE(v0_after.ok());
   EXPECT_EQ(v0_after->ino, v0_before->ino);
+}
+
+TEST_F(NamespaceTest, ALookupOfAnUnlistedVersionChecksTheBucketForItAtOnce) {
+  Namespace ns(&bucket_.bucket(), Options(std::chrono::hours(1)));
+  auto acme = ns.Lookup(Namespace::kRootIno, "acme");
+  ASSERT_TRUE(acme.ok());
+  EXPECT_EQ(ns.ReadLink(ns.Lookup(acme->ino, "m@latest")->ino).value(), "m@v1");
+  EXPECT_EQ(ns.Lookup(acme->ino, "m@v2").status().kind(), ErrorKind::kNotFound);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  bucket_.Push("acme/m", "v2", {{"a.bin", RandomBytes(300000, 9)}});
+  // Listed an hour ago, but asked by name: checked (once the 200 ms of the absent answer pass).
+  bool found = false;
+  for (int i = 0; i < 100 && !found; ++i) {
+    found = ns.Lookup(acme->ino, "m@v2").ok();
+    if (!found) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(found);
+  auto entries = ns.ReadDir(acme->ino);
+  ASSERT_TRUE(entries.ok());
+  const std::vector<std::string> names = Names(*entries);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "m@v2"), 1);
+  EXPECT_EQ(ns.ReadLink(ns.Lookup(acme->ino, "m@latest")->ino).value(), "m@v2");
+  // Names that cannot be versions are not checked.
+  for (const char* name : {"m@latest", "m@", "@v2", "m"}) {
+    EXPECT_EQ(ns.Lookup(acme->ino, name).ok(), std::string(name) == "m@latest") << name;
+  }
 }
 
 TEST_F(NamespaceTest, AFailedFirstListingIsAnErrorALaterOneKeepsThePreviousListing) {
