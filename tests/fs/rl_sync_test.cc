@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -18,6 +19,13 @@ namespace weightfs::test {
 namespace {
 
 class RlSyncTest : public DraftMountTest {
+ public:
+  using DraftMountTest::ExpectSameFiles;
+  using DraftMountTest::Generate;
+  using DraftMountTest::InitWithBase;
+  using DraftMountTest::NewMount;
+  using DraftMountTest::Source;
+  using DraftMountTest::Nginx;
  protected:
   // Bucket requests the mount has made so far.
   static uint64_t Requests(const Mount& m) {
@@ -32,18 +40,19 @@ class RlSyncTest : public DraftMountTest {
   }
 };
 
-TEST_F(RlSyncTest, AVersionPublishedElsewhereIsVisibleByNameAtOnceWithoutARefresh) {
-  Generate("2M", 3);
-  InitWithBase();
-  Mount& b = NewMount("b", "--refresh 3600");
+// Node A commits a draft; node B (another mount, its own cache, an hour from its refresh)
+// sees the version by name at once, reads it bit-exact, and lists it.
+void VisibleAtOnce(RlSyncTest& t, const std::string& bucket) {
+  t.Generate("2M", 3);
+  ASSERT_NO_FATAL_FAILURE(t.InitWithBase(bucket));
+  Mount& b = t.NewMount("b", "--refresh 3600", bucket);
   ASSERT_EQ(b.Start().exit_code, 0) << b.Describe();
   ASSERT_TRUE(fs::is_directory(b.Dir("m/x@v0")));
   EXPECT_FALSE(fs::exists(b.Dir("m/x@v1")));  // not published yet: checked, absent
-  // Another node publishes v1: a mount's draft, committed (what a trainer does).
-  Mount& a = NewMount("a");
+  Mount& a = t.NewMount("a", "", bucket);
   ASSERT_EQ(a.Start().exit_code, 0) << a.Describe();
   ASSERT_TRUE(fs::create_directory(a.Dir("m/x@v1")));
-  for (const auto& e : fs::directory_iterator(Source(1))) {
+  for (const auto& e : fs::directory_iterator(t.Source(1))) {
     fs::copy_file(e.path(), a.Dir("m/x@v1") / e.path().filename(), fs::copy_options::overwrite_existing);
   }
   Result c = a.Commit("m/x@v1");
@@ -54,12 +63,20 @@ TEST_F(RlSyncTest, AVersionPublishedElsewhereIsVisibleByNameAtOnceWithoutARefres
   EXPECT_TRUE(WaitFor([&] { return fs::is_directory(b.Dir("m/x@v1")); }, 5s)) << b.Describe();
   std::printf("[          ] visible on B %.0f ms after the commit returned\n",
               std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  ExpectSameFiles(b.Dir("m/x@v1"), Source(1));
+  t.ExpectSameFiles(b.Dir("m/x@v1"), t.Source(1));
   // Found by name, it is in the model's directory and @latest too.
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(b.mnt() / "m")) names.insert(e.path().filename().string());
   EXPECT_TRUE(names.count("x@v1")) << "listing without it";
   EXPECT_EQ(fs::read_symlink(b.Dir("m/x@latest")).string(), "x@v1");
+}
+
+TEST_F(RlSyncTest, AVersionPublishedElsewhereIsVisibleByNameAtOnceWithoutARefresh) { VisibleAtOnce(*this, ""); }
+
+TEST_F(RlSyncTest, AVersionPublishedElsewhereIsVisibleByNameAtOnceOnAWebdavBucket) {
+  NginxServer& nginx = Nginx();
+  ASSERT_TRUE(nginx.Start());
+  VisibleAtOnce(*this, nginx.url() + "/bucket");
 }
 
 TEST_F(RlSyncTest, LookupsOfAbsentVersionsCostBoundedRequests) {
