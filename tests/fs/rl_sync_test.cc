@@ -121,7 +121,10 @@ TEST_F(RlSyncTest, WaitReturnsWhenTheVersionIsPublishedAndTimesOutWithItsOwnStat
   auto waiting = std::async(std::launch::async, [&] { return Cli("wait " + b.Dir("m/x@v2").string() + " --timeout 60"); });
   EXPECT_EQ(waiting.wait_for(300ms), std::future_status::timeout) << "returned before v2 existed";
   ASSERT_EQ(Push(2).exit_code, 0);
+  const auto pushed = Clock::now();
   Result w = waiting.get();
+  std::printf("[          ] wait returned %.0f ms after the push did\n",
+              std::chrono::duration<double, std::milli>(Clock::now() - pushed).count());
   EXPECT_EQ(w.exit_code, 0) << w.out;
   EXPECT_NE(w.out.find(b.Dir("m/x@v2").string()), std::string::npos) << w.out;
   ExpectSameFiles(b.Dir("m/x@v2"), Source(2));
