@@ -542,6 +542,51 @@ Status ChunkCodec::DecodeChainUnguarded(std::span<const std::span<const uint8_t>
   return Status::Ok();
 }
 
+Status ChunkCodec::ApplyInPlace(std::span<const uint8_t> payload, std::span<uint8_t> data,
+                                std::vector<uint32_t>* changed, const DecodeLimits& limits) {
+  try {
+    return ApplyInPlaceUnguarded(payload, data, changed, limits);
+  } catch (...) {
+    return StatusOfCurrentException("applying a payload");
+  }
+}
+
+Status ChunkCodec::ApplyInPlaceUnguarded(std::span<const uint8_t> payload, std::span<uint8_t> data,
+                                         std::vector<uint32_t>* changed, const DecodeLimits& limits) {
+  changed->clear();
+  WFS_ASSIGN_OR_RETURN(PayloadInfo info, Inspect(payload, limits));
+  if (!info.decodes_in_place() || info.raw_len != data.size()) {
+    return Status::InvalidArgument("payload (" + std::string(ChunkEncodingName(info.encoding)) + ", " +
+                                   std::to_string(info.raw_len) + " bytes) does not decode in place on " +
+                                   std::to_string(data.size()) + " bytes");
+  }
+  if (limits.verify_parent && Hash64(data) != info.parent_hash) {
+    return Status::Corruption("delta was encoded against a different parent chunk");
+  }
+  const std::span<const uint8_t> body = payload.subspan(kPayloadHeaderBytes);
+  const size_t width = DTypeSize(info.dtype);
+  const size_t n = info.raw_len / width;
+  if (info.encoding == ChunkEncoding::kSparse) {
+    WFS_TRY(sparse::DecodeRecording(info.dtype, width, body, data.data(), n, &impl_->sparse_scratch,
+                                    changed));
+  } else {
+    WFS_TRY(impl_->DecompressPlanes(body, width, n));
+    const bool is_float = DTypeIsFloat(info.dtype);
+    DispatchWidth(width, [&]<typename T>() {
+      JoinPlanes<T>(n, impl_->planes.data(), [&](size_t i, T z) {
+        if (z == 0) return;  // zigzag(0) == 0: the element keeps its value
+        uint8_t* p = data.data() + i * sizeof(T);
+        Store<T>(p, FromOrd(T(ToOrd(Load<T>(p), is_float) + UnZigZag<T>(z)), is_float));
+        changed->push_back(static_cast<uint32_t>(i));
+      });
+    });
+  }
+  if (limits.verify_output && Hash64(data) != info.raw_hash) {
+    return Status::Corruption("decoded chunk does not match its checksum");
+  }
+  return Status::Ok();
+}
+
 Expected<std::vector<uint8_t>> ChunkCodec::Decode(std::span<const uint8_t> payload,
                                                   std::span<const uint8_t> parent,
                                                   const DecodeLimits& limits) {

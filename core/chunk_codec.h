@@ -151,6 +151,17 @@ class ChunkCodec {
                             std::span<uint8_t> data, const DecodeLimits& limits = {},
                             size_t* failed = nullptr);
 
+  // Applies one payload that decodes in place (SPARSE or DENSE with raw_len == data.size(),
+  // else InvalidArgument) to `data`, and returns in *changed (replaced) the elements it changed,
+  // ascending, as indices of elements of the payload's dtype (DTypeSize(Inspect(payload).dtype)
+  // bytes each: a caller must check that it is the element it means). SPARSE: the positions the
+  // body codes; DENSE: those with a non-zero difference. Either way each listed element's value
+  // differs from what it was, and no other element changed. Checks the parent and the output as
+  // Decode(payload, data, data, limits) does; on error `data` is unspecified. For tools that
+  // need the positions (a sparse weight patch, hub/weight_patcher.h); the read path uses Decode.
+  Status ApplyInPlace(std::span<const uint8_t> payload, std::span<uint8_t> data,
+                      std::vector<uint32_t>* changed, const DecodeLimits& limits = {});
+
   // Convenience: allocates the output (bounded by limits.max_raw_len).
   Expected<std::vector<uint8_t>> Decode(std::span<const uint8_t> payload,
                                         std::span<const uint8_t> parent,
@@ -166,6 +177,8 @@ class ChunkCodec {
                          std::span<uint8_t> out, const DecodeLimits& limits);
   Status DecodeChainUnguarded(std::span<const std::span<const uint8_t>> payloads,
                               std::span<uint8_t> data, const DecodeLimits& limits, size_t* failed);
+  Status ApplyInPlaceUnguarded(std::span<const uint8_t> payload, std::span<uint8_t> data,
+                               std::vector<uint32_t>* changed, const DecodeLimits& limits);
   // EncodeFull with the XXH3-64 of data already computed. REQUIRES: dtype tiles data.
   void EncodeFullHashed(DType dtype, std::span<const uint8_t> data, uint64_t hash,
                         std::vector<uint8_t>* out);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -955,6 +956,24 @@ struct OutputWriter {
   void Finish() { CopyTo(n); }
 };
 
+// An OutputWriter that also notes each changed position, for DecodeRecording. The sweep writes
+// a block's changes class by class, so the positions come out ascending per block of 64 but
+// not within it; DecodeRecording sorts them. `record` has room for the body's change count
+// (each change is written exactly once, else the body is rejected).
+template <typename T>
+struct RecordingWriter : OutputWriter<T> {
+  uint32_t* record = nullptr;
+  size_t recorded = 0;
+  [[gnu::always_inline]] void Patch(size_t pos, T d) {
+    record[recorded++] = static_cast<uint32_t>(pos);
+    OutputWriter<T>::Patch(pos, d);
+  }
+  void Change(size_t pos, T d) {
+    this->CopyTo(pos + 1);
+    Patch(pos, d);
+  }
+};
+
 // The 64 class bytes of a block, and which of them equal a class. The sweep below spends most
 // of a delta's decoding time here when the chunk is large and the changes few (k masks per
 // 64 elements whatever the number of changes), so it is built for AVX-512BW (one compare per
@@ -1049,11 +1068,11 @@ struct BlockAvx512 {
 // With a ClassParams (two-byte floats, AVX2 or AVX-512), `classes` holds only the last block's
 // 64 classes (padded with kNoClass) and every other block computes its classes from the parent
 // in registers; in place, a block is read before it is patched.
-template <typename Block, typename T>
+template <typename Block, typename T, typename Writer>
 bool ApplyByClassT(const uint8_t* classes, const ClassParams* fused, size_t n, int k,
                    const uint32_t* class_start, const uint32_t* local, const T* diffs,
-                   OutputWriter<T>& writer_ref) {
-  OutputWriter<T> writer = writer_ref;  // a local copy lives in registers across the stores
+                   Writer& writer_ref) {
+  Writer writer = writer_ref;  // a local copy lives in registers across the stores
   uint32_t seen[kMaxClasses] = {};  // members of the class before the current block
   uint32_t next[kMaxClasses];       // the class's next change
   uint32_t next_local[kMaxClasses]; // its class-local index (UINT32_MAX: none left)
@@ -1102,16 +1121,16 @@ bool ApplyByClassT(const uint8_t* classes, const ClassParams* fused, size_t n, i
 }
 
 #if defined(__x86_64__)
-template <typename T>
+template <typename T, typename Writer>
 [[gnu::target("avx2"), gnu::flatten]] bool ApplyByClassAvx2(
     const uint8_t* classes, const ClassParams* fused, size_t n, int k, const uint32_t* class_start,
-    const uint32_t* local, const T* diffs, OutputWriter<T>& writer) {
+    const uint32_t* local, const T* diffs, Writer& writer) {
   return ApplyByClassT<BlockAvx2>(classes, fused, n, k, class_start, local, diffs, writer);
 }
-template <typename T>
+template <typename T, typename Writer>
 [[gnu::target("avx512f,avx512bw,bmi2"), gnu::flatten]] bool ApplyByClassAvx512(
     const uint8_t* classes, const ClassParams* fused, size_t n, int k, const uint32_t* class_start,
-    const uint32_t* local, const T* diffs, OutputWriter<T>& writer) {
+    const uint32_t* local, const T* diffs, Writer& writer) {
   return ApplyByClassT<BlockAvx512>(classes, fused, n, k, class_start, local, diffs, writer);
 }
 #endif
@@ -1126,10 +1145,10 @@ Simd BestSimd() {
 
 std::atomic<Simd> g_simd{BestSimd()};
 
-template <typename T>
+template <typename T, typename Writer>
 bool ApplyByClass(const uint8_t* parent, ExponentField f, int e_lo, size_t n, int k,
                   const uint32_t* class_start, const uint32_t* local, const T* diffs,
-                  Scratch* scratch, OutputWriter<T>& writer) {
+                  Scratch* scratch, Writer& writer) {
   const Simd simd = g_simd.load(std::memory_order_relaxed);
   std::vector<uint8_t>& classes = scratch->classes;
   ClassParams params{f.shift, f.mask, e_lo, k - 1};
@@ -1439,9 +1458,11 @@ Status ParseHeader(DType dtype, std::span<const uint8_t> body, size_t n, BodyHea
   return Status::Ok();
 }
 
-template <typename T>
+// With a `recorded` vector (RecordingWriter), also the positions changed, in the order the
+// writer patched them.
+template <typename T, typename Writer = OutputWriter<T>>
 Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent, uint8_t* out,
-               size_t n, Scratch* scratch) {
+               size_t n, Scratch* scratch, std::vector<uint32_t>* recorded = nullptr) {
   BodyHeader h;
   WFS_TRY(ParseHeader<T>(dtype, body, n, &h));
   const uint64_t count = h.count;
@@ -1450,7 +1471,16 @@ Status DecodeT(DType dtype, std::span<const uint8_t> body, const uint8_t* parent
   const int k = h.k;
   const bool is_float = h.is_float;
   const ExponentField f = h.f;
-  OutputWriter<T> writer{parent, out, n, 0, is_float};
+  Writer writer;
+  writer.parent = parent;
+  writer.out = out;
+  writer.n = n;
+  writer.done = 0;
+  writer.is_float = is_float;
+  if constexpr (!std::is_same_v<Writer, OutputWriter<T>>) {
+    recorded->resize(count);
+    writer.record = recorded->data();
+  }
   if (version == kBodyVersion2) {
     uint32_t class_start[kMaxClasses + 1] = {};
     WFS_TRY(DecodeStaticT<T>(body, count, k, n, scratch, class_start, scratch->local,
@@ -2034,6 +2064,15 @@ Status Decode(DType dtype, size_t width, std::span<const uint8_t> body, const ui
   return elem::DispatchWidth(width, [&]<typename T>() {
     return DecodeT<T>(dtype, body, parent, out, n, scratch);
   });
+}
+
+Status DecodeRecording(DType dtype, size_t width, std::span<const uint8_t> body, uint8_t* data,
+                       size_t n, Scratch* scratch, std::vector<uint32_t>* positions) {
+  WFS_TRY(elem::DispatchWidth(width, [&]<typename T>() {
+    return DecodeT<T, RecordingWriter<T>>(dtype, body, data, data, n, scratch, positions);
+  }));
+  std::sort(positions->begin(), positions->end());
+  return Status::Ok();
 }
 
 }  // namespace weightfs::sparse

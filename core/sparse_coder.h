@@ -91,6 +91,14 @@ void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* dat
 Status Decode(DType dtype, size_t width, std::span<const uint8_t> body, const uint8_t* parent,
               uint8_t* out, size_t n, Scratch* scratch);
 
+// Decode in place (out == parent == data) that also returns the positions the body changed,
+// ascending, in *positions (replaced). Every position it lists holds a different value after
+// decoding than before: a body codes only non-zero differences. Slower than Decode by the
+// recording and a sort of the positions; meant for tools that need the positions themselves
+// (hub/weight_patcher.h), not for the read path.
+Status DecodeRecording(DType dtype, size_t width, std::span<const uint8_t> body, uint8_t* data,
+                       size_t n, Scratch* scratch, std::vector<uint32_t>* positions);
+
 // Applies bodies[0], bodies[1], ... to data in place, oldest first: the same result as Decode
 // of each in turn with out == parent, faster. Consecutive version 2 bodies of a two-byte float
 // with the same exponent classes share one sweep over the chunk (see "chains" in

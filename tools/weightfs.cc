@@ -22,6 +22,7 @@ commands:
   verify       re-derive every chunk of a version from the bucket and check every hash
   gc           remove unreferenced packs; retire old versions
   upgrade      convert a bucket to format 2 in place (small heads, binary chunk tables)
+  patch        sparse weight patches OLD -> NEW (NAME.idx/NAME.val safetensors) for inference engines
   import       turn a TRL delta-sync bucket's steps into weightfs versions (shows the size difference)
   mount        show every version of a bucket as directories (FUSE); mkdir writes new ones
   unmount      publish a mount's drafts, unmount it and wait for its daemon to exit
@@ -56,6 +57,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (int rc = weightfs::cli::BucketMain(cmd, argc - 1, argv + 1); rc >= 0) return rc;
+  if (cmd == "patch") return weightfs::cli::PatchMain(argc - 1, argv + 1);
   if (cmd == "import") return weightfs::cli::ImportMain(argc - 1, argv + 1);
   if (cmd == "gen") return weightfs::cli::GenMain(argc - 1, argv + 1);
   if (cmd == "mount") return weightfs::cli::MountMain(argc - 1, argv + 1);

@@ -1766,5 +1766,80 @@ TEST(ChunkCodecEdgeTest, DecompressionBombIsResourceExhausted) {
   EXPECT_TRUE(codec.Decode(p, {}).ok());
 }
 
+// ApplyInPlace (how a sparse weight patch reads its positions, hub/weight_patcher.h): on every
+// instruction set and both sparse body versions, with and without exponent classes, and for
+// DENSE payloads, it produces the decoded bytes and lists exactly the elements whose bits
+// changed. Other encodings are refused before anything is written.
+TEST(ChunkCodecApplyInPlaceTest, ListsExactlyTheChangedElements) {
+  size_t sparse_seen = 0, dense_seen = 0, classes_seen = 0;
+  for (sparse::Simd simd : {sparse::Simd::kSse2, sparse::Simd::kAvx2, sparse::Simd::kAvx512}) {
+    if (!sparse::SetSimd(simd)) continue;
+    for (int version : {1, 2}) {
+      for (double max_sparse : {0.30, 0.0}) {  // 0: no SPARSE, so DENSE where it is smaller
+        ChunkCodec codec(EncodeOptions{.sparse_max_fraction = max_sparse,
+                                       .sparse_sufficient_bits_per_byte = 8,
+                                       .sparse_body_version = version});
+        for (DType dt : {DType::kBF16, DType::kF16, DType::kF32, DType::kF64, DType::kF8E4M3, DType::kI32,
+                         DType::kU8}) {
+          for (size_t n : {size_t{1}, size_t{65}, size_t{4097}, size_t{40000}}) {
+            const Bytes parent = RandomChunk(dt, n * DTypeSize(dt), 701 + n);
+            std::vector<Bytes> children = {Mutate(dt, parent, n / 50 + 1, 702 + n, Change::kNudge),
+                                           Mutate(dt, parent, n / 4 + 1, 703 + n, Change::kRandom)};
+            if (DTypeIsFloat(dt) && n > 64) children.push_back(ExponentSkewedUpdate(dt, parent, 0.1, 0.002, 704 + n));
+            for (const Bytes& child : children) {
+              SCOPED_TRACE(Describe(dt, parent.size(), "simd " + std::to_string(static_cast<int>(simd)) +
+                                                           " version " + std::to_string(version)));
+              Bytes payload;
+              const ChunkEncoding enc = codec.EncodeDelta(dt, parent, child, &payload);
+              if (enc == ChunkEncoding::kSame) continue;
+              Expected<PayloadInfo> info = ChunkCodec::Inspect(payload);
+              ASSERT_TRUE(info.ok());
+              Bytes data = parent;
+              std::vector<uint32_t> changed = {12345};  // replaced, not appended to
+              const Status st = codec.ApplyInPlace(payload, data, &changed);
+              if (!info->decodes_in_place()) {
+                EXPECT_EQ(st.kind(), ErrorKind::kInvalidArgument) << ChunkEncodingName(enc);
+                EXPECT_TRUE(data == parent);
+                continue;
+              }
+              ASSERT_TRUE(st.ok()) << st.ToString();
+              ASSERT_TRUE(data == child);
+              const size_t w = DTypeSize(info->dtype);
+              std::vector<uint32_t> expected;
+              for (size_t i = 0; i < parent.size() / w; ++i) {
+                if (std::memcmp(parent.data() + i * w, child.data() + i * w, w) != 0) {
+                  expected.push_back(static_cast<uint32_t>(i));
+                }
+              }
+              ASSERT_EQ(changed, expected);
+              (enc == ChunkEncoding::kSparse ? sparse_seen : dense_seen)++;
+              if (enc == ChunkEncoding::kSparse && SparseClasses(payload) > 1) ++classes_seen;
+            }
+          }
+        }
+      }
+    }
+  }
+  sparse::SetSimd(sparse::Simd::kBest);
+  EXPECT_GT(sparse_seen, 0u);
+  EXPECT_GT(dense_seen, 0u);
+  EXPECT_GT(classes_seen, 0u);
+}
+
+// ApplyInPlace checks what Decode checks: the parent and the result.
+TEST(ChunkCodecApplyInPlaceTest, WrongParentIsCorruption) {
+  ChunkCodec codec;
+  const Bytes parent = GaussianBf16(5000, 711);
+  const Bytes child = NudgeOneUlp(parent, 50, 712);
+  Bytes payload;
+  ASSERT_EQ(codec.EncodeDelta(DType::kBF16, parent, child, &payload), ChunkEncoding::kSparse);
+  Bytes other = parent;
+  other[7] ^= 0x40;
+  std::vector<uint32_t> changed;
+  EXPECT_EQ(codec.ApplyInPlace(payload, other, &changed).kind(), ErrorKind::kCorruption);
+  Bytes shorter(parent.begin(), parent.end() - 2);
+  EXPECT_EQ(codec.ApplyInPlace(payload, shorter, &changed).kind(), ErrorKind::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace weightfs
