@@ -29,6 +29,14 @@ Result Apply(const fs::path& old_file, const fs::path& patch, const fs::path& ne
                                   patch.string() + " " + new_file.string() + " 2>&1");
 }
 
+// The same with numpy (the Debian python3-numpy of /usr/bin/python3), as an engine applies it.
+Result ApplyWithNumpy(const fs::path& old_file, const fs::path& patch, const fs::path& new_file) {
+  const std::string script = std::string(WEIGHTFS_APPLY_PATCH).substr(0, std::string(WEIGHTFS_APPLY_PATCH).rfind('/')) +
+                             "/apply_patch_numpy.py";
+  return weightfs::test::RunShell("/usr/bin/python3 " + script + " " + old_file.string() + " " + patch.string() + " " +
+                                  new_file.string() + " 2>&1");
+}
+
 class PatchCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -87,6 +95,9 @@ TEST_F(PatchCli, PatchesApplyToTheOldFilesAndGiveTheNewOnes) {
       Result a = Apply(Version(from) / shard, out / shard, Version(3) / shard);
       EXPECT_EQ(a.exit_code, 0) << shard << ": " << a.out;
       EXPECT_NE(a.out.find("ok: "), std::string::npos) << a.out;
+      Result n = ApplyWithNumpy(Version(from) / shard, out / shard, Version(3) / shard);
+      EXPECT_EQ(n.exit_code, 0) << shard << ": " << n.out;
+      EXPECT_NE(n.out.find("with numpy"), std::string::npos) << n.out;
     }
     // No temporary is left next to the patches.
     for (const auto& e : fs::directory_iterator(out)) {
