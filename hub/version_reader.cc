@@ -94,12 +94,13 @@ Status PullVersion(Materializer& materializer, ThreadPool& pool, const Manifest&
     }
     if (options.cache) {
       // The pulled file now holds every chunk: remember where, so that pulling the next version
-      // finds its bases here without a second copy in the cache.
+      // finds its bases here without a second copy in the cache (one index file for the file).
       std::error_code abs_ec;
       const std::string abs = std::filesystem::absolute(final_path, abs_ec).string();
-      for (const ManifestChunk& c : file.chunks) {
-        (void)options.cache->PutReference(c.hash, abs, c.offset, c.length);
-      }
+      std::vector<ChunkRef> refs;
+      refs.reserve(file.chunks.size());
+      for (const ManifestChunk& c : file.chunks) refs.push_back({c.hash, c.offset, c.length});
+      (void)options.cache->PutReferences(abs, refs);
     }
   }
   return Status::Ok();

@@ -21,7 +21,7 @@
 namespace weightfs {
 
 struct ReadOptions {
-  // Pull records each written file's chunks here as references (ChunkCache::PutReference).
+  // Pull records each written file's chunks here as references (ChunkCache::PutReferences).
   ChunkCache* cache = nullptr;
   // Called (serialized) with logical bytes done and total.
   std::function<void(uint64_t done, uint64_t total)> progress;

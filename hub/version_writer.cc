@@ -226,9 +226,6 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
       p.slot = *slot_or;
       p.fresh = true;
     }
-    if (st.cache && options.cache_new_chunks && !local_abs.empty()) {
-      (void)st.cache->PutReference(e.hash, local_abs, spec.offset, spec.length);
-    }
     std::lock_guard<std::mutex> lock(mu);
     if (p.fresh) {
       (keyframe ? st.result.full_chunks : st.result.delta_chunks)++;
@@ -255,6 +252,14 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
   sha_thread.join();
   if (st.first_error.ok() && !sha_error.ok()) st.first_error = sha_error.WithContext(path);
   if (!st.first_error.ok()) return st.first_error;
+  if (st.cache && options.cache_new_chunks && !local_abs.empty()) {
+    // One index file for the whole file (not a cache file per chunk): the next push, whose
+    // parent this version is, finds its bases in it.
+    std::vector<ChunkRef> refs;
+    refs.reserve(pending.size());
+    for (const PendingChunk& p : pending) refs.push_back({p.entry.hash, p.entry.offset, p.entry.length});
+    (void)st.cache->PutReferences(local_abs, refs);
+  }
   ManifestFile mf;
   mf.path = path;
   mf.size = data.size();

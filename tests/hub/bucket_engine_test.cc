@@ -11,6 +11,7 @@
 #include <fstream>
 #include <new>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -204,6 +205,79 @@ TEST_F(BucketEngineTest, PushedChainPullsBackBitExact) {
     Materializer verifier(bucket_.get(), nullptr);
     EXPECT_TRUE(VerifyVersion(verifier, pool_, *chain[k]).ok());
   }
+}
+
+// push records each pushed file's chunks in the cache as one reference index file (not a cache
+// file per chunk, not a copy); every chunk is then served from the pushed file, by this cache
+// and by another instance on the same directory (the next process). The next push finds its
+// parent's chunks there without reading a pack, and pull records its files the same way.
+TEST_F(BucketEngineTest, PushAndPullRecordOneReferenceIndexPerFile) {
+  auto cache = Cache("node");
+  auto v0 = Push(0, cache.get(), nullptr);
+  ASSERT_TRUE(v0.ok()) << v0.status().ToString();
+  struct Walk {
+    std::set<std::string> refs;
+    size_t legacy = 0, chunks = 0;
+  };
+  auto walk = [&] {
+    Walk w;
+    for (const auto& e : fs::recursive_directory_iterator(root_ / "node")) {
+      if (!e.is_regular_file()) continue;
+      const std::string rel = fs::relative(e.path(), root_ / "node").string();
+      if (rel.starts_with("refs/")) {
+        w.refs.insert(e.path().filename().string());
+      } else if (rel.ends_with(".ref")) {
+        w.legacy++;
+      } else if (!rel.starts_with("chunks/.tmp/") && rel != "chunks/.lock") {
+        w.chunks++;
+      }
+    }
+    return w;
+  };
+  auto name_of = [](const fs::path& p) {
+    const std::string abs = fs::absolute(p).string();
+    return HashChunk({reinterpret_cast<const uint8_t*>(abs.data()), abs.size()}).ToHex();
+  };
+  const fs::path src = root_ / "src/v0";
+  Walk w = walk();
+  EXPECT_EQ(w.refs, (std::set<std::string>{name_of(src / "model.safetensors"), name_of(src / "sub/optimizer.bin")}));
+  EXPECT_EQ(w.legacy, 0u);
+  EXPECT_EQ(w.chunks, 0u);
+  auto again = Cache("node");
+  size_t chunks = 0;
+  for (const ManifestFile& f : v0->manifest->files) {
+    const std::vector<uint8_t> bytes = ReadFile((src / f.path).string());
+    for (const ManifestChunk& c : f.chunks) {
+      for (ChunkCache* k : {cache.get(), again.get()}) {
+        ByteBuffer out;
+        ASSERT_TRUE(k->Get(c.hash, &out)) << f.path << " @" << c.offset;
+        EXPECT_TRUE(std::equal(out.begin(), out.end(), bytes.begin() + static_cast<ptrdiff_t>(c.offset),
+                               bytes.begin() + static_cast<ptrdiff_t>(c.offset + c.length)));
+      }
+      ++chunks;
+    }
+  }
+  EXPECT_GT(chunks, 10u);
+
+  // The next push reads its parent's chunks from v0's files: a pack read would throw.
+  faulty_->pack_gets_throw = true;
+  model_.Step(101, 0.01);
+  auto v1 = Push(1, again.get(), v0->manifest);
+  ASSERT_TRUE(v1.ok()) << v1.status().ToString();
+  EXPECT_GT(v1->delta_chunks, 0u);
+  faulty_->pack_gets_throw = false;
+
+  // pull: one more index file per pulled file.
+  Materializer mat(bucket_.get(), cache.get());
+  ReadOptions read;
+  read.cache = cache.get();
+  const fs::path out = root_ / "out";
+  ASSERT_TRUE(PullVersion(mat, pool_, *v1->manifest, out.string(), read).ok());
+  w = walk();
+  EXPECT_EQ(w.refs.size(), 6u);
+  EXPECT_TRUE(w.refs.contains(name_of(out / "model.safetensors")));
+  EXPECT_TRUE(w.refs.contains(name_of(out / "sub/optimizer.bin")));
+  EXPECT_EQ(w.legacy, 0u);
 }
 
 // What a mount's drafts do: each file encoded on its own (a one-file manifest per file, under
@@ -843,33 +917,6 @@ TEST(ChunkCacheTest, EvictsLeastRecentlyUsedAndDropsCorruptEntries) {
   EXPECT_GT((*again)->size_bytes(), 0u);
   fs::remove_all(dir);
 }
-
-TEST(ChunkCacheTest, ReferencesServeLocalFilesUntilTheyChange) {
-  fs::path dir = fs::temp_directory_path() / ("wfs-cache-ref-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  auto cache = ChunkCache::Open((dir / "cache").string(), 1 << 20);
-  ASSERT_TRUE(cache.ok());
-  std::vector<uint8_t> file(10000);
-  for (size_t i = 0; i < file.size(); ++i) file[i] = static_cast<uint8_t>(i * 13);
-  const std::string path = (dir / "model.bin").string();
-  WriteFile(path, file);
-  const Hash128 h = HashChunk(std::span<const uint8_t>(file).subspan(1000, 4000));
-  ASSERT_TRUE((*cache)->PutReference(h, path, 1000, 4000).ok());
-  EXPECT_TRUE((*cache)->Contains(h));
-  EXPECT_LT((*cache)->size_bytes(), 1000u);  // a reference, not a copy
-  ByteBuffer out;
-  ASSERT_TRUE((*cache)->Get(h, &out));
-  EXPECT_TRUE(std::equal(out.begin(), out.end(), file.begin() + 1000));
-  // The file is rewritten: the reference is stale, a miss, and gone.
-  file[2000] ^= 1;
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  WriteFile(path, file);
-  EXPECT_FALSE((*cache)->Get(h, &out));
-  EXPECT_FALSE((*cache)->Contains(h));
-  fs::remove_all(dir);
-}
-
 
 // GetInto reads an entry into the caller's buffer and verifies that copy: it outlives the
 // entry's eviction, a corrupted entry is a miss and is dropped.
