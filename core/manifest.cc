@@ -164,22 +164,7 @@ SerializedVersion SerializeVersion(const Manifest& m) {
 }
 
 std::vector<uint8_t> SerializeManifest(const Manifest& m) {
-  json j;
-  j["format"] = kManifestFormat;
-  j["model"] = m.model;
-  j["version"] = m.version;
-  j["parent"] = m.parent ? json(*m.parent) : json(nullptr);
-  j["created"] = m.created;
-  j["chunk_bytes"] = m.chunk_bytes;
-  j["versions"] = m.versions;
-  json packs = json::array();
-  for (const Hash128& p : m.packs) packs.push_back(p.ToHex());
-  j["packs"] = std::move(packs);
-  if (!m.sources.empty()) j["sources"] = m.sources;
-  j["stats"] = {{"logical_bytes", m.stats.logical_bytes},
-                {"stored_bytes", m.stats.stored_bytes},
-                {"changed_elements", m.stats.changed_elements},
-                {"elements", m.stats.elements}};
+  json j = TopFields(m, kManifestFormat);
   json files = json::array();
   for (const ManifestFile& f : m.files) {
     json rows = json::array();
