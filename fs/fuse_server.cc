@@ -23,6 +23,7 @@
 #include <spdlog/spdlog.h>
 
 #include "fs/mount_point.h"
+#include "fs/patch_view.h"
 #include "fs/status_errno.h"
 
 namespace weightfs {
@@ -81,6 +82,10 @@ struct OpenFile {
   VersionFile file;
   ReadStream stream;
   std::unique_ptr<DraftHandle> draft;
+  int patch_fd = -1;  // a patch view's file (fs/patch_view.h)
+  ~OpenFile() {
+    if (patch_fd >= 0) ::close(patch_fd);
+  }
 };
 
 // An open directory: its entries as they were at opendir, so offsets stay stable.
@@ -96,6 +101,7 @@ struct FuseServer::Impl {
   Namespace names;
   ChunkReader reader;
   std::unique_ptr<Drafts> drafts;  // null: read-only mount
+  std::unique_ptr<PatchView> patches;  // null: no cache directory
   std::atomic<bool> publish_at_exit{true};
   fuse_session* session = nullptr;
   bool mounted = false;
@@ -110,8 +116,18 @@ struct FuseServer::Impl {
       d.on_published = [this](std::shared_ptr<const Manifest> m) { names.AddPublished(std::move(m)); };
       drafts = std::make_unique<Drafts>(p.bucket, p.cache, p.materializer, &reader, std::move(d));
     }
+    if (!options.patch_dir.empty() && p.materializer) {
+      PatchViewOptions po;
+      po.dir = options.patch_dir;
+      po.max_bytes = options.patch_max_bytes;
+      po.uid = options.names.uid;
+      po.gid = options.names.gid;
+      po.timeout_s = options.names.immutable_timeout_s;
+      patches = std::make_unique<PatchView>(p.bucket, p.materializer, p.cache, std::move(po));
+    }
   }
   bool Owned(uint64_t ino) const { return drafts && Drafts::Owns(ino); }
+  bool Patch(uint64_t ino) const { return patches && PatchView::Owns(ino); }
   bool WithDrafts(const MountOptions& o) const { return !o.drafts.state_dir.empty() && !o.read_only; }
   // The directories above the versions take drafts (mkdir) when drafts are on: their mode
   // says so, for the kernel's permission checks.
@@ -198,6 +214,28 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Serve(req, "lookup", [&] {
     Impl& s = Server(req);
     if (TooLong(name)) return ENAMETOOLONG;
+    // The hidden .patch directory of a published version, and everything in it.
+    std::optional<std::pair<std::string, std::string>> version;
+    if (s.patches && !Drafts::Owns(parent) &&
+        (PatchView::Owns(parent) ||
+         (std::strcmp(name, PatchView::kDirName) == 0 && (version = s.names.VersionOf(parent))))) {
+      NodeAttr pa;
+      if (version) {
+        // A version that has a real ".patch" entry keeps it (the view is then out of reach).
+        Expected<NodeAttr> real = s.names.Lookup(parent, name);
+        if (real.ok()) {
+          fuse_entry_param e = EntryOf(*real);
+          fuse_reply_entry(req, &e);
+          return 0;
+        }
+      }
+      const int err = version ? s.patches->LookupRoot(parent, version->first, version->second, &pa)
+                              : s.patches->Lookup(parent, name, &pa);
+      if (err != 0) return err;
+      fuse_entry_param e = EntryOf(pa);
+      fuse_reply_entry(req, &e);
+      return 0;
+    }
     if (s.drafts) {
       NodeAttr da;
       int err = ENOENT;
@@ -241,6 +279,12 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
       NodeAttr da;
       if (int err = s.drafts->GetAttr(ino, &da); err != 0) return err;
       fuse_reply_attr(req, &da.st, da.timeout_s);
+      return 0;
+    }
+    if (s.Patch(ino)) {
+      NodeAttr pa;
+      if (int err = s.patches->GetAttr(ino, &pa); err != 0) return err;
+      fuse_reply_attr(req, &pa.st, pa.timeout_s);
       return 0;
     }
     Expected<NodeAttr> a = Server(req).names.GetAttr(ino);
@@ -294,8 +338,12 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Serve(req, "opendir", [&] {
     Impl& s = Server(req);
     auto dir = std::make_unique<OpenDir>();
+    bool immutable = false;
     if (s.Owned(ino)) {
       if (int err = s.drafts->ReadDir(ino, &dir->entries); err != 0) return err;
+    } else if (s.Patch(ino)) {
+      if (int err = s.patches->ReadDir(ino, &dir->entries); err != 0) return err;
+      immutable = true;
     } else {
       Expected<std::vector<DirEntry>> entries = s.names.ReadDir(ino);
       if (!entries.ok()) return StatusToErrno(entries.status(), ErrnoContext::kName, "opendir");
@@ -317,7 +365,7 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     }
     fi->fh = reinterpret_cast<uint64_t>(dir.get());
     // Inside a version the listing never changes: the kernel may keep it.
-    const bool immutable = s.names.IsImmutable(ino);
+    immutable = immutable || s.names.IsImmutable(ino);
     fi->cache_readdir = immutable;
     fi->keep_cache = immutable;
     if (fuse_reply_open(req, fi) == 0) dir.release();  // else the kernel never saw the handle
@@ -366,7 +414,18 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file
       draft_inos.assign(owned, inos.end());
       inos.erase(owned, inos.end());
     }
+    std::vector<uint64_t> patch_inos;
+    if (s.patches) {
+      auto owned = std::stable_partition(inos.begin(), inos.end(), [](uint64_t i) { return !PatchView::Owns(i); });
+      patch_inos.assign(owned, inos.end());
+      inos.erase(owned, inos.end());
+    }
     std::vector<NodeAttr> attrs = s.names.GetAttrs(inos);
+    for (uint64_t i : patch_inos) {
+      // A patch file's attributes cost its generation: left to its lookup (a plain entry).
+      NodeAttr a;
+      if (!s.patches->IsFile(i) && s.patches->GetAttr(i, &a) == 0) attrs.push_back(a);
+    }
     for (uint64_t i : draft_inos) {
       NodeAttr a;
       if (s.drafts->GetAttr(i, &a) == 0) attrs.push_back(a);
@@ -419,6 +478,15 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       return 0;
     }
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return WriteDenied("open for writing", ino);
+    if (s.Patch(ino)) {
+      auto file = std::make_unique<OpenFile>();
+      if (int err = s.patches->Open(ino, &file->patch_fd); err != 0) return err;
+      fi->fh = reinterpret_cast<uint64_t>(file.get());
+      fi->keep_cache = 1;
+      fi->direct_io = 0;
+      if (fuse_reply_open(req, fi) == 0) file.release();
+      return 0;
+    }
     Expected<VersionFile> f = s.names.Open(ino);
     if (!f.ok()) return StatusToErrno(f.status(), ErrnoContext::kName, "open");
     auto file = std::make_unique<OpenFile>();
@@ -438,6 +506,22 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
       std::vector<uint8_t> buf;
       if (int err = Server(req).drafts->Read(*f.draft, static_cast<uint64_t>(off), size, &buf); err != 0) return err;
       fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), buf.size());
+      return 0;
+    }
+    if (f.patch_fd >= 0) {
+      std::vector<char> buf(size);
+      size_t got = 0;
+      while (got < size) {
+        ssize_t n = ::pread(f.patch_fd, buf.data() + got, size - got, off + static_cast<off_t>(got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+          spdlog::error("read of a patch file at {}+{}: {}", off, size, std::strerror(errno));
+          return EIO;
+        }
+        if (n == 0) break;
+        got += static_cast<size_t>(n);
+      }
+      fuse_reply_buf(req, buf.data(), got);
       return 0;
     }
     const Manifest& m = *f.file.manifest;
@@ -530,6 +614,11 @@ std::string StatsJsonOf(const Impl& s) {
                    {"gets", c.gets.load()},
                    {"bytes_received", c.bytes_received.load()}};
   }
+  if (s.patches) {
+    const PatchView::Stats p = s.patches->stats();
+    j["patch_view"] = {{"generated", p.generated}, {"reused", p.reused}, {"failures", p.failures},
+                       {"evicted", p.evicted}};
+  }
   j["inodes"] = s.names.inode_count();
   j["memory_limit"] = s.options.reader.memory_limit;
   j["rss_bytes"] = CurrentRssBytes();
@@ -570,6 +659,7 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
       if (int err = s.drafts->GetXattr(ino, n, &v); err != 0) return err;
       return ReplyXattrValue(req, v, size);
     }
+    if (s.Patch(ino)) return ENODATA;
     if (n == kXattrNewest) {
       Expected<std::string> newest = s.names.NewestVersion(ino);
       if (!newest.ok()) {
@@ -594,6 +684,7 @@ void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
       for (const std::string& n : names) list.append(n).push_back('\0');
       return ReplyXattrValue(req, list, size);
     }
+    if (s.Patch(ino)) return ReplyXattrValue(req, "", size);
     Expected<std::vector<std::string>> names = s.names.ListXattr(ino);
     if (!names.ok()) return StatusToErrno(names.status(), ErrnoContext::kName, "listxattr");
     if (ino == Namespace::kRootIno) {

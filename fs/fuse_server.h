@@ -14,6 +14,10 @@
 // user.weightfs.status is a JSON report of the drafts. A failed commit leaves its message in
 // the draft's user.weightfs.error.
 //
+// Every published version directory also answers a hidden, read-only `.patch` directory of
+// sparse weight patches from its ancestors (fs/patch_view.h, docs/patch.md); its inodes are the
+// PatchView's range, routed to it like the drafts' are.
+//
 // Kernel-side caching: files are opened with keep_cache (published files never change, so the
 // page cache survives close/open, and re-reads and mmap run at memory speed); entries and
 // attributes inside versions have long timeouts, directories above them the refresh interval.
@@ -54,6 +58,10 @@ struct MountOptions {
   ChunkReaderOptions reader;
   // Drafts (the write path): on unless `drafts.state_dir` is empty or the mount is read-only.
   DraftsOptions drafts;
+  // The read-only .patch view of every version (fs/patch_view.h): where its patch files are
+  // kept (empty: no view) and their bound (LRU beyond it).
+  std::string patch_dir;
+  uint64_t patch_max_bytes = 4ull << 30;
 };
 
 // What the server reads from and reports on. All must outlive the server; `cache` and `store`

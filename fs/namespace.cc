@@ -222,6 +222,13 @@ bool Namespace::IsDirectory(uint64_t ino) const {
   return n && IsDir(n->kind);
 }
 
+std::optional<std::pair<std::string, std::string>> Namespace::VersionOf(uint64_t ino) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = NodeLocked(ino);
+  if (!n || n->kind != Kind::kVersionDir) return std::nullopt;
+  return std::make_pair(n->model, n->version);
+}
+
 bool Namespace::IsImmutable(uint64_t ino) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Node* n = NodeLocked(ino);

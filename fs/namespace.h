@@ -115,6 +115,9 @@ class Namespace {
   // drafts and new model directories can be made. nullopt for any other node.
   std::optional<std::string> DirPath(uint64_t ino) const;
   bool IsDirectory(uint64_t ino) const;
+  // A published version's directory: its model and version (the patch view hangs under it).
+  // nullopt for any other node.
+  std::optional<std::pair<std::string, std::string>> VersionOf(uint64_t ino) const;
   // True for version directories and everything in them: they never change.
   bool IsImmutable(uint64_t ino) const;
   size_t inode_count() const;

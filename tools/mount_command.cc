@@ -87,6 +87,11 @@ Writing new versions (drafts):
 Drafts survive a crash of the daemon: the next mount with the same cache directory resumes
 them. One mount per bucket and cache directory owns the drafts.
 
+Sparse weight patches (read-only; docs/patch.md):
+  MOUNTPOINT/acme/qwen@v3/.patch/v1/model.safetensors   the patch v1 -> v3 (NAME.idx/NAME.val),
+                                     made on first use into CACHE_DIR/patches (up to a quarter
+                                     of --cache-size, LRU); .patch is hidden from ls of v3
+
 Extended attributes: user.weightfs.{parent,stored_bytes,changed_fraction} on version
 directories, user.weightfs.{parent,sha256,stored_bytes} on files; user.weightfs.pid and
 user.weightfs.stats (JSON counters) on MOUNTPOINT itself.
@@ -379,6 +384,9 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(url_hash));
   m.drafts.state_dir = c.cache_dir + "/drafts/" + hex;
+  // Patch view files (fs/patch_view.h): per bucket too (model names repeat across buckets).
+  m.patch_dir = c.cache_dir + "/patches/" + hex;
+  m.patch_max_bytes = std::max<uint64_t>(c.cache_size / 4, 64ull << 20);
   return c;
 }
 

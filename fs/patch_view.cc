@@ -1,0 +1,482 @@
+#include "fs/patch_view.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include <spdlog/spdlog.h>
+
+#include "core/hash.h"
+#include "core/safetensors.h"
+#include "fs/status_errno.h"
+#include "hub/weight_patcher.h"
+
+namespace weightfs {
+namespace {
+
+constexpr const char* kSuffix = ".safetensors";
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// Walks a model's parents from a version; ancestors exist only as far as the manifests do.
+constexpr size_t kMaxWalk = 1u << 20;
+
+std::atomic<uint64_t> g_tmp_counter{0};
+
+}  // namespace
+
+PatchView::PatchView(Bucket* bucket, Materializer* materializer, ChunkCache* cache, PatchViewOptions options)
+    : bucket_(bucket), materializer_(materializer), cache_(cache), options_(std::move(options)),
+      pool_(std::make_unique<ThreadPool>(2)) {
+  std::error_code ec;
+  std::filesystem::create_directories(options_.dir, ec);
+  if (ec) spdlog::warn("patch view: cannot make {}: {}", options_.dir, ec.message());
+  // Temporaries of generations killed midway (an hour old: not another mount's in progress).
+  const auto old = std::filesystem::file_time_type::clock::now() - std::chrono::hours(1);
+  for (const auto& e : std::filesystem::directory_iterator(options_.dir, ec)) {
+    std::error_code e2;
+    if (e.path().filename().string().find(".tmp.") != std::string::npos && e.last_write_time(e2) < old && !e2) {
+      std::filesystem::remove(e.path(), e2);
+    }
+  }
+}
+
+PatchView::~PatchView() = default;
+
+PatchView::Stats PatchView::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+const PatchView::Node* PatchView::NodeOf(uint64_t ino) const {
+  if (!Owns(ino) || ino - kFirstIno >= nodes_.size()) return nullptr;
+  return &nodes_[ino - kFirstIno];
+}
+
+bool PatchView::IsFile(uint64_t ino) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = NodeOf(ino);
+  return n && n->kind == Kind::kFile;
+}
+
+uint64_t PatchView::NodeFor(Kind kind, uint64_t parent, const std::string& model, const std::string& to,
+                            const std::string& from, const std::string& path, int64_t mtime_ms) {
+  std::string key = std::to_string(static_cast<int>(kind)) + '\0' + std::to_string(parent) + '\0' + model + '\0' +
+                    to + '\0' + from + '\0' + path;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_key_.find(key);
+  if (it != by_key_.end()) return it->second;
+  Node n;
+  n.ino = kFirstIno + nodes_.size();
+  n.kind = kind;
+  n.parent = parent;
+  n.model = model;
+  n.to = to;
+  n.from = from;
+  n.path = path;
+  n.mtime_ms = mtime_ms;
+  nodes_.push_back(std::move(n));
+  by_key_.emplace(std::move(key), nodes_.back().ino);
+  return nodes_.back().ino;
+}
+
+void PatchView::Fill(const Node& n, uint64_t size, NodeAttr* out) const {
+  struct stat& st = out->st;
+  st = {};
+  out->ino = n.ino;
+  out->timeout_s = options_.timeout_s;
+  st.st_ino = n.ino;
+  st.st_uid = options_.uid;
+  st.st_gid = options_.gid;
+  if (n.kind == Kind::kFile) {
+    st.st_mode = S_IFREG | 0444;
+    st.st_nlink = 1;
+    st.st_size = static_cast<off_t>(size);
+    st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
+    st.st_blksize = 1 << 20;
+  } else {
+    st.st_mode = S_IFDIR | 0555;
+    st.st_nlink = 2;
+    st.st_size = 4096;
+  }
+  st.st_mtim.tv_sec = n.mtime_ms / 1000;
+  st.st_mtim.tv_nsec = (n.mtime_ms % 1000) * 1000000;
+  st.st_atim = st.st_ctim = st.st_mtim;
+}
+
+int PatchView::Manifest(const std::string& model, const std::string& version,
+                        std::shared_ptr<const weightfs::Manifest>* out) {
+  Expected<std::shared_ptr<const weightfs::Manifest>> m = bucket_->ReadManifest(model, version);
+  if (!m.ok()) return StatusToErrno(m.status(), ErrnoContext::kName, "patch view: manifest " + model + "@" + version);
+  *out = std::move(m).value();
+  return 0;
+}
+
+int PatchView::Ancestors(const Node& root, std::vector<std::string>* listed) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ancestors_.find(root.ino);
+    if (it != ancestors_.end()) {
+      *listed = it->second;
+      return 0;
+    }
+  }
+  std::vector<std::string> names;
+  std::shared_ptr<const weightfs::Manifest> m;
+  if (int err = Manifest(root.model, root.to, &m); err != 0) return err;
+  std::set<std::string> seen{root.to};
+  while (m->parent && names.size() < options_.list_ancestors && seen.insert(*m->parent).second) {
+    names.push_back(*m->parent);
+    std::shared_ptr<const weightfs::Manifest> p;
+    if (Manifest(root.model, *m->parent, &p) != 0) break;  // the chain ends where manifests do
+    m = std::move(p);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ancestors_[root.ino] = names;
+  *listed = std::move(names);
+  return 0;
+}
+
+int PatchView::IsAncestor(const Node& root, const std::string& from, bool* yes) {
+  *yes = false;
+  std::vector<std::string> near;
+  if (int err = Ancestors(root, &near); err != 0) return err;
+  if (std::find(near.begin(), near.end(), from) != near.end()) {
+    *yes = true;
+    return 0;
+  }
+  if (near.size() < options_.list_ancestors) return 0;  // the whole chain is listed
+  // Beyond the listed ones: walk on from the last.
+  std::set<std::string> seen(near.begin(), near.end());
+  std::shared_ptr<const weightfs::Manifest> m;
+  if (int err = Manifest(root.model, near.back(), &m); err != 0) return err;
+  for (size_t i = 0; i < kMaxWalk && m->parent && seen.insert(*m->parent).second; ++i) {
+    if (*m->parent == from) {
+      *yes = true;
+      return 0;
+    }
+    std::shared_ptr<const weightfs::Manifest> p;
+    if (Manifest(root.model, *m->parent, &p) != 0) return 0;
+    m = std::move(p);
+  }
+  return 0;
+}
+
+int PatchView::LookupRoot(uint64_t version_ino, const std::string& model, const std::string& version,
+                          NodeAttr* out) {
+  std::shared_ptr<const weightfs::Manifest> m;
+  if (int err = Manifest(model, version, &m); err != 0) return err;
+  uint64_t ino = NodeFor(Kind::kRoot, version_ino, model, version, "", "", m->created_ms);
+  std::lock_guard<std::mutex> lock(mu_);
+  Fill(*NodeOf(ino), 0, out);
+  return 0;
+}
+
+int PatchView::Lookup(uint64_t parent, std::string_view name_view, NodeAttr* out) {
+  const std::string name(name_view);
+  Node p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* n = NodeOf(parent);
+    if (!n) return ENOENT;
+    p = *n;
+  }
+  if (p.kind == Kind::kFile) return ENOTDIR;
+  if (name == "." || name == ".." || name.empty()) return ENOENT;
+  if (p.kind == Kind::kRoot) {
+    bool yes = false;
+    if (int err = IsAncestor(p, name, &yes); err != 0) return err;
+    if (!yes) return ENOENT;
+    uint64_t ino = NodeFor(Kind::kFrom, p.ino, p.model, p.to, name, "", p.mtime_ms);
+    std::lock_guard<std::mutex> lock(mu_);
+    Fill(*NodeOf(ino), 0, out);
+    return 0;
+  }
+  // kFrom / kDir: NEW's safetensors files under p.path.
+  std::shared_ptr<const weightfs::Manifest> m;
+  if (int err = Manifest(p.model, p.to, &m); err != 0) return err;
+  const std::string full = p.path.empty() ? name : p.path + "/" + name;
+  bool is_dir = false, is_file = false;
+  for (const ManifestFile& f : m->files) {
+    if (!EndsWith(f.path, kSuffix)) continue;
+    if (f.path == full) is_file = true;
+    if (f.path.size() > full.size() + 1 && f.path.compare(0, full.size(), full) == 0 && f.path[full.size()] == '/') {
+      is_dir = true;
+    }
+  }
+  if (is_file) {
+    uint64_t ino = NodeFor(Kind::kFile, p.ino, p.model, p.to, p.from, full, p.mtime_ms);
+    Node n;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      n = *NodeOf(ino);
+    }
+    std::string file;
+    uint64_t size = 0;
+    if (int err = Ensure(n, &file, &size); err != 0) return err;
+    Fill(n, size, out);
+    return 0;
+  }
+  if (is_dir) {
+    uint64_t ino = NodeFor(Kind::kDir, p.ino, p.model, p.to, p.from, full, p.mtime_ms);
+    std::lock_guard<std::mutex> lock(mu_);
+    Fill(*NodeOf(ino), 0, out);
+    return 0;
+  }
+  return ENOENT;
+}
+
+int PatchView::GetAttr(uint64_t ino, NodeAttr* out) {
+  Node n;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* p = NodeOf(ino);
+    if (!p) return ENOENT;
+    n = *p;
+  }
+  uint64_t size = 0;
+  if (n.kind == Kind::kFile) {
+    std::string file;
+    if (int err = Ensure(n, &file, &size); err != 0) return err;
+  }
+  Fill(n, size, out);
+  return 0;
+}
+
+int PatchView::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
+  Node p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* n = NodeOf(ino);
+    if (!n) return ENOENT;
+    p = *n;
+  }
+  if (p.kind == Kind::kFile) return ENOTDIR;
+  out->clear();
+  out->push_back({".", p.ino, S_IFDIR});
+  out->push_back({"..", p.parent, S_IFDIR});
+  if (p.kind == Kind::kRoot) {
+    std::vector<std::string> names;
+    if (int err = Ancestors(p, &names); err != 0) return err;
+    std::sort(names.begin(), names.end());
+    for (const std::string& a : names) {
+      out->push_back({a, NodeFor(Kind::kFrom, p.ino, p.model, p.to, a, "", p.mtime_ms), S_IFDIR});
+    }
+    return 0;
+  }
+  std::shared_ptr<const weightfs::Manifest> m;
+  if (int err = Manifest(p.model, p.to, &m); err != 0) return err;
+  const std::string prefix = p.path.empty() ? "" : p.path + "/";
+  std::map<std::string, bool> entries;  // name -> is a directory
+  for (const ManifestFile& f : m->files) {
+    if (!EndsWith(f.path, kSuffix) || f.path.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string rest = f.path.substr(prefix.size());
+    size_t slash = rest.find('/');
+    if (slash == std::string::npos) {
+      entries.emplace(rest, false);
+    } else {
+      entries[rest.substr(0, slash)] = true;
+    }
+  }
+  for (const auto& [name, dir] : entries) {
+    Kind k = dir ? Kind::kDir : Kind::kFile;
+    out->push_back({name, NodeFor(k, p.ino, p.model, p.to, p.from, prefix + name, p.mtime_ms),
+                    static_cast<mode_t>(dir ? S_IFDIR : S_IFREG)});
+  }
+  return 0;
+}
+
+int PatchView::Open(uint64_t ino, int* fd) {
+  Node n;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Node* p = NodeOf(ino);
+    if (!p) return ENOENT;
+    n = *p;
+  }
+  if (n.kind != Kind::kFile) return EISDIR;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::string file;
+    uint64_t size = 0;
+    if (int err = Ensure(n, &file, &size); err != 0) return err;
+    *fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (*fd >= 0) return 0;
+    if (errno != ENOENT) break;  // evicted in between: once more
+  }
+  spdlog::error("patch view: cannot open the patch of {}@{}/{} from {}: {}", n.model, n.to, n.path, n.from,
+                std::strerror(errno));
+  return EIO;
+}
+
+bool PatchView::Valid(const Node& n, const std::string& file, uint64_t* size) const {
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool ok = false;
+  if (::fstat(fd, &st) == 0 && st.st_size >= 8) {
+    std::vector<uint8_t> prefix(8);
+    if (::pread(fd, prefix.data(), 8, 0) == 8) {
+      Expected<uint64_t> len = SafetensorsPrefixLength(prefix);
+      if (len.ok() && *len <= static_cast<uint64_t>(st.st_size)) {
+        prefix.resize(*len);
+        if (::pread(fd, prefix.data(), *len, 0) == static_cast<ssize_t>(*len)) {
+          Expected<SafetensorsHeader> h = ParseSafetensorsHeader(prefix, static_cast<uint64_t>(st.st_size));
+          if (h.ok()) {
+            auto is = [&](const char* k, const std::string& v) {
+              auto it = h->metadata.find(k);
+              return it != h->metadata.end() && it->second == v;
+            };
+            ok = is("sparse_weight_patch", kPatchFormatVersion) && is("model", n.model) && is("from", n.from) &&
+                 is("to", n.to) && is("file", n.path);
+          }
+        }
+      }
+    }
+  }
+  ::close(fd);
+  if (ok) *size = static_cast<uint64_t>(st.st_size);
+  return ok;
+}
+
+int PatchView::Ensure(const Node& n, std::string* file, uint64_t* size) {
+  const std::string key = n.model + '\0' + n.from + '\0' + n.to + '\0' + n.path;
+  *file = options_.dir + "/" +
+          HashChunk(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(key.data()), key.size())).ToHex() +
+          kSuffix;
+  bool generated = false;
+  for (;;) {
+    if (Valid(n, *file, size)) {
+      ::utimensat(AT_FDCWD, file->c_str(), nullptr, 0);  // recently used (LRU by mtime)
+      if (!generated) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.reused;
+      }
+      return 0;
+    }
+    if (generated) {
+      spdlog::error("patch view: the patch of {}@{}/{} from {} just written to {} does not check", n.model, n.to,
+                    n.path, n.from, *file);
+      return EIO;
+    }
+    std::shared_ptr<Flight> flight;
+    bool mine = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto it = flights_.find(*file);
+      if (it != flights_.end()) {
+        flight = it->second;
+        flight_done_.wait(lock, [&] { return flight->done; });
+        if (flight->err != 0) return flight->err;
+        generated = true;  // someone else's: check it, but do not loop
+        continue;
+      }
+      flight = std::make_shared<Flight>();
+      flights_.emplace(*file, flight);
+      mine = true;
+    }
+    (void)mine;
+    int err = Generate(n, *file);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      flight->done = true;
+      flight->err = err;
+      flights_.erase(*file);
+      if (err == 0) {
+        ++stats_.generated;
+      } else {
+        ++stats_.failures;
+      }
+    }
+    flight_done_.notify_all();
+    if (err != 0) return err;
+    generated = true;
+  }
+}
+
+int PatchView::Generate(const Node& n, const std::string& file) {
+  std::lock_guard<std::mutex> g(gen_mu_);
+  const std::string what = n.model + "@" + n.to + "/.patch/" + n.from + "/" + n.path;
+  auto fail = [&](const std::string& why) {
+    spdlog::error("patch view: cannot generate {}: {}", what, why);
+    return EIO;
+  };
+  PatchOptions po;
+  po.cache = cache_;
+  po.spill_dir = options_.dir;
+  Expected<std::unique_ptr<WeightPatcher>> patcher =
+      WeightPatcher::Open(materializer_, pool_.get(), n.model, n.from, n.to, po);
+  if (!patcher.ok()) return fail(patcher.status().ToString());
+  const std::string tmp = file + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter++);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fail("cannot create " + tmp + ": " + std::strerror(errno));
+  PatchSink sink = [&](std::span<const uint8_t> bytes) -> Status {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return Status::IOError("write " + tmp + ": " + std::strerror(errno));
+      }
+      done += static_cast<size_t>(w);
+    }
+    return Status::Ok();
+  };
+  PatchStats stats;
+  Status st = (*patcher)->Write(n.path, sink, &stats);
+  if (::close(fd) != 0 && st.ok()) st = Status::IOError("close " + tmp + ": " + std::strerror(errno));
+  if (st.ok() && ::rename(tmp.c_str(), file.c_str()) != 0) {
+    st = Status::IOError("rename to " + file + ": " + std::strerror(errno));
+  }
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return fail(st.ToString());
+  }
+  spdlog::info("patch view: {} ({} bytes, {} of {} elements changed)", what, stats.patch_bytes,
+               stats.elements_changed, stats.elements);
+  Evict(file);
+  return 0;
+}
+
+void PatchView::Evict(const std::string& keep) {
+  struct Entry {
+    std::string path;
+    uint64_t size;
+    int64_t mtime_ns;
+  };
+  std::vector<Entry> entries;
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(options_.dir, ec)) {
+    const std::string p = e.path().string();
+    if (!EndsWith(p, kSuffix)) continue;  // temporaries are their writers'
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) continue;
+    entries.push_back({p, static_cast<uint64_t>(st.st_size),
+                       int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec});
+    total += static_cast<uint64_t>(st.st_size);
+  }
+  if (total <= options_.max_bytes) return;
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.mtime_ns < b.mtime_ns; });
+  for (const Entry& e : entries) {
+    if (total <= options_.max_bytes) break;
+    if (e.path == keep) continue;
+    if (::unlink(e.path.c_str()) == 0) {
+      total -= e.size;
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.evicted;
+    }
+  }
+}
+
+}  // namespace weightfs
