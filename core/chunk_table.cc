@@ -83,22 +83,26 @@ uint64_t RoundHint(uint64_t v, uint64_t max) {
   return rounded <= max ? rounded : RoundHint(max >> shift << shift, max);
 }
 
+// A row's chain and keyframe bytes as the table stores them (see AsStoredInTable).
+uint64_t StoredChainBytes(const ManifestChunk& c) {
+  if (c.depth == 0) return c.chain_bytes;
+  const uint64_t own = std::min(c.chain_bytes, c.ref.length);
+  return RoundHint(c.chain_bytes - own, kMaxDepth * kMaxPayloadBytes - own) + own;
+}
+uint64_t StoredKeyframeBytes(const ManifestChunk& c) {
+  return c.depth == 0 ? c.keyframe_bytes : RoundHint(c.keyframe_bytes, kMaxPayloadBytes);
+}
+
 ManifestChunk AsStoredInTable(const ManifestChunk& c) {
   ManifestChunk out = c;
-  if (c.depth != 0) {
-    const uint64_t own = std::min(c.chain_bytes, c.ref.length);
-    out.chain_bytes = RoundHint(c.chain_bytes - own, kMaxDepth * kMaxPayloadBytes - own) + own;
-    out.keyframe_bytes = RoundHint(c.keyframe_bytes, kMaxPayloadBytes);
-  }
+  out.chain_bytes = StoredChainBytes(c);
+  out.keyframe_bytes = StoredKeyframeBytes(c);
   return out;
 }
 
-std::vector<uint8_t> EncodeChunkTable(std::span<const ManifestChunk> chunks_in) {
+std::vector<uint8_t> EncodeChunkTable(std::span<const ManifestChunk> chunks) {
   // Chain and keyframe bytes are hints (the keyframe policy, cost estimates): stored to 6
   // significant bits, they cost ~1 byte a row instead of ~5 (docs/format2.md).
-  std::vector<ManifestChunk> stored(chunks_in.begin(), chunks_in.end());
-  for (ManifestChunk& c : stored) c = AsStoredInTable(c);
-  std::span<const ManifestChunk> chunks(stored);
   std::vector<uint8_t> raw(kMagic, kMagic + 4);
   PutVarint(raw, chunks.size());
   std::unordered_map<std::string_view, uint64_t> name_index;
@@ -153,12 +157,13 @@ std::vector<uint8_t> EncodeChunkTable(std::span<const ManifestChunk> chunks_in) 
   // The chain's bytes less this payload's are the base's chain (0 for a first delta); a
   // keyframe's own bytes are its keyframe bytes: both usually small or zero after the
   // transform (Predicted in the decoder restores them).
-  column([](const ManifestChunk& c) -> uint64_t { return c.chain_bytes - (c.depth ? c.ref.length : 0); });
+  column([](const ManifestChunk& c) -> uint64_t { return StoredChainBytes(c) - (c.depth ? c.ref.length : 0); });
   {
     uint64_t prev = 0;
     for (const ManifestChunk& c : chunks) {
-      PutVarint(raw, Diff(c.keyframe_bytes, c.depth == 0 ? c.ref.length : prev));
-      if (c.depth != 0) prev = c.keyframe_bytes;
+      const uint64_t keyframe = StoredKeyframeBytes(c);
+      PutVarint(raw, Diff(keyframe, c.depth == 0 ? c.ref.length : prev));
+      if (c.depth != 0) prev = keyframe;
     }
   }
   for (const ManifestChunk& c : chunks) {

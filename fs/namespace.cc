@@ -118,13 +118,12 @@ void Namespace::Invalidate() {
 
 void Namespace::AddPublished(std::shared_ptr<const Manifest> manifest) {
   std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t ino = AddVersionLocked(manifest->model, manifest->version);
+  AddFoundLocked(manifest->model, manifest->version, std::nullopt);
   Model& m = models_[manifest->model];
   m.generation++;  // the newest may have changed even if the name was known
   UpdateLatestLinkLocked(manifest->model, m);
-  Node& v = *NodeLocked(ino);
+  Node& v = *NodeLocked(m.versions[manifest->version]);
   if (!v.summary) v.summary = Summarize(*manifest);
-  published_[manifest->model + "@" + manifest->version] = ++publish_seq_;
   invalidated_ = true;  // versions published elsewhere meanwhile come with the next listing
 }
 

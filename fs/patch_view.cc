@@ -64,6 +64,12 @@ const PatchView::Node* PatchView::NodeOf(uint64_t ino) const {
   return &nodes_[ino - kFirstIno];
 }
 
+std::optional<PatchView::Node> PatchView::CopyOf(uint64_t ino) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* n = NodeOf(ino);
+  return n ? std::optional<Node>(*n) : std::nullopt;
+}
+
 bool PatchView::IsFile(uint64_t ino) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Node* n = NodeOf(ino);
@@ -185,13 +191,9 @@ int PatchView::LookupRoot(uint64_t version_ino, const std::string& model, const 
 
 int PatchView::Lookup(uint64_t parent, std::string_view name_view, NodeAttr* out) {
   const std::string name(name_view);
-  Node p;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Node* n = NodeOf(parent);
-    if (!n) return ENOENT;
-    p = *n;
-  }
+  const std::optional<Node> copy = CopyOf(parent);
+  if (!copy) return ENOENT;
+  const Node& p = *copy;
   if (p.kind == Kind::kFile) return ENOTDIR;
   if (name == "." || name == ".." || name.empty()) return ENOENT;
   if (p.kind == Kind::kRoot) {
@@ -217,11 +219,7 @@ int PatchView::Lookup(uint64_t parent, std::string_view name_view, NodeAttr* out
   }
   if (is_file) {
     uint64_t ino = NodeFor(Kind::kFile, p.ino, p.model, p.to, p.from, full, p.mtime_ms);
-    Node n;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      n = *NodeOf(ino);
-    }
+    const Node n = *CopyOf(ino);
     std::string file;
     uint64_t size = 0;
     if (int err = Ensure(n, &file, &size); err != 0) return err;
@@ -238,13 +236,9 @@ int PatchView::Lookup(uint64_t parent, std::string_view name_view, NodeAttr* out
 }
 
 int PatchView::GetAttr(uint64_t ino, NodeAttr* out) {
-  Node n;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Node* p = NodeOf(ino);
-    if (!p) return ENOENT;
-    n = *p;
-  }
+  const std::optional<Node> copy = CopyOf(ino);
+  if (!copy) return ENOENT;
+  const Node& n = *copy;
   uint64_t size = 0;
   if (n.kind == Kind::kFile) {
     std::string file;
@@ -255,13 +249,9 @@ int PatchView::GetAttr(uint64_t ino, NodeAttr* out) {
 }
 
 int PatchView::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
-  Node p;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Node* n = NodeOf(ino);
-    if (!n) return ENOENT;
-    p = *n;
-  }
+  const std::optional<Node> copy = CopyOf(ino);
+  if (!copy) return ENOENT;
+  const Node& p = *copy;
   if (p.kind == Kind::kFile) return ENOTDIR;
   out->clear();
   out->push_back({".", p.ino, S_IFDIR});
@@ -298,13 +288,9 @@ int PatchView::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
 }
 
 int PatchView::Open(uint64_t ino, int* fd) {
-  Node n;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Node* p = NodeOf(ino);
-    if (!p) return ENOENT;
-    n = *p;
-  }
+  const std::optional<Node> copy = CopyOf(ino);
+  if (!copy) return ENOENT;
+  const Node& n = *copy;
   if (n.kind != Kind::kFile) return EISDIR;
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::string file;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -91,7 +92,9 @@ class PatchView {
     int err = 0;
   };
 
-  const Node* NodeOf(uint64_t ino) const;
+  const Node* NodeOf(uint64_t ino) const;  // REQUIRES mu_ (nodes_ may grow and move)
+  // A copy of the node, taken under mu_ (nullopt: not ours).
+  std::optional<Node> CopyOf(uint64_t ino) const;
   uint64_t NodeFor(Kind kind, uint64_t parent, const std::string& model, const std::string& to,
                    const std::string& from, const std::string& path, int64_t mtime_ms);
   void Fill(const Node& n, uint64_t size, NodeAttr* out) const;

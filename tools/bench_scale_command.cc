@@ -267,7 +267,7 @@ Status Build(const Options& o, const std::string& bucket_dir, std::FILE* log) {
     m.packs = {packs.PackHash(slot.pack)};
     m.created_ms = t0 + k * 60000;
     m.created = FormatUtc(m.created_ms);
-    m.stats = {m.files.size() * 0 + o.chunks * kChunk, payload.size(),
+    m.stats = {o.chunks * kChunk, payload.size(),
                static_cast<uint64_t>(static_cast<double>(o.chunks * kChunk / 2) * (k ? o.changed : 1.0)),
                o.chunks * kChunk / 2};
     for (ManifestFile& file : m.files) {
