@@ -49,6 +49,7 @@ Expected<std::vector<PushFile>> FilesUnder(const std::string& dir) {
   namespace fs = std::filesystem;
   std::vector<PushFile> files;
   std::error_code ec;
+  const fs::path base = fs::path(dir).lexically_normal();
   fs::recursive_directory_iterator it(dir, fs::directory_options::none, ec);
   if (ec) return Status::NotFound("cannot read directory " + dir + ": " + ec.message());
   for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
@@ -58,8 +59,11 @@ Expected<std::vector<PushFile>> FilesUnder(const std::string& dir) {
       if (it->is_directory()) it.disable_recursion_pending();
       continue;
     }
+    // Symlinks to regular files are followed (a Hugging Face cache snapshot is a directory of
+    // symlinks into ../../blobs/); symlinked directories are not descended into.
     if (!it->is_regular_file()) continue;
-    files.push_back({fs::relative(it->path(), dir).string(), it->path().string()});
+    // Lexically: fs::relative would resolve the symlink and name the blob ("../../blobs/...").
+    files.push_back({it->path().lexically_normal().lexically_relative(base).generic_string(), it->path().string()});
   }
   std::sort(files.begin(), files.end(),
             [](const PushFile& a, const PushFile& b) { return a.path < b.path; });

@@ -382,3 +382,39 @@ TEST_F(BucketCli, LogLastListsTheNewestVersions) {
   EXPECT_LT(all.out.find("acme/m@v0"), all.out.find("acme/m@v2")) << all.out;
   EXPECT_EQ(RunCli("log " + bucket_ + " --last 0").exit_code, 2);
 }
+
+// A Hugging Face cache snapshot (models--ORG--NAME/snapshots/COMMIT/FILE -> ../../blobs/SHA,
+// subdirectories real) pushes like a plain directory: files keep their snapshot paths, and a
+// pull gives the same bytes. Pushing one used to fail with "file path '../../..' has an empty,
+// '.' or '..' component" (the path was taken after resolving the symlink).
+TEST_F(BucketCli, PushesAHuggingFaceCacheSnapshotOfSymlinksIntoBlobs) {
+  const fs::path repo = root_ / "hub/models--acme--m";
+  const fs::path snap = repo / "snapshots" / std::string(40, 'a');
+  fs::create_directories(repo / "blobs");
+  fs::create_directories(snap / "sub");
+  for (const auto& e : fs::directory_iterator(Version(0))) {
+    const std::string name = e.path().filename().string();
+    const fs::path blob = repo / "blobs" / ("blob-" + name);
+    fs::copy_file(e.path(), blob);
+    fs::create_symlink("../../blobs/blob-" + name, snap / name);
+  }
+  // A nested file links two levels further up, as the cache does for subdirectories.
+  fs::copy_file(fs::directory_iterator(Version(0))->path(), repo / "blobs/nested");
+  fs::create_symlink("../../../blobs/nested", snap / "sub/nested.bin");
+  fs::create_symlink("../../blobs/missing", snap / "dangling.bin");  // an interrupted download
+
+  Result push = RunCli("push " + bucket_ + " acme/m@snap " + snap.string() + " --no-cache");
+  ASSERT_EQ(push.exit_code, 0) << push.out;
+  Result pull = RunCli("pull " + bucket_ + " acme/m@snap " + (root_ / "out").string() + " --no-cache");
+  ASSERT_EQ(pull.exit_code, 0) << pull.out;
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(Version(0))) {
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(Slurp((root_ / "out" / name).string()), Slurp(e.path().string())) << name;
+    ++files;
+  }
+  EXPECT_EQ(Slurp((root_ / "out/sub/nested.bin").string()), Slurp((repo / "blobs/nested").string()));
+  EXPECT_FALSE(fs::exists(root_ / "out/dangling.bin"));
+  EXPECT_FALSE(fs::exists(root_ / "out/blobs"));
+  EXPECT_EQ(CountFiles(root_ / "out"), files);
+}
