@@ -26,7 +26,9 @@ class HfBucketStore final : public Store {
     t.path = FullKey(key);
     const uint64_t offset = range ? range->offset : 0;
     const std::optional<uint64_t> length = range ? range->length : std::nullopt;
-    return api_->ReadRange(ResolveUrl(key), t, offset, length);
+    // A ranged read is of a pack or a chunk table, which weightfs never rewrites: its signed
+    // URL is reused. Whole-object reads (heads, leases, bucket metadata) resolve every time.
+    return api_->ReadRange(ResolveUrl(key), t, offset, length, /*reuse_resolved=*/range.has_value());
   }
 
   Status Put(std::string_view key, std::span<const uint8_t> data, PutMode mode) override {

@@ -1,5 +1,9 @@
 #include "hub/hf_hub.h"
 
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -7,8 +11,10 @@
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
+#include <ctime>
 #include <set>
 #include <sstream>
+#include <thread>
 
 namespace weightfs {
 namespace {
@@ -151,6 +157,91 @@ bool IsCommitSha(std::string_view s) {
          });
 }
 
+std::optional<std::chrono::system_clock::time_point> SignedUrlExpiry(std::string_view url) {
+  const size_t q = url.find('?');
+  if (q == std::string_view::npos) return std::nullopt;
+  std::string_view query = url.substr(q + 1);
+  query = query.substr(0, query.find('#'));
+  std::optional<uint64_t> amz_expires, expires;
+  std::optional<time_t> amz_date;
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view item = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) continue;
+    const std::string_view name = item.substr(0, eq), value = item.substr(eq + 1);
+    if (name == "X-Amz-Expires") amz_expires = ParseU64(value);
+    if (name == "Expires") expires = ParseU64(value);
+    if (name == "X-Amz-Date" && value.size() == 16 && value[8] == 'T' && value[15] == 'Z') {
+      std::tm tm{};
+      const std::string v(value);
+      if (::strptime(v.c_str(), "%Y%m%dT%H%M%SZ", &tm) != nullptr) amz_date = ::timegm(&tm);
+    }
+  }
+  std::optional<std::chrono::system_clock::time_point> out;
+  auto take = [&](int64_t unix_seconds) {
+    const auto t = std::chrono::system_clock::time_point(std::chrono::seconds(unix_seconds));
+    if (!out || t < *out) out = t;
+  };
+  // Bounded so that a hostile URL cannot overflow the arithmetic.
+  constexpr uint64_t kMaxSeconds = 1ull << 40;
+  if (amz_date && amz_expires && *amz_expires < kMaxSeconds) take(static_cast<int64_t>(*amz_date + static_cast<time_t>(*amz_expires)));
+  if (expires && *expires < kMaxSeconds) take(static_cast<int64_t>(*expires));
+  return out;
+}
+
+std::string ExpandUserAndVars(std::string_view path,
+                              const std::function<std::optional<std::string>(std::string_view)>& env) {
+  // expandvars: $NAME and ${NAME}, NAME of [A-Za-z0-9_]; unknown ones are kept as written.
+  std::string vars;
+  for (size_t i = 0; i < path.size();) {
+    if (path[i] != '$') {
+      vars.push_back(path[i++]);
+      continue;
+    }
+    size_t name_start = i + 1, name_end, next;
+    if (name_start < path.size() && path[name_start] == '{') {
+      const size_t close = path.find('}', name_start);
+      if (close == std::string_view::npos) {
+        vars.push_back(path[i++]);
+        continue;
+      }
+      name_end = close;
+      ++name_start;
+      next = close + 1;
+    } else {
+      name_end = name_start;
+      while (name_end < path.size() && (std::isalnum(static_cast<unsigned char>(path[name_end])) || path[name_end] == '_')) {
+        ++name_end;
+      }
+      next = name_end;
+    }
+    const std::string_view name = path.substr(name_start, name_end - name_start);
+    std::optional<std::string> value = name.empty() ? std::nullopt : env(name);
+    vars += value ? *value : std::string(path.substr(i, next - i));
+    i = next;
+  }
+  // expanduser: "~" or "~/..." is HOME (else the passwd entry); "~user/..." that user's home.
+  if (vars.empty() || vars[0] != '~') return vars;
+  const size_t slash = vars.find('/');
+  const std::string user = vars.substr(1, slash == std::string::npos ? std::string::npos : slash - 1);
+  std::optional<std::string> home;
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  if (user.empty()) {
+    home = env("HOME");
+    if (!home && ::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &found) == 0 && found) home = found->pw_dir;
+  } else if (::getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) == 0 && found) {
+    home = found->pw_dir;
+  }
+  if (!home) return vars;
+  std::string h = *home;
+  while (h.size() > 1 && h.back() == '/') h.pop_back();
+  return h + (slash == std::string::npos ? "" : vars.substr(slash));
+}
+
 }  // namespace hf
 
 // ---- configuration ------------------------------------------------------------------------------
@@ -179,20 +270,31 @@ Expected<HfConfig> LoadHfConfig(const HfEnvLookup& env_in) {
     }
   }
 
+  // As huggingface_hub's constants: each path is expanduser(expandvars(...)).
+  auto expand = [&](std::string_view p) { return hf::ExpandUserAndVars(p, env); };
   if (auto h = get("HF_HOME")) {
-    c.home = *h;
+    c.home = expand(*h);
   } else if (auto x = get("XDG_CACHE_HOME")) {
-    c.home = *x + "/huggingface";
-  } else if (auto home = get("HOME")) {
-    c.home = *home + "/.cache/huggingface";
+    c.home = expand(*x + "/huggingface");
   } else {
-    c.home = "/tmp/.cache/huggingface";
+    c.home = expand("~/.cache/huggingface");
+    if (c.home.starts_with("~")) c.home = "/tmp/.cache/huggingface";  // no home directory at all
   }
-  if (auto hc = get("HF_HUB_CACHE")) c.hub_cache = *hc;
-  else if (auto legacy = get("HUGGINGFACE_HUB_CACHE")) c.hub_cache = *legacy;
+  if (auto hc = get("HF_HUB_CACHE")) c.hub_cache = expand(*hc);
+  else if (auto legacy = get("HUGGINGFACE_HUB_CACHE")) c.hub_cache = expand(*legacy);
   else c.hub_cache = c.home + "/hub";
   c.offline = IsTrue(env("HF_HUB_OFFLINE")) || IsTrue(env("TRANSFORMERS_OFFLINE"));
+  if (auto scale = get("WEIGHTFS_TEST_TIME_SCALE")) {
+    char* end = nullptr;
+    const double v = std::strtod(scale->c_str(), &end);
+    if (end == scale->c_str() || *end != '\0' || !(v >= 1.0 && v <= 1e6)) {
+      return Status::InvalidArgument("WEIGHTFS_TEST_TIME_SCALE must be a number from 1 to 1e6");
+    }
+    c.time_scale = v;
+  }
 
+  // huggingface_hub sends no implicit token at all (neither HF_TOKEN nor the file) then.
+  if (IsTrue(env("HF_HUB_DISABLE_IMPLICIT_TOKEN"))) return c;
   for (const char* name : {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}) {
     if (auto t = get(name)) {
       c.token = std::string(TrimWs(*t));
@@ -202,8 +304,9 @@ Expected<HfConfig> LoadHfConfig(const HfEnvLookup& env_in) {
       }
     }
   }
-  if (c.token.empty() && !IsTrue(env("HF_HUB_DISABLE_IMPLICIT_TOKEN"))) {
-    const std::string path = get("HF_TOKEN_PATH").value_or(c.home + "/token");
+  if (c.token.empty()) {
+    const std::string path = get("HF_TOKEN_PATH") ? expand(*get("HF_TOKEN_PATH")) : c.home + "/token";
+    c.token_file = path;  // followed by HfApi even when it does not exist yet (a later login)
     std::ifstream in(path, std::ios::binary);
     if (in) {
       std::stringstream ss;
@@ -226,10 +329,89 @@ Expected<HfConfig> LoadHfConfig(const HfEnvLookup& env_in) {
 
 // ---- HfApi --------------------------------------------------------------------------------------
 
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+int64_t SteadyNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now().time_since_epoch()).count();
+}
+
+// "ino:size:mtime" of a file, or "" when it cannot be stat'ed.
+std::string FileIdentity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  return std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) +
+         "." + std::to_string(st.st_mtim.tv_nsec);
+}
+
+bool IsResolveUrl(std::string_view url) { return RedactQuery(url).find("/resolve/") != std::string::npos; }
+
+// A CDN answer that means "this signed URL no longer works" (expired, revoked, moved away).
+bool TargetGone(long status) { return status == 400 || status == 401 || status == 403 || status == 404 || status == 410; }
+
+// Until when a signed target may be reused: up to a minute (or a tenth of its lifetime) before
+// it expires; ten minutes when the URL does not say (an expired one answers 403: resolved anew).
+SteadyClock::time_point ReuseUntil(std::string_view target) {
+  const auto now = SteadyClock::now();
+  const auto expiry = hf::SignedUrlExpiry(target);
+  if (!expiry) return now + std::chrono::minutes(10);
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*expiry - std::chrono::system_clock::now());
+  if (left.count() <= 0) return now;
+  const auto margin = std::min<std::chrono::milliseconds>(std::chrono::minutes(1), left / 10);
+  return now + (left - margin);
+}
+
+constexpr size_t kMaxResolvedTargets = 10'000;
+
+}  // namespace
+
 HfApi::HfApi(HfConfig config, std::shared_ptr<HttpClient> http)
     : config_(std::move(config)), http_(std::move(http)) {
   if (!http_) http_ = std::make_shared<HttpClient>();
   origin_ = hf::UrlOrigin(config_.endpoint);
+  token_ = config_.token;
+  if (!token_.empty()) past_tokens_.push_back(token_);
+  if (!config_.token_file.empty()) token_file_id_ = FileIdentity(config_.token_file);
+}
+
+std::string HfApi::Token() const {
+  if (config_.token_file.empty()) return config_.token;
+  const std::string id = FileIdentity(config_.token_file);
+  std::lock_guard<std::mutex> lock(token_mu_);
+  if (id == token_file_id_) return token_;
+  token_file_id_ = id;
+  std::string text;
+  if (!id.empty()) {
+    std::ifstream in(config_.token_file, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str().substr(0, 64 * 1024);
+  }
+  std::string fresh(TrimWs(text));
+  if (fresh.find_first_of("\r\n\t ") != std::string::npos ||
+      std::any_of(fresh.begin(), fresh.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20; })) {
+    spdlog::warn("hf: the token file {} holds whitespace or control characters; sending no token",
+                 config_.token_file);
+    fresh.clear();
+  }
+  if (fresh != token_) {
+    spdlog::info("hf: the token file {} changed; {}", config_.token_file,
+                 fresh.empty() ? "no token from now on" : "using its new token");
+    if (!fresh.empty() && past_tokens_.size() < 64) past_tokens_.push_back(fresh);
+    token_ = fresh;
+  }
+  return token_;
+}
+
+void HfApi::WaitIfRateLimited(std::string_view url) const {
+  const auto& blocked = IsResolveUrl(url) ? resolvers_blocked_until_ms_ : api_blocked_until_ms_;
+  const int64_t until = blocked.load(std::memory_order_relaxed);
+  const int64_t now = SteadyNowMs();
+  if (until <= now) return;
+  spdlog::info("hf: {}: holding back {} ms until the Hub's {} rate-limit window resets", RedactQuery(url),
+               until - now, IsResolveUrl(url) ? "resolvers" : "API");
+  std::this_thread::sleep_for(std::chrono::milliseconds(until - now));
 }
 
 bool HfApi::IsHubOrigin(std::string_view url) const {
@@ -238,16 +420,23 @@ bool HfApi::IsHubOrigin(std::string_view url) const {
 }
 
 std::string HfApi::Scrub(std::string text) const {
-  if (config_.token.empty()) return text;
-  for (size_t at = text.find(config_.token); at != std::string::npos; at = text.find(config_.token, at)) {
-    text.replace(at, config_.token.size(), "<token>");
+  std::vector<std::string> tokens;
+  {
+    std::lock_guard<std::mutex> lock(token_mu_);
+    tokens = past_tokens_;
+  }
+  for (const std::string& token : tokens) {
+    for (size_t at = text.find(token); at != std::string::npos; at = text.find(token, at)) {
+      text.replace(at, token.size(), "<token>");
+    }
   }
   return text;
 }
 
 Expected<HttpResponse> HfApi::Send(HfRequest request) const {
   std::string url = request.url;
-  bool may_send_token = !config_.token.empty();
+  const std::string token = Token();
+  bool may_send_token = !token.empty();
   std::set<std::string> seen;
   for (int hop = 0;; ++hop) {
     HttpRequest r;
@@ -258,10 +447,24 @@ Expected<HttpResponse> HfApi::Send(HfRequest request) const {
     r.headers.emplace_back("Accept-Encoding", "identity");
     const bool hub = IsHubOrigin(url);
     if (!hub) may_send_token = false;  // once we left the Hub, never again in this chain
-    if (hub && may_send_token) r.headers.emplace_back("Authorization", "Bearer " + config_.token);
+    if (hub && may_send_token) r.headers.emplace_back("Authorization", "Bearer " + token);
     r.idempotent = request.method == "GET" || request.method == "HEAD";
     r.max_response_bytes = request.max_response_bytes;
     r.follow_redirects = false;
+    if (hub) {
+      WaitIfRateLimited(url);
+      r.rate_limit_max_wait = kHubRateLimitWindow;
+      r.rate_limit_time_scale = config_.time_scale;
+      auto* blocked = IsResolveUrl(url) ? &resolvers_blocked_until_ms_ : &api_blocked_until_ms_;
+      r.on_rate_limited = [this, blocked](std::chrono::milliseconds wait) {
+        stats_.rate_limit_waits.fetch_add(1, std::memory_order_relaxed);
+        const int64_t until = SteadyNowMs() + static_cast<int64_t>(static_cast<double>(wait.count()) / config_.time_scale);
+        int64_t seen_until = blocked->load(std::memory_order_relaxed);
+        while (seen_until < until && !blocked->compare_exchange_weak(seen_until, until)) {
+        }
+      };
+      if (IsResolveUrl(url)) stats_.resolves.fetch_add(1, std::memory_order_relaxed);
+    }
     (hub ? stats_.hub_requests : stats_.other_requests).fetch_add(1, std::memory_order_relaxed);
     auto sent = http_->Send(std::move(r));
     if (!sent.ok()) return Status(sent.status().kind(), Scrub(sent.status().message()));
@@ -285,6 +488,109 @@ Expected<HttpResponse> HfApi::Send(HfRequest request) const {
   }
 }
 
+Expected<std::string> HfApi::ResolveTarget(const HfRequest& request, std::optional<HttpResponse>* final) const {
+  const std::string what = request.method + " " + RedactQuery(request.url);
+  std::string url = request.url;
+  for (int hop = 0; hop <= kMaxRedirects; ++hop) {
+    HfRequest r = request;
+    r.url = url;
+    r.follow_redirects = false;
+    WFS_ASSIGN_OR_RETURN(HttpResponse resp, Send(std::move(r)));
+    const bool redirect = resp.status == 301 || resp.status == 302 || resp.status == 303 || resp.status == 307 ||
+                          resp.status == 308;
+    if (!redirect) {
+      *final = std::move(resp);
+      return std::string();
+    }
+    const std::string next = hf::ResolveUrl(url, resp.Header("location"));
+    if (next.empty()) {
+      return Status::IOError(what + ": HTTP " + std::to_string(resp.status) + " redirect without a usable http(s) Location");
+    }
+    if (!IsHubOrigin(next)) return next;  // the signed CDN URL
+    url = next;  // the Hub's own redirect (a renamed repo, a relative resolve-cache URL)
+  }
+  return Status::IOError(what + ": more than 5 redirects");
+}
+
+void HfApi::ForgetTarget(const std::string& url, const std::string& target) const {
+  std::lock_guard<std::mutex> lock(resolve_mu_);
+  auto it = resolved_.find(url);
+  if (it != resolved_.end() && !it->second.pending && it->second.target == target) resolved_.erase(it);
+}
+
+Expected<HttpResponse> HfApi::SendResolved(const HfRequest& request) const {
+  const std::string& key = request.url;
+  for (int round = 0;; ++round) {
+    std::string target;
+    bool lead = false;
+    {
+      std::unique_lock<std::mutex> lock(resolve_mu_);
+      for (;;) {
+        auto it = resolved_.find(key);
+        if (it == resolved_.end()) {
+          if (resolved_.size() >= kMaxResolvedTargets) {
+            const auto now = SteadyClock::now();
+            std::erase_if(resolved_, [&](const auto& e) { return !e.second.pending && e.second.reuse_until <= now; });
+            if (resolved_.size() >= kMaxResolvedTargets) {
+              std::erase_if(resolved_, [](const auto& e) { return !e.second.pending; });
+            }
+          }
+          resolved_.emplace(key, Resolved{});
+          lead = true;
+          break;
+        }
+        Resolved& r = it->second;
+        // Waits for the one resolve in flight: its Send is bounded, and it always finishes it.
+        if (r.pending) {
+          resolve_cv_.wait(lock);
+          continue;
+        }
+        if (r.direct) break;
+        if (SteadyClock::now() < r.reuse_until) {
+          target = r.target;
+          break;
+        }
+        r = Resolved{};  // expired: this caller resolves again
+        lead = true;
+        break;
+      }
+    }
+    if (lead) {
+      std::optional<HttpResponse> final;
+      Expected<std::string> resolved = ResolveTarget(request, &final);
+      {
+        std::lock_guard<std::mutex> lock(resolve_mu_);
+        auto it = resolved_.find(key);
+        if (!resolved.ok() || (final && final->status / 100 != 2)) {
+          resolved_.erase(it);  // errors are not remembered: the next read asks again
+        } else if (final) {
+          it->second.pending = false;
+          it->second.direct = true;
+        } else {
+          it->second.pending = false;
+          it->second.target = *resolved;
+          it->second.reuse_until = ReuseUntil(*resolved);
+        }
+      }
+      resolve_cv_.notify_all();
+      if (!resolved.ok()) return resolved.status();
+      if (final) return std::move(*final);
+      target = std::move(resolved).value();
+    } else if (target.empty()) {
+      return Send(request);  // the Hub serves this file itself
+    } else {
+      stats_.reused_targets.fetch_add(1, std::memory_order_relaxed);
+    }
+    HfRequest at_target = request;
+    at_target.url = target;
+    WFS_ASSIGN_OR_RETURN(HttpResponse resp, Send(std::move(at_target)));
+    if (!TargetGone(resp.status) || round > 0) return resp;
+    spdlog::info("hf: {}: the signed URL answered HTTP {} (expired or revoked); resolving it again",
+                 RedactQuery(key), resp.status);
+    ForgetTarget(key, target);
+  }
+}
+
 Status HfApi::ErrorFrom(const HttpResponse& r, std::string_view what, const HfTarget& t) const {
   const std::string code(r.Header("x-error-code"));
   std::string server_message(r.Header("x-error-message"));
@@ -295,7 +601,7 @@ Status HfApi::ErrorFrom(const HttpResponse& r, std::string_view what, const HfTa
   if (!code.empty()) m += " " + Printable(code, 64);
   if (!server_message.empty()) m += " (" + Printable(server_message) + ")";
   m += ": ";
-  const bool have_token = !config_.token.empty();
+  const bool have_token = !Token().empty();
   const std::string login = "set HF_TOKEN or run `hf auth login`";
   Status s;
   if (r.status == 401) {
@@ -423,7 +729,7 @@ Expected<uint64_t> HfApi::HeadSize(const std::string& url, const HfTarget& targe
 }
 
 Expected<std::vector<uint8_t>> HfApi::ReadRange(const std::string& url, const HfTarget& target, uint64_t offset,
-                                                std::optional<uint64_t> length_opt) const {
+                                                std::optional<uint64_t> length_opt, bool reuse_resolved) const {
   const std::string what = "GET " + RedactQuery(url);
   const bool bounded = length_opt.has_value();
   const uint64_t length = bounded ? *length_opt : UINT64_MAX;
@@ -448,7 +754,7 @@ Expected<std::vector<uint8_t>> HfApi::ReadRange(const std::string& url, const Hf
     }
     req.headers.emplace_back("Range", spec);
   }
-  WFS_ASSIGN_OR_RETURN(HttpResponse r, Send(std::move(req)));
+  WFS_ASSIGN_OR_RETURN(HttpResponse r, reuse_resolved ? SendResolved(req) : Send(std::move(req)));
   if (r.status == 200) {
     if (!ranged) return std::move(r.body);
     if (offset > r.body.size()) return past_end(r.body.size());

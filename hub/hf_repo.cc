@@ -313,7 +313,8 @@ Expected<std::vector<uint8_t>> HfRepo::Read(std::string_view path, uint64_t offs
   }
   HfTarget target{HfTarget::Kind::kRepo, repo_, revision_, std::string(path)};
   const std::string url = api_->Url("/" + repo_ + "/resolve/" + commit_ + "/" + UrlEncode(path, true));
-  auto got = api_->ReadRange(url, target, offset, length);
+  // A pinned commit's file never changes: its signed CDN URL is resolved once and reused.
+  auto got = api_->ReadRange(url, target, offset, length, /*reuse_resolved=*/true);
   stats_.requests.store(api_->stats().hub_requests + api_->stats().other_requests);
   if (!got.ok()) return got.status();
   stats_.bytes_fetched.fetch_add(got->size(), std::memory_order_relaxed);

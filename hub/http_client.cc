@@ -297,6 +297,27 @@ struct CurlSlist {
   }
 };
 
+// Sleeps `wait` (scaled by the request's test knob), saying so in the log: once at the start and
+// every minute after, so that a command or mount that seems stuck says why.
+void WaitForRateLimit(const HttpRequest& request, const std::string& what, milliseconds wait, int nth) {
+  if (request.on_rate_limited) request.on_rate_limited(wait);
+  const int64_t seconds = (wait.count() + 999) / 1000;
+  spdlog::warn("http {}: rate-limited (HTTP 429); waiting {} s for the server's rate-limit window to reset "
+               "(wait {} of at most {})",
+               what, seconds, nth, kMaxRateLimitWaits);
+  const double scale = request.rate_limit_time_scale > 0 ? request.rate_limit_time_scale : 1.0;
+  const auto real = milliseconds(static_cast<int64_t>(static_cast<double>(wait.count()) / scale));
+  const Clock::time_point end = Clock::now() + real;
+  const auto report_every = std::chrono::duration_cast<milliseconds>(std::chrono::duration<double>(60.0 / scale));
+  for (Clock::time_point now = Clock::now(); now < end; now = Clock::now()) {
+    const auto step = std::min<Clock::duration>(end - now, report_every);
+    std::this_thread::sleep_for(step);
+    const auto left = std::chrono::duration_cast<std::chrono::seconds>(end - Clock::now()).count();
+    if (left > 0) spdlog::info("http {}: still waiting for the rate-limit window, {} s left", what,
+                               static_cast<int64_t>(static_cast<double>(left) * scale));
+  }
+}
+
 }  // namespace
 
 std::string_view HttpResponse::Header(std::string_view name) const {
@@ -380,7 +401,8 @@ HttpClient::HttpClient(HttpOptions options) : options_(std::move(options)) {
 HttpClient::~HttpClient() = default;
 
 Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
-  const Clock::time_point deadline = Clock::now() + options_.total_timeout;
+  Clock::time_point deadline = Clock::now() + options_.total_timeout;
+  int rate_limit_waits = 0;
   const std::string what = request.method + " " + RedactUrl(request.url);
   const int max_attempts = std::max(options_.max_attempts, 1);
   std::string method_upper = request.method;
@@ -392,6 +414,7 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
 
   Status last_error;
   for (int attempt = 1;; ++attempt) {
+    std::optional<milliseconds> rate_limit_wait;  // set when the server scheduled the retry
     const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (remaining.count() <= 0) {
       if (!last_error.ok()) return give_up(last_error, attempt - 1);
@@ -522,6 +545,15 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
             retry_after = milliseconds(static_cast<int64_t>(std::min<uint64_t>(*reset, 3600)) * 1000);
           }
         }
+        if (status == 429 && retry_after && request.rate_limit_max_wait.count() > 0 &&
+            rate_limit_waits < kMaxRateLimitWaits) {
+          milliseconds cap = request.rate_limit_max_wait;
+          if (auto w = ParseRateLimitWindow(response.Header("ratelimit-policy"))) {
+            cap = std::min(cap, milliseconds(static_cast<int64_t>(std::min<uint64_t>(*w, 86400)) * 1000));
+          }
+          // The window has reset by then: one second more so the retry lands in the next one.
+          if (*retry_after <= cap) rate_limit_wait = *retry_after + milliseconds(1000);
+        }
       } else {
         std::string detail = errbuf[0] != '\0' ? std::string(errbuf.data()) : curl_easy_strerror(rc);
         while (!detail.empty() && (detail.back() == '\n' || detail.back() == '\r')) detail.pop_back();
@@ -542,8 +574,15 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
         last_error = Status(timed_out ? ErrorKind::kTimeout : ErrorKind::kIOError, what + ": " + detail);
         retryable = (IsRetryableCurlCode(rc) || transfer.stalled) && (request.idempotent || NothingWasSent(rc));
       }
-      if (!retryable || attempt >= max_attempts) return give_up(last_error, attempt);
+      if (!retryable || (attempt >= max_attempts && !rate_limit_wait)) return give_up(last_error, attempt);
     }  // the handle goes back to the pool before the backoff, for others to use
+
+    if (rate_limit_wait) {
+      WaitForRateLimit(request, what, *rate_limit_wait, ++rate_limit_waits);
+      deadline += *rate_limit_wait;  // the server's schedule, not time spent failing
+      --attempt;                      // nor an attempt
+      continue;
+    }
 
     // Full jitter: uniform in [0, min(max, base * 2^(attempt-1))]; Retry-After overrides it.
     const int64_t base = std::max<int64_t>(0, options_.backoff_base.count());
@@ -577,14 +616,17 @@ Status HttpStatusError(long status, std::string_view what, std::string_view serv
   return Status::IOError(std::move(m));
 }
 
-std::optional<uint64_t> ParseRateLimitReset(std::string_view header) {
-  // Parameters are ';'-separated after the policy name; t is a non-negative integer.
+namespace {
+
+// The first `name=N` parameter of a structured RateLimit / RateLimit-Policy header.
+std::optional<uint64_t> RateLimitParam(std::string_view header, char name) {
+  // Parameters are ';'-separated after the policy name; values are non-negative integers.
   size_t pos = 0;
   while (pos < header.size()) {
     size_t end = header.find_first_of(";,", pos);
     if (end == std::string_view::npos) end = header.size();
     std::string_view item = Trim(header.substr(pos, end - pos));
-    if (item.size() > 2 && (item[0] == 't' || item[0] == 'T') && item[1] == '=') {
+    if (item.size() > 2 && std::tolower(static_cast<unsigned char>(item[0])) == name && item[1] == '=') {
       item.remove_prefix(2);
       uint64_t v = 0;
       bool ok = !item.empty() && item.size() <= 12;
@@ -597,6 +639,14 @@ std::optional<uint64_t> ParseRateLimitReset(std::string_view header) {
     pos = end + 1;
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<uint64_t> ParseRateLimitReset(std::string_view header) { return RateLimitParam(header, 't'); }
+
+std::optional<uint64_t> ParseRateLimitWindow(std::string_view policy_header) {
+  return RateLimitParam(policy_header, 'w');
 }
 
 std::optional<uint64_t> ParseU64(std::string_view s) {

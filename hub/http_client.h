@@ -73,7 +73,23 @@ struct HttpRequest {
   // A response body larger than this fails the request with ResourceExhausted (not retried);
   // 0: no limit. Guards memory against a hostile or broken server.
   uint64_t max_response_bytes = 0;
+  // Servers with documented rate-limit windows (the Hugging Face Hub: 5 minutes): a 429 whose
+  // Retry-After, or else RateLimit `t=`, asks for a wait up to this long (and up to the window
+  // `w=` of RateLimit-Policy when given) is waited out exactly, with a log line saying so. Such
+  // waits are neither capped by backoff_max, nor counted as attempts (at most
+  // kMaxRateLimitWaits of them), nor charged to total_timeout: they are the server's schedule,
+  // not a failure. 0: a 429 is retried like a 5xx.
+  std::chrono::milliseconds rate_limit_max_wait{0};
+  // Test knob (WEIGHTFS_TEST_TIME_SCALE): such waits last wait/scale (a fake Hub whose clock
+  // runs `scale` times faster). Logs still name the server's seconds.
+  double rate_limit_time_scale = 1.0;
+  // Called with the wait before a rate-limit wait starts (e.g. to hold back other requests to
+  // the same server until the window resets).
+  std::function<void(std::chrono::milliseconds wait)> on_rate_limited;
 };
+
+// How many rate-limit waits one Send takes before the 429 counts as a failure.
+inline constexpr int kMaxRateLimitWaits = 6;
 
 struct HttpResponse {
   long status = 0;
@@ -130,6 +146,10 @@ Status HttpStatusError(long status, std::string_view what, std::string_view serv
 // Hugging Face Hub sends: `"api";r=0;t=55`): the first `t=` parameter. nullopt if there is none.
 // Send uses it as the delay before retrying a 429 that has no Retry-After.
 std::optional<uint64_t> ParseRateLimitReset(std::string_view header);
+
+// The window `w=` (seconds) of a RateLimit-Policy header (`"fixed window";"api";q=500;w=300`),
+// or nullopt.
+std::optional<uint64_t> ParseRateLimitWindow(std::string_view policy_header);
 
 // A decimal number filling all of `s` (a header value), or nullopt.
 std::optional<uint64_t> ParseU64(std::string_view s);

@@ -80,12 +80,16 @@ Where this fake simplifies the real Hub:
 
 import argparse
 import hashlib
+import hmac
+import http.client
 import json
+import math
 import os
 import signal
 import socket
 import sys
 import threading
+import time
 import urllib.parse
 import urllib.request
 import urllib.error
@@ -106,6 +110,17 @@ class State:
         self.rate_limit_every = 0
         self.retry_after = "0"
         self.ratelimit_header = True
+        # The Hub's fixed-window quotas (0: unlimited), in "hub seconds"; time_scale hub seconds
+        # pass per real second (see the header).
+        self.quota = {"resolvers": args.resolver_quota, "api": args.api_quota}
+        self.window = float(args.window)
+        self.time_scale = float(args.time_scale)
+        self.start = time.monotonic()
+        self.window_counts = {}  # (class, window index) -> requests
+        self.url_ttl = float(args.url_ttl)
+        self.secret = os.urandom(16)
+        self.token = args.token
+        self.buckets = set(args.bucket or [])
         self.reset()
 
     def reset(self):
@@ -113,6 +128,13 @@ class State:
             self.requests = 0
             self.cdn_requests = 0
             self.rate_limited = 0
+            self.resolver_requests = 0
+            self.resolver_limited = 0
+            self.api_limited = 0
+            self.cdn_expired = 0
+            self.gateway = {"requests": 0, "redirected": 0, "multipart_creates": 0, "conditional_puts": 0,
+                            "stripped_if_none_match": 0}
+            self.gateway_keys = []
             self.hub_authorized = 0
             self.bytes = {}
             self.cdn_authorization = []
@@ -174,6 +196,48 @@ class State:
 
     def is_lfs(self, path, size):
         return path.endswith(LFS_SUFFIXES) or size > self.args.lfs_threshold
+
+    # ---- rate limits ----
+    def hub_clock(self):
+        """Hub seconds since start."""
+        return (time.monotonic() - self.start) * self.time_scale
+
+    def take_quota(self, cls):
+        """(allowed, remaining, seconds to reset) for one request of class cls."""
+        with self.lock:
+            q = self.quota.get(cls, 0)
+            now = self.hub_clock()
+            index = int(now // self.window)
+            reset = max(1, int(math.ceil(self.window - (now - index * self.window))))
+            if q <= 0:
+                return True, None, reset
+            n = self.window_counts.get((cls, index), 0) + 1
+            self.window_counts[(cls, index)] = n
+            return n <= q, max(0, q - n), reset
+
+    # ---- signed CDN URLs ----
+    def sign(self, path):
+        """path + a query signed like an S3 presigned URL (X-Amz-Date/X-Amz-Expires) that also
+        carries CloudFront's absolute Expires=, as the Hub's cas-bridge URLs do."""
+        now = time.time()
+        expires = int(now + self.url_ttl)
+        date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+        sig = hmac.new(self.secret, ("%s|%d" % (path, expires)).encode(), hashlib.sha256).hexdigest()
+        return "%s?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date=%s&X-Amz-Expires=%d&Expires=%d&X-Amz-Signature=%s" % (
+            path, date, int(self.url_ttl), expires, sig)
+
+    def check_signature(self, path, q):
+        """None when the signed URL is valid now, else the reason."""
+        try:
+            expires = int(q.get("Expires", ["0"])[0])
+        except ValueError:
+            return "bad Expires"
+        want = hmac.new(self.secret, ("%s|%d" % (path, expires)).encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(want, q.get("X-Amz-Signature", [""])[0]):
+            return "signature does not match"
+        if time.time() > expires:
+            return "Request has expired"
+        return None
 
     # ---- buckets (S3 server) ----
     def s3_url(self, ns, key=""):
@@ -256,7 +320,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def send(self, status, body=b"", headers=None, head=False, count_as=None):
         self.send_response(status)
-        hdrs = dict(headers or {})
+        hdrs = dict(getattr(self, "rate_headers", None) or {})
+        hdrs.update(headers or {})
         if "Content-Type" not in hdrs and body:
             hdrs["Content-Type"] = "application/json" if body[:1] in (b"{", b"[") else "text/plain"
         for k, v in hdrs.items():
@@ -314,7 +379,8 @@ class Handler(BaseHTTPRequestHandler):
     def auth(self):
         """'ok' (valid token or none needed), 'none' (no token), 'bad' (wrong token)."""
         got = self.headers.get("Authorization")
-        want = STATE.args.token
+        with STATE.lock:
+            want = STATE.token
         if got:
             if want and got == "Bearer " + want:
                 with STATE.lock:
@@ -349,6 +415,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.read_body()
+        self.rate_headers = {}
         parts, q = self.path_parts()
         if parts[:2] == [".fake-hub", "control"]:
             with STATE.lock:
@@ -361,6 +428,22 @@ class Handler(BaseHTTPRequestHandler):
                     STATE.retry_after = ""
                 if "ratelimit_header" in q:
                     STATE.ratelimit_header = q["ratelimit_header"][0] == "1"
+                if "token" in q:
+                    STATE.token = q["token"][0]
+                for cls in ("resolvers", "api"):
+                    if cls[:-1] + "_quota" in q or cls + "_quota" in q:
+                        STATE.quota[cls] = int((q.get(cls[:-1] + "_quota") or q.get(cls + "_quota"))[0])
+                if "window" in q:
+                    STATE.window = float(q["window"][0])
+                if "time_scale" in q:
+                    STATE.time_scale = float(q["time_scale"][0])
+                if "window" in q or "time_scale" in q or "resolver_quota" in q:
+                    STATE.start = time.monotonic()  # a fresh first window
+                    STATE.window_counts = {}
+                if "url_ttl" in q:
+                    STATE.url_ttl = float(q["url_ttl"][0])
+                if "create_bucket" in q:
+                    STATE.buckets.add(q["create_bucket"][0])
             self.send_json({"ok": True})
             return
         if parts[:2] == [".fake-hub", "reset"]:
@@ -371,10 +454,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def dispatch(self, head):
         parts, q = self.path_parts()
+        self.rate_headers = {}
         if parts[:2] == [".fake-hub", "stats"]:
             with STATE.lock:
                 s = {"requests": STATE.requests, "cdn_requests": STATE.cdn_requests,
                      "rate_limited": STATE.rate_limited, "hub_authorized": STATE.hub_authorized,
+                     "resolver_requests": STATE.resolver_requests, "resolver_limited": STATE.resolver_limited,
+                     "api_limited": STATE.api_limited, "cdn_expired": STATE.cdn_expired,
+                     "gateway": dict(STATE.gateway), "gateway_keys": list(STATE.gateway_keys),
                      "bytes": dict(STATE.bytes), "cdn_authorization": list(STATE.cdn_authorization),
                      "log": list(STATE.log)}
             self.send_json(s)
@@ -397,6 +484,29 @@ class Handler(BaseHTTPRequestHandler):
                 h["RateLimit-Policy"] = '"fixed window";"api";q=500;w=300'
             self.error(429, "", "You have been rate-limited", h)
             return
+        # The Hub's quotas: /resolve/ URLs count as "resolvers", /api/ as "api", in fixed windows.
+        cls = "resolvers" if "resolve" in parts else ("api" if parts[:1] == ["api"] else "")
+        self.rate_headers = {}
+        if cls:
+            allowed, remaining, reset = STATE.take_quota(cls)
+            with STATE.lock:
+                if cls == "resolvers":
+                    STATE.resolver_requests += 1
+                policy = '"fixed window";"%s";q=%d;w=%d' % (cls, STATE.quota.get(cls, 0), int(STATE.window))
+            if remaining is not None:
+                self.rate_headers = {"RateLimit": '"%s";r=%d;t=%d' % (cls, remaining, reset),
+                                     "RateLimit-Policy": policy}
+            if not allowed:
+                with STATE.lock:
+                    STATE.rate_limited += 1
+                    if cls == "resolvers":
+                        STATE.resolver_limited += 1
+                    else:
+                        STATE.api_limited += 1
+                self.error(429, "", "You have been rate-limited; you can retry this action in about %d seconds. "
+                                    "If you're a new user, your limits will raise progressively over time." % reset,
+                           self.rate_headers)
+                return
         try:
             if len(parts) >= 5 and parts[0] == "api" and parts[1] == "models":
                 self.api_models(parts[2], parts[3], parts[4:], q, head)
@@ -502,9 +612,8 @@ class Handler(BaseHTTPRequestHandler):
         size = os.path.getsize(full)
         sha1, sha256 = STATE.hashes(full)
         if STATE.is_lfs(path, size):
-            location = "%s/cdn/repo/%s/%s/%s" % (STATE.cdn_base, urllib.parse.quote(repo_id),
-                                                 commit, urllib.parse.quote(path))
-            location += "?X-Amz-Signature=fake&Expires=9999999999"
+            location = STATE.cdn_base + STATE.sign("/cdn/repo/%s/%s/%s" % (urllib.parse.quote(repo_id), commit,
+                                                                          urllib.parse.quote(path)))
             body = b"Found. Redirecting to " + location.encode()
             self.send(302, body, {"Location": location, "X-Repo-Commit": commit, "X-Linked-Etag": '"%s"' % sha256,
                                   "X-Linked-Size": size, "ETag": '"%s"' % sha1}, head=head)
@@ -519,6 +628,8 @@ class Handler(BaseHTTPRequestHandler):
         if not STATE.args.s3:
             self.error(404, "RepoNotFound", "this fake hub has no buckets (start it with --s3)")
             return
+        if not self.bucket_exists(ns, name):
+            return
         status, headers, _ = STATE.s3_get(ns, name + "/" + path, method="HEAD")
         if status == 404 or not path:
             self.error(404, "EntryNotFound", "%s does not exist in bucket %s/%s" % (path, ns, name))
@@ -527,17 +638,27 @@ class Handler(BaseHTTPRequestHandler):
             self.error(502, "", "S3 server answered %d" % status)
             return
         size = int(headers.get("Content-Length", "0"))
-        location = "%s/cdn/bucket/%s/%s/%s?X-Amz-Signature=fake" % (
-            STATE.cdn_base, urllib.parse.quote(ns), urllib.parse.quote(name), urllib.parse.quote(path))
+        location = STATE.cdn_base + STATE.sign("/cdn/bucket/%s/%s/%s" % (
+            urllib.parse.quote(ns), urllib.parse.quote(name), urllib.parse.quote(path)))
         body = b"Found. Redirecting to " + location.encode()
         self.send(302, body, {"Location": location, "X-Linked-Size": size,
                               "X-Linked-Etag": headers.get("ETag", '""')}, head=head)
+
+    def bucket_exists(self, ns, name):
+        """True, or the Hub's 404 for a bucket nobody created (`hf buckets create NS/NAME`)."""
+        with STATE.lock:
+            exists = (ns + "/" + name) in STATE.buckets
+        if not exists:
+            self.error(404, "RepoNotFound", "Bucket not found")
+        return exists
 
     def bucket_tree(self, ns, name, sub, q, head):
         if not self.check_auth():
             return
         if not STATE.args.s3:
             self.error(404, "RepoNotFound", "this fake hub has no buckets (start it with --s3)")
+            return
+        if not self.bucket_exists(ns, name):
             return
         listing = STATE.s3_list(ns, name + "/" + sub)
         if listing is None:
@@ -574,6 +695,14 @@ class CdnHandler(Handler):
                 STATE.cdn_authorization.append(auth)
         STATE.add_log("cdn %s %s %s%s" % (self.command, urllib.parse.urlsplit(self.path).path,
                                           self.headers.get("Range") or "-", " AUTHORIZATION" if auth else ""))
+        why = STATE.check_signature(urllib.parse.urlsplit(self.path).path, q)
+        if why is not None:
+            with STATE.lock:
+                STATE.cdn_expired += 1
+            body = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>"
+                    "<Message>%s</Message></Error>" % why).encode()
+            self.send(403, body, {"Content-Type": "application/xml"}, head=head)
+            return
         try:
             if len(parts) >= 6 and parts[:2] == ["cdn", "repo"]:
                 org, repo, commit, path = parts[2], parts[3], parts[4], "/".join(parts[5:])
@@ -598,6 +727,99 @@ class CdnHandler(Handler):
             pass
 
 
+AWS_USER_AGENTS = ("aws-sdk-", "aws-cli/", "boto3/", "botocore/", "s3transfer/")
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+              "trailers", "transfer-encoding", "upgrade", "proxy-connection", "host", "content-length", "expect"}
+
+
+class GatewayHandler(BaseHTTPRequestHandler):
+    """The Hub's S3 gateway (https://s3.hf.co/NS, path-style: /NS/NAME/KEY), in front of the S3
+    server holding the buckets (--gateway-target, else --s3). What it does that plain S3 does not:
+      - GetObject from a user agent that is not an AWS SDK/CLI answers 302 to the cdn (a signed
+        URL, like the Hub's xet bridge) instead of the bytes;
+      - If-None-Match is honoured on PutObject only: it is dropped from CompleteMultipartUpload;
+      - ETags are xet hashes, not MD5s;
+      - a bucket nobody created answers 404 NoSuchBucket.
+    It records the access key id of every signed request (gateway_keys in the stats)."""
+    protocol_version = "HTTP/1.1"
+    server_version = "FakeHubS3Gateway/1.0"
+
+    def log_message(self, fmt, *args):
+        if STATE.args.verbose:
+            sys.stderr.write("fake_hub gateway: %s\n" % (fmt % args))
+
+    def reply(self, status, body=b"", headers=None):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, str(v))
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)
+
+    def s3_error(self, status, code, message):
+        body = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>%s</Code><Message>%s</Message></Error>"
+                % (code, message)).encode()
+        self.reply(status, body, {"Content-Type": "application/xml"})
+
+    def handle_any(self):
+        u = urllib.parse.urlsplit(self.path)
+        q = urllib.parse.parse_qs(u.query, keep_blank_values=True)
+        raw = [p for p in u.path.split("/")[1:]]
+        parts = [urllib.parse.unquote(p) for p in raw]
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n > 0 else b""
+        auth = self.headers.get("Authorization") or ""
+        with STATE.lock:
+            STATE.gateway["requests"] += 1
+            if "Credential=" in auth:
+                STATE.gateway_keys.append(auth.split("Credential=", 1)[1].split("/", 1)[0])
+            exists = len(parts) >= 2 and (parts[0] + "/" + parts[1]) in STATE.buckets
+        if not exists:
+            self.s3_error(404, "NoSuchBucket", "The specified bucket does not exist")
+            return
+        has_key = len(parts) >= 3 and parts[2] != ""
+        agent = (self.headers.get("User-Agent") or "").lower()
+        if (self.command == "GET" and has_key and "list-type" not in q and not agent.startswith(AWS_USER_AGENTS)):
+            with STATE.lock:
+                STATE.gateway["redirected"] += 1
+            location = STATE.cdn_base + STATE.sign("/cdn/bucket/" + "/".join(raw))
+            self.reply(302, b"", {"Location": location})
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        if self.command == "POST" and "uploadId" in q and "If-None-Match" in headers:
+            del headers["If-None-Match"]
+            with STATE.lock:
+                STATE.gateway["stripped_if_none_match"] += 1
+        if self.command == "POST" and "uploads" in q:
+            with STATE.lock:
+                STATE.gateway["multipart_creates"] += 1
+        if self.command == "PUT" and "partNumber" not in q and "If-None-Match" in headers:
+            with STATE.lock:
+                STATE.gateway["conditional_puts"] += 1
+        target = urllib.parse.urlsplit(STATE.args.gateway_target or STATE.args.s3)
+        conn = http.client.HTTPConnection(target.hostname, target.port or 80, timeout=60)
+        try:
+            headers["Content-Length"] = str(len(body))
+            conn.request(self.command, self.path, body=body, headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+            out = {}
+            for k, v in r.getheaders():
+                if k.lower() in HOP_BY_HOP:
+                    continue
+                if k.lower() == "etag":
+                    v = '"xet-%s"' % hashlib.sha256(v.encode()).hexdigest()[:32]
+                out[k] = v
+            self.reply(r.status, data, out)
+        except OSError as e:
+            self.s3_error(502, "InternalError", "gateway could not reach the S3 server: %s" % e)
+        finally:
+            conn.close()
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = handle_any
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -613,6 +835,13 @@ def main():
     ap.add_argument("--gated", action="append", help="ORG/REPO whose files answer 403 GatedRepo")
     ap.add_argument("--page-size", type=int, default=1000, help="tree entries per page")
     ap.add_argument("--lfs-threshold", type=int, default=10 * 1024, help="larger files are LFS (redirected)")
+    ap.add_argument("--bucket", action="append", help="NS/NAME: a bucket that exists (more with create_bucket=)")
+    ap.add_argument("--gateway-target", default="", help="S3 server behind the S3 gateway listener (default --s3)")
+    ap.add_argument("--resolver-quota", type=int, default=0, help="resolver requests per window (0: unlimited)")
+    ap.add_argument("--api-quota", type=int, default=0, help="API requests per window (0: unlimited)")
+    ap.add_argument("--window", type=float, default=300, help="quota window in hub seconds (the Hub's: 300)")
+    ap.add_argument("--time-scale", type=float, default=1, help="hub seconds per real second")
+    ap.add_argument("--url-ttl", type=float, default=3600, help="lifetime of signed cdn URLs, seconds")
     ap.add_argument("--listen-port", type=int, default=0)
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
@@ -627,18 +856,24 @@ def main():
         cdn = Server(("127.0.0.1", 0), CdnHandler)
         STATE.cdn_base = "http://localhost:%d" % cdn.server_address[1]
 
+    gateway = Server(("127.0.0.1", 0), GatewayHandler)
+    gateway_url = "http://127.0.0.1:%d" % gateway.server_address[1]
+
     def stop(*_):
         threading.Thread(target=hub.shutdown, daemon=True).start()
         threading.Thread(target=cdn.shutdown, daemon=True).start()
+        threading.Thread(target=gateway.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     t = threading.Thread(target=cdn.serve_forever, daemon=True)
     t.start()
-    sys.stdout.write("PORT %d %s\n" % (STATE.hub_port, STATE.cdn_base))
+    threading.Thread(target=gateway.serve_forever, daemon=True).start()
+    sys.stdout.write("PORT %d %s %s\n" % (STATE.hub_port, STATE.cdn_base, gateway_url))
     sys.stdout.flush()
     hub.serve_forever()
     cdn.shutdown()
+    gateway.shutdown()
 
 
 if __name__ == "__main__":

@@ -533,6 +533,13 @@ class FakeHub {
     std::vector<std::string> gated;  // ORG/REPO answering 403 GatedRepo
     int page_size = 1000;           // tree entries per page
     int lfs_threshold = 10 * 1024;  // larger files redirect to the CDN listener
+    std::vector<std::string> buckets;  // NS/NAME buckets that exist ("hf buckets create")
+    std::string gateway_target;        // S3 server behind the S3 gateway listener; "": s3
+    int resolver_quota = 0;            // resolver requests per window; 0: unlimited
+    int api_quota = 0;                 // API requests per window; 0: unlimited
+    double window = 300;               // quota window, hub seconds
+    double time_scale = 1;             // hub seconds per real second
+    double url_ttl = 3600;             // lifetime of signed CDN URLs, seconds
   };
 
   FakeHub() = default;
@@ -553,6 +560,11 @@ class FakeHub {
     if (!o.s3.empty()) argv.insert(argv.end(), {"--s3", o.s3});
     if (!o.token.empty()) argv.insert(argv.end(), {"--token", o.token});
     for (const auto& g : o.gated) argv.insert(argv.end(), {"--gated", g});
+    for (const auto& b : o.buckets) argv.insert(argv.end(), {"--bucket", b});
+    if (!o.gateway_target.empty()) argv.insert(argv.end(), {"--gateway-target", o.gateway_target});
+    argv.insert(argv.end(), {"--resolver-quota", std::to_string(o.resolver_quota), "--api-quota",
+                             std::to_string(o.api_quota), "--window", std::to_string(o.window), "--time-scale",
+                             std::to_string(o.time_scale), "--url-ttl", std::to_string(o.url_ttl)});
     ::testing::AssertionResult started = process_.Start(argv, /*pipe_stdout=*/true);
     if (!started) return started;
     const std::optional<std::string> line = process_.ReadLine(10s);
@@ -562,8 +574,10 @@ class FakeHub {
                                            << line.value_or("<nothing>") << "')";
     }
     std::istringstream in(line->substr(5));
-    in >> port_ >> cdn_url_;
-    if (port_ <= 0 || cdn_url_.empty()) return ::testing::AssertionFailure() << "bad fake_hub line: " << *line;
+    in >> port_ >> cdn_url_ >> gateway_url_;
+    if (port_ <= 0 || cdn_url_.empty() || gateway_url_.empty()) {
+      return ::testing::AssertionFailure() << "bad fake_hub line: " << *line;
+    }
     return ::testing::AssertionSuccess();
   }
 
@@ -573,6 +587,8 @@ class FakeHub {
   std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
   // Base URL of the CDN listener (another host than endpoint()).
   const std::string& cdn_url() const { return cdn_url_; }
+  // Base URL of the S3 gateway listener (HF_S3_ENDPOINT / --endpoint for bucket writes).
+  const std::string& gateway_url() const { return gateway_url_; }
   int port() const { return port_; }
 
   // The fake's counters (see fake_hub.py: requests, cdn_requests, rate_limited, bytes{...},
@@ -621,6 +637,7 @@ class FakeHub {
   ChildProcess process_;
   int port_ = 0;
   std::string cdn_url_;
+  std::string gateway_url_;
 };
 
 }  // namespace weightfs::test
