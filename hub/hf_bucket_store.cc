@@ -199,6 +199,45 @@ Expected<HfBucketUrl> ParseHfBucketUrl(std::string_view url) {
   return out;
 }
 
+Expected<std::optional<AwsCredentials>> LoadHfGatewayCredentials(const AwsEnvLookup& env) {
+  auto get = [&](const char* name) -> std::optional<std::string> {
+    auto v = env(name);
+    if (!v || v->empty()) return std::nullopt;
+    return v;
+  };
+  // 1. Variables of its own.
+  const auto id = get("HF_S3_ACCESS_KEY_ID"), secret = get("HF_S3_SECRET_ACCESS_KEY");
+  if (id.has_value() != secret.has_value()) {
+    return Status::InvalidArgument(id ? "HF_S3_ACCESS_KEY_ID is set but HF_S3_SECRET_ACCESS_KEY is not; set both"
+                                      : "HF_S3_SECRET_ACCESS_KEY is set but HF_S3_ACCESS_KEY_ID is not; set both");
+  }
+  if (id) return std::optional<AwsCredentials>(AwsCredentials{*id, *secret, "", "environment (HF_S3_ACCESS_KEY_ID)"});
+  // 2. A profile of its own in the AWS files, read with the AWS variables hidden so that nothing
+  //    else of the AWS chain can answer.
+  const auto named = get("HF_S3_PROFILE");
+  const std::string profile = named.value_or(kHfGatewayProfile);
+  AwsEnvLookup profile_env = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "AWS_PROFILE") return profile;
+    if (name == "AWS_ACCESS_KEY_ID" || name == "AWS_SECRET_ACCESS_KEY" || name == "AWS_SESSION_TOKEN") {
+      return std::nullopt;
+    }
+    return env(name);
+  };
+  auto settings = LoadAwsSettings(profile_env);
+  if (settings.ok() && settings->credentials) return settings->credentials;
+  if (!settings.ok() && named) return settings.status().WithContext("HF_S3_PROFILE");
+  // 3. The AWS variables, only when they hold a gateway key (the Hub's keys start with HFAK).
+  const auto aws_id = get("AWS_ACCESS_KEY_ID"), aws_secret = get("AWS_SECRET_ACCESS_KEY");
+  if (aws_id && aws_secret && aws_id->starts_with("HFAK")) {
+    return std::optional<AwsCredentials>(
+        AwsCredentials{*aws_id, *aws_secret, get("AWS_SESSION_TOKEN").value_or(""), "environment (AWS_ACCESS_KEY_ID)"});
+  }
+  if (aws_id) {
+    spdlog::debug("hf buckets: AWS_ACCESS_KEY_ID is not a Hub key (HFAK...): not sent to the Hub's S3 gateway");
+  }
+  return std::optional<AwsCredentials>();
+}
+
 Expected<std::unique_ptr<Store>> OpenHfBucketStore(std::string_view url, const HfConfig& config,
                                                    const HfBucketOptions& options,
                                                    std::shared_ptr<HttpClient> http) {
@@ -206,6 +245,20 @@ Expected<std::unique_ptr<Store>> OpenHfBucketStore(std::string_view url, const H
   if (!http) http = std::make_shared<HttpClient>();
   S3Options s3 = options.s3;
   const AwsEnvLookup env = s3.env ? s3.env : ProcessAwsEnv();
+  if (!s3.credentials) {
+    WFS_ASSIGN_OR_RETURN(s3.credentials, LoadHfGatewayCredentials(env));
+  }
+  s3.credentials_from_aws_chain = false;  // a user's AWS keys never go to the Hub
+  s3.credentials_hint =
+      std::string(s3.credentials ? "check the Hub S3 key pair from " + s3.credentials->source + " (" :
+                                   "no Hub S3 key pair was found (") +
+      "the gateway takes the HFAK... access key and secret generated for a write token at "
+      "https://huggingface.co/settings/tokens, \"Generate S3 credentials\": set HF_S3_ACCESS_KEY_ID and "
+      "HF_S3_SECRET_ACCESS_KEY, or put them in profile [" + kHfGatewayProfile +
+      "] of ~/.aws/credentials (HF_S3_PROFILE names another); AWS keys are never sent to it)";
+  s3.missing_bucket_hint = "create it first with `hf buckets create " + parsed.id() + "`";
+  s3.follow_get_redirects = true;      // downloads are redirected to the Hub's CDN
+  s3.conditional_multipart = false;    // If-None-Match is documented for PutObject only
   std::string base = options.s3_endpoint;
   if (base.empty()) base = env("HF_S3_ENDPOINT").value_or("");
   if (base.empty()) base = kHfDefaultS3Endpoint;

@@ -22,12 +22,17 @@
 //             weightfs variable), else https://s3.hf.co — the gateway's base; "/NAMESPACE" is
 //             appended and requests are path-style (…/NAMESPACE/NAME/PREFIX/KEY), region
 //             us-east-1, as the Hub's S3 documentation says.
-//   credentials  the usual AWS chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws/credentials
-//             with AWS_PROFILE): the gateway takes the "HFAK..." access key pair generated for a
-//             token on the Hub's token settings page ("Generate S3 credentials"), not the token.
-//   Put       S3 PUT (create-if-absent: HEAD, then If-None-Match: *, which the gateway honours on
-//             PutObject — see S3Store).
+//   credentials  the "HFAK..." access key pair generated for a token on the Hub's token settings
+//             page ("Generate S3 credentials"), never the AWS chain (LoadHfGatewayCredentials):
+//             a user's AWS keys must not be signed and sent to the Hub.
+//   Put       S3 PUT. Create-if-absent is one PUT with If-None-Match: *, which the gateway
+//             documents for PutObject only: such an object above S3Options::max_single_put is
+//             refused rather than uploaded in parts without the check (manifests and heads are
+//             far smaller). Other objects above the threshold go up in parts.
 //   Delete    S3 HEAD + DELETE.
+//   GET       only the read-back after a 412 (S3Store::CheckOwnWrite) GETs through the gateway,
+//             which answers clients that are not AWS SDKs with a 302 to its CDN: followed
+//             without credentials.
 //
 // Thread-safe: any number of threads may call any method concurrently (the listing snapshot is
 // guarded by a mutex that is never held across I/O).
@@ -77,6 +82,20 @@ struct HfBucketOptions {
   // For the S3 side: credentials (nullopt: the AWS chain from `env`), part sizes.
   S3Options s3;
 };
+
+// The profile LoadHfGatewayCredentials reads when HF_S3_PROFILE is not set.
+inline constexpr const char* kHfGatewayProfile = "hf";
+
+// The gateway's key pair, first match wins:
+//   1. HF_S3_ACCESS_KEY_ID + HF_S3_SECRET_ACCESS_KEY;
+//   2. profile HF_S3_PROFILE (default "hf") in the AWS credentials/config files
+//      (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE honoured), read with AWS_* keys hidden;
+//   3. AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY only when the key id starts with "HFAK" (a Hub
+//      key put in the usual variables);
+//   4. none (nullopt): writes fail with Auth saying how to set them.
+// Never the AWS default profile nor AWS keys. InvalidArgument for half a pair or a named
+// profile that does not exist.
+Expected<std::optional<AwsCredentials>> LoadHfGatewayCredentials(const AwsEnvLookup& env);
 
 // Opens the bucket. No request is made: a missing bucket or a bad token shows up in the first
 // operation's error. `http` may be shared (nullptr: a new client); `config.endpoint` is the Hub.

@@ -638,7 +638,10 @@ Status HfApi::ErrorFrom(const HttpResponse& r, std::string_view what, const HfTa
     } else if (code == "RepoNotFound" || code == "BucketNotFound") {
       s = Status::NotFound(m + thing + " does not exist" +
                            (have_token ? " or your token cannot see it: check the name"
-                                       : " (or it is private: " + login + ")"));
+                                       : " (or it is private: " + login + ")") +
+                           (t.kind == HfTarget::Kind::kBucket ? "; a new bucket is created with `hf buckets create " +
+                                                                    t.id + "`"
+                                                              : std::string()));
     } else {
       s = Status::NotFound(m + (t.path.empty() ? thing : "'" + t.path + "' in " + thing) + " not found");
     }

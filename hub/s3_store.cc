@@ -374,6 +374,11 @@ struct S3Config {
   uint64_t multipart_threshold = 0;
   uint64_t part_size = 0;
   size_t parallelism = 1;
+  std::string credentials_hint;
+  std::string missing_bucket_hint;
+  bool follow_get_redirects = false;
+  bool conditional_multipart = true;
+  uint64_t max_single_put = 0;
 };
 
 class S3Store final : public Store {
@@ -412,8 +417,10 @@ class S3Store final : public Store {
     return "s3://" + cfg_.bucket + "/" + std::string(full_key);
   }
   std::string UrlFor(const Call& c) const;
-  // Sends `c`, signed afresh for every attempt (HttpClient retries idempotent requests).
+  // Sends `c`, signed afresh for every attempt (HttpClient retries idempotent requests). A GET
+  // redirected elsewhere is followed unsigned when follow_get_redirects is set.
   Expected<HttpResponse> Send(const Call& c) const;
+  Expected<HttpResponse> FollowUnsigned(const Call& c, const HttpResponse& redirect) const;
   // The Status for a non-success response to `what` ("GET s3://b/k").
   Status ErrorFrom(const HttpResponse& r, const std::string& what) const;
   std::string CredentialsHint() const;
@@ -467,10 +474,38 @@ Expected<HttpResponse> S3Store::Send(const Call& c) const {
       signer->Sign(r, payload_sha, std::chrono::system_clock::now());
     };
   }
+  WFS_ASSIGN_OR_RETURN(HttpResponse r, http_->Send(std::move(req)));
+  const bool redirect = r.status == 301 || r.status == 302 || r.status == 303 || r.status == 307 || r.status == 308;
+  if (redirect && cfg_.follow_get_redirects && c.method == "GET" && !r.Header("location").empty()) {
+    return FollowUnsigned(c, r);
+  }
+  return r;
+}
+
+Expected<HttpResponse> S3Store::FollowUnsigned(const Call& c, const HttpResponse& redirect) const {
+  const std::string location(redirect.Header("location"));
+  const std::string what = "GET " + Where(c.object);
+  if (!location.starts_with("https://") && !location.starts_with("http://")) {
+    return Status::IOError(what + ": HTTP " + std::to_string(redirect.status) +
+                           " redirect to a Location that is not an absolute http(s) URL");
+  }
+  HttpRequest req;
+  req.url = location;
+  req.idempotent = true;
+  req.max_response_bytes = c.max_response_bytes;
+  // Only what describes the bytes wanted: the signature and its x-amz-* headers (and any
+  // session token) stay with the gateway.
+  for (const auto& [name, value] : c.headers) {
+    if (name == "Range") req.headers.emplace_back(name, value);
+  }
+  req.follow_redirects = true;  // curl: http(s) only, at most 5, never re-adds credentials
+  spdlog::debug("s3 {}: redirected ({}) to {}, followed without credentials", what, redirect.status,
+                location.substr(0, location.find('?')));
   return http_->Send(std::move(req));
 }
 
 std::string S3Store::CredentialsHint() const {
+  if (!cfg_.credentials_hint.empty()) return cfg_.credentials_hint;
   if (!cfg_.credentials) {
     return "the request was unsigned because no AWS credentials were found: set "
            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials "
@@ -496,8 +531,8 @@ Status S3Store::ErrorFrom(const HttpResponse& r, const std::string& what) const 
   const std::string m = what + ": " + detail;
 
   if (code == "NoSuchBucket") {
-    return Status::NotFound("bucket '" + cfg_.bucket + "' does not exist at " +
-                            cfg_.endpoint.ToString() + " (" + m + ")");
+    return Status::NotFound("bucket '" + cfg_.bucket + "' does not exist at " + cfg_.endpoint.ToString() +
+                            (cfg_.missing_bucket_hint.empty() ? "" : ": " + cfg_.missing_bucket_hint) + " (" + m + ")");
   }
   if (code == "NoSuchKey" || code == "NoSuchUpload" || (code.empty() && r.status == 404)) {
     return Status::NotFound(m);
@@ -633,6 +668,16 @@ Status S3Store::Put(std::string_view key, std::span<const uint8_t> data, PutMode
     auto head = HeadFull(full);
     if (head.ok()) return Status::Conflict(Where(full) + " already exists");
     if (head.status().kind() != ErrorKind::kNotFound) return head.status();
+  }
+  if (mode == PutMode::kCreateIfAbsent && !cfg_.conditional_multipart) {
+    // The server checks If-None-Match on PutObject only: one PUT, or nothing at all.
+    if (data.size() > cfg_.max_single_put) {
+      return Status::Unsupported("create-if-absent of " + Where(full) + " (" + std::to_string(data.size()) +
+                                 " bytes): this server checks If-None-Match on single PUTs only, and one PUT "
+                                 "takes at most " + std::to_string(cfg_.max_single_put) +
+                                 " bytes; refusing to write it without that check (nothing was written)");
+    }
+    return PutSingle(full, data, mode);
   }
   if (data.size() > cfg_.multipart_threshold) return PutMultipart(full, data, mode);
   return PutSingle(full, data, mode);
@@ -984,13 +1029,19 @@ Expected<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const S3Optio
   cfg.part_size = options.part_size;
   cfg.multipart_threshold = options.multipart_threshold;
   cfg.parallelism = std::max<size_t>(options.multipart_parallelism, 1);
+  cfg.credentials_hint = options.credentials_hint;
+  cfg.missing_bucket_hint = options.missing_bucket_hint;
+  cfg.follow_get_redirects = options.follow_get_redirects;
+  cfg.conditional_multipart = options.conditional_multipart;
+  cfg.max_single_put = options.max_single_put;
 
   const AwsEnvLookup env = options.env ? options.env : ProcessAwsEnv();
   cfg.region = options.region;
   cfg.credentials = options.credentials;
-  if (!cfg.credentials || cfg.region.empty()) {
+  const bool need_credentials = !cfg.credentials && options.credentials_from_aws_chain;
+  if (need_credentials || cfg.region.empty()) {
     WFS_ASSIGN_OR_RETURN(AwsSettings settings, LoadAwsSettings(env));
-    if (!cfg.credentials) cfg.credentials = std::move(settings.credentials);
+    if (need_credentials) cfg.credentials = std::move(settings.credentials);
     if (cfg.region.empty()) cfg.region = settings.region;
   }
 

@@ -76,6 +76,23 @@ struct S3Options {
   std::optional<AwsCredentials> credentials;
   // Environment lookup for credentials, region and endpoint; empty: the process environment.
   AwsEnvLookup env;
+  // false: never look credentials up in the AWS chain (environment, ~/.aws): only
+  // `credentials`, else anonymous. For S3-compatible services with keys of their own (the Hub's
+  // gateway), so that a user's real AWS keys are never signed and sent to them.
+  bool credentials_from_aws_chain = true;
+  // What an Auth error tells the user to fix (empty: the AWS variables and profiles).
+  std::string credentials_hint;
+  // Appended to the error for a bucket that does not exist (how to create one).
+  std::string missing_bucket_hint;
+  // Follow a 3xx answer to a GET (the Hub's gateway redirects downloads to its CDN) to another
+  // URL, unsigned: no Authorization, no x-amz-* header goes there; Range is kept.
+  bool follow_get_redirects = false;
+  // false: the server honours If-None-Match on PutObject only (not on
+  // CompleteMultipartUpload), so a create-if-absent object goes up in one PUT up to
+  // max_single_put bytes, and a larger one is refused (Unsupported) rather than written
+  // without the atomic check.
+  bool conditional_multipart = true;
+  uint64_t max_single_put = 5ull << 30;  // S3's limit for one PUT
 };
 
 // Opens `s3://bucket[/prefix]`. Makes no request: a missing bucket or bad credentials show up
