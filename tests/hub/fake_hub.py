@@ -442,6 +442,8 @@ class Handler(BaseHTTPRequestHandler):
                     STATE.window_counts = {}
                 if "url_ttl" in q:
                     STATE.url_ttl = float(q["url_ttl"][0])
+                if "revoke_urls" in q:
+                    STATE.secret = os.urandom(16)  # every signed URL handed out so far answers 403
                 if "create_bucket" in q:
                     STATE.buckets.add(q["create_bucket"][0])
             self.send_json({"ok": True})
@@ -748,11 +750,11 @@ class GatewayHandler(BaseHTTPRequestHandler):
         if STATE.args.verbose:
             sys.stderr.write("fake_hub gateway: %s\n" % (fmt % args))
 
-    def reply(self, status, body=b"", headers=None):
+    def reply(self, status, body=b"", headers=None, length=None):
         self.send_response(status)
         for k, v in (headers or {}).items():
             self.send_header(k, str(v))
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(body) if length is None else length))
         self.end_headers()
         if body and self.command != "HEAD":
             self.wfile.write(body)
@@ -775,6 +777,9 @@ class GatewayHandler(BaseHTTPRequestHandler):
             if "Credential=" in auth:
                 STATE.gateway_keys.append(auth.split("Credential=", 1)[1].split("/", 1)[0])
             exists = len(parts) >= 2 and (parts[0] + "/" + parts[1]) in STATE.buckets
+        if "Credential=" not in auth:
+            self.s3_error(403, "AccessDenied", "Anonymous access is not allowed: sign with your HFAK... key")
+            return
         if not exists:
             self.s3_error(404, "NoSuchBucket", "The specified bucket does not exist")
             return
@@ -811,7 +816,9 @@ class GatewayHandler(BaseHTTPRequestHandler):
                 if k.lower() == "etag":
                     v = '"xet-%s"' % hashlib.sha256(v.encode()).hexdigest()[:32]
                 out[k] = v
-            self.reply(r.status, data, out)
+            # A HEAD answer has no body but the object's length.
+            length = r.getheader("Content-Length") if self.command == "HEAD" else None
+            self.reply(r.status, data, out, length)
         except OSError as e:
             self.s3_error(502, "InternalError", "gateway could not reach the S3 server: %s" % e)
         finally:

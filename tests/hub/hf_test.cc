@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/hash.h"
@@ -21,6 +22,7 @@
 #include "hub/bucket.h"
 #include "hub/hf_bucket_store.h"
 #include "hub/hf_hub.h"
+#include "tests/hub/log_capture.h"
 #include "tests/hub/s3_test_server.h"
 #include "tests/hub/store_conformance.h"
 #include "tests/hub/test_servers.h"
@@ -129,6 +131,65 @@ TEST(HfConfigTest, RefusesBadEndpointsAndTokensWithoutEchoingSecrets) {
   auto c = LoadHfConfig(MapEnv({{"HF_TOKEN", "hf_abc\ndef"}}));
   EXPECT_EQ(c.status().kind(), ErrorKind::kInvalidArgument);
   EXPECT_EQ(c.status().message().find("hf_abc"), std::string::npos);
+}
+
+// huggingface_hub sends no implicit token at all under HF_HUB_DISABLE_IMPLICIT_TOKEN: not the
+// file, and not HF_TOKEN either (only a token passed in code, which weightfs has none of).
+TEST(HfConfigTest, DisablingImplicitTokensSendsNoTokenAtAll) {
+  test::TempDir dir("hfcfg");
+  WriteFile(dir.Join("home/token"), {'h', 'f', '_', 'f'});
+  auto c = LoadHfConfig(MapEnv({{"HF_HOME", dir.Join("home")}, {"HF_TOKEN", "hf_env"},
+                                {"HF_HUB_DISABLE_IMPLICIT_TOKEN", "true"}}));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->token.empty());
+  EXPECT_TRUE(c->token_file.empty());
+  HfApi api(*c, nullptr);
+  EXPECT_TRUE(api.Token().empty());
+  // Without it, a token from the environment is fixed; one from the file is followed.
+  c = LoadHfConfig(MapEnv({{"HF_HOME", dir.Join("home")}, {"HF_TOKEN", "hf_env"}}));
+  EXPECT_EQ(c->token, "hf_env");
+  EXPECT_TRUE(c->token_file.empty());
+  c = LoadHfConfig(MapEnv({{"HF_HOME", dir.Join("home")}}));
+  EXPECT_EQ(c->token, "hf_f");
+  EXPECT_EQ(c->token_file, dir.Join("home/token"));
+}
+
+// As huggingface_hub's constants: expanduser(expandvars(...)) of HF_HOME, HF_HUB_CACHE,
+// HF_TOKEN_PATH (and XDG_CACHE_HOME under HF_HOME's default).
+TEST(HfConfigTest, PathsExpandTildeAndEnvironmentVariables) {
+  test::TempDir dir("hfcfg");
+  WriteFile(dir.Join("u/tokens/t"), {'h', 'f', '_', 't'});
+  auto c = LoadHfConfig(MapEnv({{"HOME", dir.Join("u")}, {"SCRATCH", "/scratch"}, {"HF_HOME", "~/hf"},
+                                {"HF_HUB_CACHE", "${SCRATCH}/hub-$USERX/$SCRATCH"},
+                                {"HF_TOKEN_PATH", "~/tokens/t"}}));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->home, dir.Join("u/hf"));
+  EXPECT_EQ(c->hub_cache, "/scratch/hub-$USERX//scratch");  // unknown variables stay as written
+  EXPECT_EQ(c->token, "hf_t");
+  c = LoadHfConfig(MapEnv({{"HOME", "/home/u/"}, {"XDG_CACHE_HOME", "~/xdg"}}));
+  EXPECT_EQ(c->home, "/home/u/xdg/huggingface");
+  EXPECT_EQ(c->hub_cache, "/home/u/xdg/huggingface/hub");
+  c = LoadHfConfig(MapEnv({{"HOME", "/home/u"}, {"HF_HOME", "~root/hf"}}));
+  EXPECT_EQ(c->home, "/root/hf");
+  EXPECT_EQ(hf::ExpandUserAndVars("a$/b${}c${X", MapEnv({})), "a$/b${}c${X");
+  EXPECT_EQ(hf::ExpandUserAndVars("$A$B_1x", MapEnv({{"A", "1"}, {"B_1x", "2"}})), "12");
+}
+
+TEST(HfUrlTest, SignedUrlExpiryTakesTheEarliestOfS3AndCloudFront) {
+  using std::chrono::system_clock;
+  auto at = [](int64_t s) { return system_clock::time_point(std::chrono::seconds(s)); };
+  // 2024-05-01T12:00:00Z = 1714564800.
+  EXPECT_EQ(hf::SignedUrlExpiry("https://cdn/x?X-Amz-Date=20240501T120000Z&X-Amz-Expires=3600&X-Amz-Signature=s"),
+            at(1714564800 + 3600));
+  EXPECT_EQ(hf::SignedUrlExpiry("https://cdn/x?Expires=1714564900&Signature=s&X-Amz-Date=20240501T120000Z&"
+                                "X-Amz-Expires=3600"),
+            at(1714564900));
+  EXPECT_EQ(hf::SignedUrlExpiry("https://cdn/x?Signature=s"), std::nullopt);
+  EXPECT_EQ(hf::SignedUrlExpiry("https://cdn/x"), std::nullopt);
+  EXPECT_EQ(hf::SignedUrlExpiry("https://cdn/x?X-Amz-Expires=3600"), std::nullopt);  // no date
+  EXPECT_EQ(hf::SignedUrlExpiry("https://cdn/x?Expires=99999999999999999999"), std::nullopt);
+  EXPECT_EQ(ParseRateLimitWindow("\"fixed window\";\"resolvers\";q=3000;w=300"), std::optional<uint64_t>(300));
+  EXPECT_EQ(ParseRateLimitWindow("\"fixed window\";\"api\";q=500"), std::nullopt);
 }
 
 // ---- parsing ------------------------------------------------------------------------------------
@@ -341,6 +402,8 @@ class HfBucketStoreTest : public ::testing::Test {
       hub_ = new test::FakeHub();
       test::FakeHub::Options o;
       o.s3 = s3_->endpoint();
+      o.gateway_target = proxy_->endpoint();  // the gateway fronts the atomic create-if-absent
+      o.buckets = {"wfs-test/runs"};
       o.token = kToken;
       o.page_size = 3;
       start_ = hub_->Start(o);
@@ -356,15 +419,17 @@ class HfBucketStoreTest : public ::testing::Test {
   }
   void SetUp() override { ASSERT_TRUE(start_) << start_.message(); }
 
-  std::unique_ptr<Store> Open(const std::string& url, const std::string& token = kToken) {
+  std::unique_ptr<Store> Open(const std::string& url, const std::string& token = kToken,
+                              const std::function<void(HfBucketOptions&)>& adjust = {}) {
     HfConfig config;
     config.endpoint = hub_->endpoint();
     config.token = token;
     config.token_source = "HF_TOKEN";
     HfBucketOptions o;
-    o.s3_endpoint = proxy_->endpoint();
+    o.s3_endpoint = hub_->gateway_url();
     o.s3.credentials = test::S3rverServer::Credentials();
     o.s3.env = MapEnv({});
+    if (adjust) adjust(o);
     auto s = OpenHfBucketStore(url, config, o, std::make_shared<HttpClient>(FastRetries()));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return s.ok() ? std::move(s).value() : nullptr;
@@ -436,6 +501,120 @@ TEST_F(HfBucketStoreTest, ErrorsSayWhichOfTokenNameOrPermissionIsWrong) {
   EXPECT_EQ(s.message().find(kToken), std::string::npos);
 }
 
+// The gateway checks If-None-Match on PutObject only, so a create-if-absent object must be one
+// PUT: above the multipart threshold it still is, and above what one PUT may carry it is
+// refused with nothing written. (Multipart create-if-absent would publish without the check.)
+TEST_F(HfBucketStoreTest, CreateIfAbsentIsOneConditionalPutAndLargerObjectsAreRefused) {
+  auto store = Open("hf://buckets/wfs-test/runs/atomic", kToken, [](HfBucketOptions& o) {
+    o.s3.multipart_threshold = 5u << 20;
+    o.s3.part_size = 5u << 20;
+    o.s3.max_single_put = 12u << 20;
+  });
+  ASSERT_TRUE(store);
+  const auto gateway_before = hub_->Stats()["gateway"];
+  const auto eight = RandomBytes(8u << 20, 21);
+  ASSERT_TRUE(store->Put("manifest", eight, PutMode::kCreateIfAbsent).ok());
+  auto gateway = hub_->Stats()["gateway"];
+  EXPECT_EQ(gateway["multipart_creates"].get<uint64_t>(), gateway_before["multipart_creates"].get<uint64_t>());
+  EXPECT_EQ(gateway["conditional_puts"].get<uint64_t>(), gateway_before["conditional_puts"].get<uint64_t>() + 1);
+  EXPECT_EQ(store->Put("manifest", RandomBytes(8u << 20, 22), PutMode::kCreateIfAbsent).kind(), ErrorKind::kConflict);
+  EXPECT_EQ(*store->Get("manifest", ByteRange{0, 8u << 20}), eight);
+
+  const Status big = store->Put("big-manifest", RandomBytes(13u << 20, 23), PutMode::kCreateIfAbsent);
+  EXPECT_EQ(big.kind(), ErrorKind::kUnsupported) << big.ToString();
+  EXPECT_NE(big.message().find("nothing was written"), std::string::npos) << big.ToString();
+  EXPECT_EQ(store->Head("big-manifest").status().kind(), ErrorKind::kNotFound);
+  // Objects that may be overwritten still go up in parts.
+  ASSERT_TRUE(store->Put("pack", RandomBytes(13u << 20, 24), PutMode::kOverwrite).ok());
+  EXPECT_EQ(hub_->Stats()["gateway"]["multipart_creates"].get<uint64_t>(),
+            gateway_before["multipart_creates"].get<uint64_t>() + 1);
+  for (const char* k : {"manifest", "pack"}) ASSERT_TRUE(store->Delete(k).ok());
+}
+
+// A create-if-absent whose answer was lost is resent, gets 412, and reads the object back to
+// see whether it is ours. The gateway's ETags are not MD5s, so that takes a GET, which the
+// gateway answers with a 302 to its CDN: followed, without the S3 signature.
+TEST_F(HfBucketStoreTest, TheReadBackAfterALostAnswerFollowsTheGatewayRedirectWithoutCredentials) {
+  auto store = Open("hf://buckets/wfs-test/runs/lost");
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(hub_->Reset());
+  ASSERT_TRUE(proxy_->Control("drop=1"));
+  const auto data = RandomBytes(300'000, 31);
+  const Status put = store->Put("head.json", data, PutMode::kCreateIfAbsent);
+  ASSERT_TRUE(put.ok()) << put.ToString() << "\n" << hub_->Stats().dump();
+  const auto stats = hub_->Stats();
+  EXPECT_GE(stats["gateway"]["redirected"].get<uint64_t>(), 1u) << stats.dump();
+  EXPECT_TRUE(stats["cdn_authorization"].empty()) << stats["cdn_authorization"].dump();
+  EXPECT_EQ(*store->Get("head.json"), data);
+  // Someone else's object under the same key is still a Conflict after the same read-back.
+  ASSERT_TRUE(proxy_->Control("drop=1"));
+  EXPECT_EQ(store->Put("head.json", RandomBytes(300'000, 32), PutMode::kCreateIfAbsent).kind(), ErrorKind::kConflict);
+  ASSERT_TRUE(proxy_->Control("drop=0"));
+  ASSERT_TRUE(store->Delete("head.json").ok());
+}
+
+// The gateway's key pair comes from variables or a profile of its own; a user's AWS keys (the
+// environment, the default profile) are never signed and sent to the Hub.
+TEST_F(HfBucketStoreTest, GatewayKeysNeverComeFromTheAwsChain) {
+  test::TempDir home("hfkeys");
+  WriteFile(home.Join(".aws/credentials"),
+            [] {
+              const std::string ini = "[default]\naws_access_key_id = AKIAUSERDEFAULTPROFILE\naws_secret_access_key = s1\n"
+                                      "[hf]\naws_access_key_id = HFAKFROMPROFILE\naws_secret_access_key = s2\n"
+                                      "[other]\naws_access_key_id = HFAKOTHER\naws_secret_access_key = s3\n";
+              return std::vector<uint8_t>(ini.begin(), ini.end());
+            }());
+  const std::map<std::string, std::string> aws = {{"AWS_ACCESS_KEY_ID", "AKIAUSERENVIRONMENT"},
+                                                  {"AWS_SECRET_ACCESS_KEY", "secret"}};
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(aws.begin(), aws.end());
+    return MapEnv(std::move(extra));
+  };
+  auto id = [](const Expected<std::optional<AwsCredentials>>& c) {
+    return c.ok() && c->has_value() ? (*c)->access_key_id : std::string(c.ok() ? "<none>" : "<error>");
+  };
+  EXPECT_EQ(id(LoadHfGatewayCredentials(with({}))), "<none>");
+  EXPECT_EQ(id(LoadHfGatewayCredentials(with({{"HOME", home.path()}}))), "HFAKFROMPROFILE");
+  EXPECT_EQ(id(LoadHfGatewayCredentials(with({{"HOME", home.path()}, {"HF_S3_PROFILE", "other"}}))), "HFAKOTHER");
+  EXPECT_EQ(id(LoadHfGatewayCredentials(with({{"HOME", home.path()}, {"HF_S3_PROFILE", "nope"}}))), "<error>");
+  EXPECT_EQ(id(LoadHfGatewayCredentials(with({{"HOME", home.path()}, {"HF_S3_ACCESS_KEY_ID", "HFAKVAR"},
+                                              {"HF_S3_SECRET_ACCESS_KEY", "x"}}))),
+            "HFAKVAR");
+  EXPECT_EQ(id(LoadHfGatewayCredentials(MapEnv({{"AWS_ACCESS_KEY_ID", "HFAKINAWSVARS"}, {"AWS_SECRET_ACCESS_KEY", "x"}}))),
+            "HFAKINAWSVARS");
+  EXPECT_EQ(id(LoadHfGatewayCredentials(MapEnv({{"HF_S3_ACCESS_KEY_ID", "HFAKHALF"}}))), "<error>");
+
+  // End to end: a user with AWS keys in the environment and the default profile, none for the
+  // Hub. The write fails saying what to set, and the gateway never saw an AWS key.
+  test::TempDir plain_home("hfkeys");
+  WriteFile(plain_home.Join(".aws/credentials"),
+            [] {
+              const std::string ini = "[default]\naws_access_key_id = AKIAUSERDEFAULTPROFILE\naws_secret_access_key = s1\n";
+              return std::vector<uint8_t>(ini.begin(), ini.end());
+            }());
+  ASSERT_TRUE(hub_->Reset());
+  auto store = Open("hf://buckets/wfs-test/runs/keys", kToken, [&](HfBucketOptions& o) {
+    o.s3.credentials.reset();
+    o.s3.env = with({{"HOME", plain_home.path()}});
+  });
+  ASSERT_TRUE(store);
+  const Status put = store->Put("x", std::vector<uint8_t>{1}, PutMode::kCreateIfAbsent);
+  EXPECT_EQ(put.kind(), ErrorKind::kAuth) << put.ToString();
+  EXPECT_NE(put.message().find("HF_S3_ACCESS_KEY_ID"), std::string::npos) << put.ToString();
+  for (const auto& key : hub_->Stats()["gateway_keys"]) EXPECT_FALSE(key.get<std::string>().starts_with("AKIA")) << key;
+}
+
+// A bucket must exist before `weightfs init`: the error says how to create one.
+TEST_F(HfBucketStoreTest, InitOfABucketNobodyCreatedSaysHowToCreateIt) {
+  auto store = Open("hf://buckets/wfs-test/never-created");
+  ASSERT_TRUE(store);
+  const Status init = Bucket::Init(*store);
+  EXPECT_EQ(init.kind(), ErrorKind::kNotFound) << init.ToString();
+  EXPECT_NE(init.message().find("hf buckets create wfs-test/never-created"), std::string::npos) << init.ToString();
+  const Status list = store->List("").status();
+  EXPECT_NE(list.message().find("hf buckets create wfs-test/never-created"), std::string::npos) << list.ToString();
+}
+
 // ---- model repos --------------------------------------------------------------------------------
 
 class HfRepoTest : public ::testing::Test {
@@ -467,9 +646,11 @@ class HfRepoTest : public ::testing::Test {
   }
   void SetUp() override {
     ASSERT_TRUE(start_) << start_.message();
-    ASSERT_TRUE(hub_->Control("rate_limit_every=0"));
+    ASSERT_TRUE(hub_->Control("rate_limit_every=0&resolver_quota=0&window=300&time_scale=1&url_ttl=3600&token=" +
+                              std::string(kToken)));
     ASSERT_TRUE(hub_->Reset());
   }
+  uint64_t Resolves() const { return hub_->Stats()["resolver_requests"].get<uint64_t>(); }
 
   HfConfig Config(const std::string& token = kToken) const {
     HfConfig c;
@@ -698,6 +879,149 @@ TEST_F(HfRepoTest, ARevisionIsOneDerivedVersion) {
   EXPECT_EQ((*pinned)->ListVersions("org/model")->at(0).version, commit);
   EXPECT_EQ(HfRepoModelName("org/model"), "org/model");
   EXPECT_EQ(HfRepoModelName("org/m+x"), "org/m_x");
+}
+
+// Every ranged read of a file used to cost a call to the Hub's resolve endpoint (the most
+// rate-limited one) plus the redirect. Now a file is resolved once, its signed CDN URL reused,
+// and concurrent first reads share the one resolve.
+TEST_F(HfRepoTest, ResolvesEachFileOnceAndReusesItsSignedUrl) {
+  auto repo = HfRepo::Open(Config(), Http(), "org/model", "main");
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  const std::string big = "model-00001-of-00002.safetensors";
+  ASSERT_TRUE(hub_->Reset());
+  for (uint64_t off = 0; off < File(big).size(); off += 1'000'000) {
+    const uint64_t n = std::min<uint64_t>(1'000'000, File(big).size() - off);
+    auto got = (*repo)->Read(big, off, n);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(Sha256Hex(*got), Sha256Hex(Slice(File(big), off, n))) << off;
+  }
+  EXPECT_EQ(Resolves(), 1u) << hub_->Stats().dump();
+  EXPECT_EQ(hub_->Stats()["cdn_requests"].get<uint64_t>(), 10u);
+
+  // Eight threads read a file nobody has resolved yet, all at once: one resolve.
+  const std::string other = "tokenizer/big.bin";
+  std::vector<std::thread> threads;
+  std::vector<Status> results(8);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto got = (*repo)->Read(other, static_cast<uint64_t>(t) * 5000, 5000);
+      results[t] = !got.ok() ? got.status()
+                             : (*got == Slice(File(other), static_cast<uint64_t>(t) * 5000, 5000)
+                                    ? Status::Ok()
+                                    : Status::Corruption("bytes differ"));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& r : results) EXPECT_TRUE(r.ok()) << r.ToString();
+  EXPECT_EQ(Resolves(), 2u) << hub_->Stats().dump();
+  EXPECT_TRUE(hub_->Stats()["cdn_authorization"].empty());
+}
+
+// A signed URL is reused until shortly before the expiry it carries, then resolved again before
+// the CDN refuses it; one the CDN refuses anyway (revoked) is resolved again, once.
+TEST_F(HfRepoTest, ExpiringAndRevokedSignedUrlsAreResolvedAgain) {
+  auto repo = HfRepo::Open(Config(), Http(), "org/model", "main");
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  const std::string big = "model-00001-of-00002.safetensors";
+  ASSERT_TRUE(hub_->Control("url_ttl=2"));
+  ASSERT_TRUE(hub_->Reset());
+  ASSERT_EQ(*(*repo)->Read(big, 0, 1000), Slice(File(big), 0, 1000));
+  ASSERT_EQ(*(*repo)->Read(big, 1000, 1000), Slice(File(big), 1000, 1000));
+  EXPECT_EQ(Resolves(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // the URL's lifetime passes
+  ASSERT_EQ(*(*repo)->Read(big, 2000, 1000), Slice(File(big), 2000, 1000));
+  EXPECT_EQ(Resolves(), 2u);
+  EXPECT_EQ(hub_->Stats()["cdn_expired"].get<uint64_t>(), 0u) << "resolved again before it expired";
+
+  ASSERT_TRUE(hub_->Control("url_ttl=3600"));
+  ASSERT_EQ(*(*repo)->Read(big, 3000, 1000), Slice(File(big), 3000, 1000));  // (may resolve: short reuse left)
+  const uint64_t before = Resolves();
+  ASSERT_TRUE(hub_->Control("revoke_urls=1"));
+  auto got = (*repo)->Read(big, 4000, 1000);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Slice(File(big), 4000, 1000));
+  EXPECT_EQ(hub_->Stats()["cdn_expired"].get<uint64_t>(), 1u);
+  EXPECT_EQ(Resolves(), before + 1);
+}
+
+// The Hub's quotas are fixed 5-minute windows whose 429 says when the window resets
+// (`RateLimit: "resolvers";r=0;t=N`). The request waits that long, says so in the log, and is
+// not failed by the client's own retry budget (here 6 tries with backoff up to 200 ms in 30 s).
+TEST_F(HfRepoTest, WaitsOutAnExhaustedResolverWindowAndSaysSo) {
+  HttpOptions o = FastRetries();
+  o.total_timeout = std::chrono::milliseconds(2'000);  // shorter than the window
+  auto repo = HfRepo::Open(Config(), std::make_shared<HttpClient>(o), "org/model", "main");
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  ASSERT_TRUE(hub_->Control("resolver_quota=1&window=4"));  // real seconds: time_scale 1
+  test::LogCapture log;
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(*(*repo)->Read("model-00002-of-00002.safetensors", 0, 100), Slice(File("model-00002-of-00002.safetensors"), 0, 100));
+  auto got = (*repo)->Read("tokenizer/big.bin", 0, 100);  // the quota is spent: waits for the next window
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Slice(File("tokenizer/big.bin"), 0, 100));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(waited, 10.0);
+  const auto stats = hub_->Stats();
+  EXPECT_EQ(stats["resolver_limited"].get<uint64_t>(), 1u) << "waited exactly, no retry inside the window";
+  bool said = false;
+  for (const std::string& line : log.Lines()) {
+    said |= line.starts_with("warning") && line.find("waiting") != std::string::npos &&
+            line.find("rate-limit window") != std::string::npos;
+  }
+  EXPECT_TRUE(said) << "no log line says it waits";
+}
+
+// The Hub's real numbers: a 300 s window (t= up to 300). The fake Hub's clock runs 100 times
+// faster and so does the client's wait (WEIGHTFS_TEST_TIME_SCALE): the same parse, cap and wait
+// code runs with the Hub's values in the headers, in 3 s.
+TEST_F(HfRepoTest, AFiveMinuteWindowIsWaitedOutToo) {
+  HfConfig config = Config();
+  config.time_scale = 100;
+  HttpOptions o = FastRetries();
+  o.total_timeout = std::chrono::milliseconds(2'000);
+  auto repo = HfRepo::Open(config, std::make_shared<HttpClient>(o), "org/model", "main");
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  ASSERT_TRUE(hub_->Control("resolver_quota=1&window=300&time_scale=100"));
+  test::LogCapture log;
+  ASSERT_TRUE((*repo)->Read("model-00002-of-00002.safetensors", 0, 100).ok());
+  auto got = (*repo)->Read("tokenizer/big.bin", 100, 100);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Slice(File("tokenizer/big.bin"), 100, 100));
+  bool said = false;
+  for (const std::string& line : log.Lines()) {
+    // t= is in the Hub's seconds: close to 300 (the first window has barely begun).
+    said |= line.find("waiting 2") != std::string::npos && line.find("rate-limit window") != std::string::npos;
+  }
+  EXPECT_TRUE(said);
+  EXPECT_EQ(hub_->Stats()["resolver_limited"].get<uint64_t>(), 1u);
+}
+
+// `hf auth login` rewrites the token file, and OAuth login tokens expire and are refreshed in
+// it: a long-running reader picks the new token up, and never shows the old or the new one.
+TEST_F(HfRepoTest, FollowsTheTokenFileWhenItChanges) {
+  test::TempDir home("hftoken");
+  const std::string first = "hf_FirstTokenValue0001";
+  const std::string second = "hf_SecondTokenValue002";
+  WriteFile(home.Join("token"), std::vector<uint8_t>(first.begin(), first.end()));
+  auto loaded = LoadHfConfig(MapEnv({{"HF_HOME", home.path()}, {"HF_ENDPOINT", hub_->endpoint()}}));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_TRUE(hub_->Control("token=" + first));
+  auto repo = HfRepo::Open(*loaded, Http(), "org/model", "main");
+  ASSERT_TRUE(repo.ok()) << repo.status().ToString();
+  ASSERT_TRUE((*repo)->Read("config.json", 0, 1).ok());
+  // The token is refreshed: the Hub accepts only the new one from now on.
+  ASSERT_TRUE(hub_->Control("token=" + second));
+  WriteFile(home.Join("token"), std::vector<uint8_t>(second.begin(), second.end()));
+  auto got = (*repo)->Read("config.json", 1, 1);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Slice(File("config.json"), 1, 1));
+  // Logged out: anonymous, and the error says so without either token.
+  fs::remove(home.Join("token"));
+  auto anonymous = (*repo)->Read("config.json", 2, 1);
+  EXPECT_EQ(anonymous.status().kind(), ErrorKind::kAuth);
+  for (const std::string& t : {first, second}) {
+    EXPECT_EQ(anonymous.status().message().find(t), std::string::npos);
+  }
 }
 
 }  // namespace
