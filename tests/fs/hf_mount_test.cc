@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -75,7 +76,10 @@ class HfMountTest : public ::testing::Test {
     test::FakeHub::Options o;
     o.repos_dir = (root_ / "repos").string();
     o.s3 = s3_.endpoint();
+    o.gateway_target = proxy_.endpoint();
+    o.buckets = {"wfs-test/runs"};
     o.token = kToken;
+    o.time_scale = TimeScale();
     ASSERT_TRUE(hub_.Start(o));
     fs::create_directories(root_ / "hfhome");
   }
@@ -88,12 +92,19 @@ class HfMountTest : public ::testing::Test {
     }
   }
 
-  // The environment a user of the Hub has: endpoint, token, HF_HOME (an empty HF cache), and
-  // the S3 gateway's key pair.
+  // The environment a user of the Hub has: endpoint, token, HF_HOME (an empty HF cache), the
+  // S3 gateway's key pair, and AWS keys of their own that must never reach the Hub.
   std::string Env() const {
     return "env HF_ENDPOINT=" + hub_.endpoint() + " HF_TOKEN=" + kToken + " HF_HOME=" + (root_ / "hfhome").string() +
-           " HF_S3_ENDPOINT=" + proxy_.endpoint() + " AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER" +
-           " AWS_REGION=us-east-1 ";
+           " HF_S3_ENDPOINT=" + hub_.gateway_url() + " HF_S3_ACCESS_KEY_ID=S3RVER HF_S3_SECRET_ACCESS_KEY=S3RVER" +
+           " AWS_ACCESS_KEY_ID=AKIAUSERSOWNAWSKEY AWS_SECRET_ACCESS_KEY=x AWS_REGION=us-east-1" +
+           " WEIGHTFS_TEST_TIME_SCALE=" + std::to_string(TimeScale()) + " ";
+  }
+  // The fake Hub's clock (and so the client's rate-limit waits) runs this much faster than real
+  // time: 60 makes the Hub's 300 s window 5 s. WEIGHTFS_HF_TEST_TIME_SCALE=1 runs it for real.
+  static int TimeScale() {
+    const char* v = std::getenv("WEIGHTFS_HF_TEST_TIME_SCALE");
+    return v != nullptr && std::atoi(v) >= 1 ? std::atoi(v) : 60;
   }
   Result Cli(const std::string& args, int seconds = 120) const {
     return weightfs::test::RunShell(Env() + "timeout -k 5 " + std::to_string(seconds) + " " +
@@ -135,6 +146,10 @@ TEST_F(HfMountTest, BaseInAModelRepoDeltasInAnHfBucket) {
   Result p2 = Cli("push " + bucket + " acme/m@step-2 " + (root_ / "gen/v002").string() + " --cache-dir " +
                   (root_ / "push-cache").string());
   ASSERT_EQ(p2.exit_code, 0) << p2.out;
+  // Writes went through the gateway signed with its key pair, never with the user's AWS keys.
+  const Json keys = hub_.Stats()["gateway_keys"];
+  ASSERT_FALSE(keys.empty());
+  for (const Json& k : keys) EXPECT_EQ(k.get<std::string>(), "S3RVER");
 
   // The base costs the bucket a manifest, not the model.
   Json log = Json::parse(Cli("log " + bucket + " --json 2>/dev/null").out, nullptr, false);
@@ -206,6 +221,50 @@ TEST_F(HfMountTest, AModelRepoMountsAsOneReadOnlyVersion) {
   const Json stats = hub_.Stats();
   for (const Json& a : stats["cdn_authorization"]) EXPECT_TRUE(a.get<std::string>().empty()) << a.dump();
   EXPECT_FALSE(AnyFileContains(root_ / "repo", kToken));
+}
+
+// A ~1 GB model repo (18 files) read whole through `mount hf://ORG/REPO`: each file costs one
+// call to the Hub's resolve endpoint (the signed CDN URL is reused for every chunk of it), and
+// when the resolver quota runs out mid-read (a fresh 5-minute window with its quota spent) the
+// mount waits for the reset with a log line saying so: every byte exact, no EIO.
+TEST_F(HfMountTest, ARepoCostsOneResolvePerFileAndWaitsOutAnExhaustedQuota) {
+  Result g = Cli("gen " + (root_ / "big").string() + " --params 500M --versions 1 --lr 1e-6 --shard-size 64MB", 300);
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  fs::rename(root_ / "big/v000", root_ / "repos/acme/big");
+  const std::set<std::string> listed = FilesUnder(root_ / "repos/acme/big");
+  const std::vector<std::string> files(listed.begin(), listed.end());
+  uint64_t bytes = 0;
+  for (const std::string& f : files) bytes += fs::file_size(root_ / "repos/acme/big" / f);
+  ASSERT_GE(files.size(), 10u);
+  ASSERT_GE(bytes, 900ull << 20);
+
+  const fs::path mnt = Mount("hf://acme/big@main", "bigmnt", "--memory-limit 256M");
+  const fs::path version = mnt / "acme/big@main";
+  ASSERT_TRUE(hub_.Control("resolver_quota=1000&window=300"));
+  ASSERT_TRUE(hub_.Reset());
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < files.size(); ++i) {
+    // Halfway, the quota is gone for a whole window: t=300 in the Hub's seconds.
+    if (i == files.size() / 2) {
+      ASSERT_TRUE(hub_.Control("exhaust=1"));
+    }
+    const std::vector<uint8_t> got = Slurp(version / files[i]);
+    ASSERT_EQ(got.size(), fs::file_size(root_ / "repos/acme/big" / files[i])) << files[i] << " (EIO?)";
+    EXPECT_EQ(Sha256Hex(got), Sha256Hex(Slurp(root_ / "repos/acme/big" / files[i]))) << files[i];
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const Json stats = hub_.Stats();
+  const uint64_t resolves = stats["resolver_requests"].get<uint64_t>();
+  const uint64_t limited = stats["resolver_limited"].get<uint64_t>();
+  std::printf("[ metric ] %zu files, %.2f GB through mount hf://acme/big@main in %.1f s: %llu resolver calls "
+              "(%llu answered 429 with the Hub's 300 s reset, time scale %d), %llu CDN requests\n",
+              files.size(), static_cast<double>(bytes) / 1e9, seconds, (unsigned long long)resolves,
+              (unsigned long long)limited, TimeScale(), (unsigned long long)stats["cdn_requests"].get<uint64_t>());
+  EXPECT_LE(static_cast<double>(resolves), static_cast<double>(files.size()) * 1.1) << stats.dump().substr(0, 2000);
+  EXPECT_GE(limited, 1u) << "the quota never ran out: the test did not test the wait";
+  const std::string log = weightfs::test::ReadFileOrEmpty((root_ / "bigmnt/log.txt").string());
+  EXPECT_NE(log.find("rate-limit window"), std::string::npos) << weightfs::test::TailOfFile((root_ / "bigmnt/log.txt").string());
+  EXPECT_EQ(log.find("Input/output error"), std::string::npos);
 }
 
 TEST_F(HfMountTest, WrongTokenSaysWhatIsWrongWithoutPrintingIt) {

@@ -440,6 +440,11 @@ class Handler(BaseHTTPRequestHandler):
                 if "window" in q or "time_scale" in q or "resolver_quota" in q:
                     STATE.start = time.monotonic()  # a fresh first window
                     STATE.window_counts = {}
+                if "exhaust" in q:
+                    # A fresh window starts now with its resolver quota already spent (someone
+                    # else on this IP used it): the next resolve gets 429 with t = the window.
+                    STATE.start = time.monotonic()
+                    STATE.window_counts = {("resolvers", 0): STATE.quota["resolvers"]}
                 if "url_ttl" in q:
                     STATE.url_ttl = float(q["url_ttl"][0])
                 if "revoke_urls" in q:
