@@ -21,6 +21,7 @@
 #include <fstream>
 #include <functional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -264,6 +265,10 @@ TEST_F(HfMountTest, ARepoCostsOneResolvePerFileAndWaitsOutAnExhaustedQuota) {
   EXPECT_GE(limited, 1u) << "the quota never ran out: the test did not test the wait";
   const std::string log = weightfs::test::ReadFileOrEmpty((root_ / "bigmnt/log.txt").string());
   EXPECT_NE(log.find("rate-limit window"), std::string::npos) << weightfs::test::TailOfFile((root_ / "bigmnt/log.txt").string());
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("rate-limit window") != std::string::npos) std::printf("[ log    ] %s\n", line.c_str());
+  }
   EXPECT_EQ(log.find("Input/output error"), std::string::npos);
 }
 
