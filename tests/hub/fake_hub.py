@@ -3,17 +3,36 @@
 
     fake_hub.py --repos DIR [--s3 http://127.0.0.1:PORT] [--token T] [--gated ORG/REPO]
                 [--page-size N] [--lfs-threshold BYTES] [--listen-port 0]
+                [--bucket NS/NAME]... [--gateway-target URL] [--resolver-quota N] [--api-quota N]
+                [--window SECONDS] [--time-scale K] [--url-ttl SECONDS]
 
-Prints "PORT <hub> <cdn-url>" as the first line of stdout once both listeners accept
-connections (e.g. "PORT 41234 http://127.0.0.2:41235"); logs (with --verbose) go to stderr.
-Stops on SIGTERM/SIGINT.
+Prints "PORT <hub> <cdn-url> <gateway-url>" as the first line of stdout once the listeners
+accept connections (e.g. "PORT 41234 http://127.0.0.2:41235 http://127.0.0.1:41236"); logs (with
+--verbose) go to stderr. Stops on SIGTERM/SIGINT.
 
-Two listeners, on purpose on different hosts:
-  hub  127.0.0.1:<port>        the Hub API, resolve URLs, control endpoints
-  cdn  127.0.0.2:<port2>       where LFS/bucket files redirect to (like cas-bridge.xethub.hf.co);
+Three listeners, the first two on purpose on different hosts:
+  hub      127.0.0.1:<port>    the Hub API, resolve URLs, control endpoints
+  cdn      127.0.0.2:<port2>   where LFS/bucket files redirect to (like cas-bridge.xethub.hf.co);
                                it records every Authorization header it receives, so tests can
                                assert the Hub token never reaches it. (Falls back to the host name
-                               "localhost" on 127.0.0.1 when 127.0.0.2 cannot be bound.)
+                               "localhost" on 127.0.0.1 when 127.0.0.2 cannot be bound.) Its URLs
+                               are signed like the Hub's: X-Amz-Date + X-Amz-Expires (--url-ttl,
+                               default 3600 s) and CloudFront's Expires=, HMAC-signed; an expired
+                               or revoked (control revoke_urls=1) URL answers 403 AccessDenied.
+  gateway  127.0.0.1:<port3>   the Hub's S3 gateway for buckets (https://s3.hf.co/NS), forwarding
+                               to --gateway-target (else --s3): refuses unsigned requests (403),
+                               answers GetObject from non-AWS user agents with a 302 to the cdn,
+                               drops If-None-Match from CompleteMultipartUpload (the gateway
+                               documents it for PutObject only), sends xet-style ETags (not MD5s),
+                               404 NoSuchBucket for a bucket nobody created. Records the access key
+                               id of every request.
+
+Rate limits, as the Hub's: /resolve/ URLs count as "resolvers", /api/ as "api", each against its
+quota (--resolver-quota, --api-quota; 0: unlimited) in fixed windows of --window hub seconds
+(the Hub's: 300). Responses carry `RateLimit: "resolvers";r=<left>;t=<seconds to reset>` and
+`RateLimit-Policy: "fixed window";"resolvers";q=<quota>;w=<window>`; past the quota, 429 with the
+same headers. The hub clock runs --time-scale times faster than real time (default 1), so a test
+can run the Hub's 300 s window in seconds while the headers carry the Hub's numbers.
 
 Model repos: DIR/ORG/REPO/<files>, served read-only. Each repo has one fake commit,
 sha1("fake-commit:ORG/REPO"), reachable as that 40-hex sha and as branch "main".
@@ -34,7 +53,9 @@ sha1("fake-commit:ORG/REPO"), reachable as that 40-hex sha and as branch "main".
                                              404 EntryNotFound (with X-Repo-Commit) for a missing
                                              file.
 
-Buckets (with --s3, an S3-compatible server such as s3rver; namespace NS is the S3 bucket
+Buckets (with --s3, an S3-compatible server such as s3rver; only those named by --bucket or
+created with control create_bucket= exist, else 404 RepoNotFound "Bucket not found"; namespace NS
+is the S3 bucket
 there, the bucket NAME the first key component — i.e. what the Hub's S3 gateway at
 https://s3.hf.co/NS sees for bucket NAME, path-style). Objects are read from it unsigned:
   GET|HEAD /buckets/NS/NAME/resolve/PATH      always 302 to the cdn with X-Linked-Size (like the
@@ -56,6 +77,10 @@ resolve answers 403 X-Error-Code GatedRepo. The cdn never checks anything (its U
 
 Control (hub listener, never rate-limited nor counted):
   GET  /.fake-hub/stats     {"requests": hub requests, "cdn_requests", "rate_limited",
+                             "resolver_requests" (429s included), "resolver_limited", "api_limited",
+                             "cdn_expired" (signed URLs refused), "gateway": {requests, redirected,
+                             multipart_creates, conditional_puts, stripped_if_none_match},
+                             "gateway_keys": [access key ids the gateway saw],
                              "bytes": {"ORG/REPO/PATH" | "buckets/NS/NAME/KEY": body bytes sent by
                              either listener}, "cdn_authorization": [Authorization values the cdn
                              received], "hub_authorized": requests that carried a valid token,
@@ -63,6 +88,9 @@ Control (hub listener, never rate-limited nor counted):
   POST /.fake-hub/control?rate_limit_every=N&retry_after=S&ratelimit_header=0|1
                             answer every Nth hub request with 429 (N=0: never); Retry-After: S
                             unless S is empty; `RateLimit: "api";r=0;t=S` when ratelimit_header=1
+                        ...&resolver_quota=N&api_quota=N&window=S&time_scale=K   (a fresh window)
+                        ...&exhaust=1      a fresh window starts now with its resolver quota spent
+                        ...&url_ttl=S&revoke_urls=1&token=T&create_bucket=NS/NAME
   POST /.fake-hub/reset     zero the counters
 
 Where this fake simplifies the real Hub:
@@ -75,7 +103,7 @@ Where this fake simplifies the real Hub:
   - bucket writes are not implemented here: they go to the S3 server directly (what the Hub's S3
     gateway fronts); the bucket listing reads the S3 server's full listing and sorts it
     (s3rver lists in directory-walk order);
-  - 429s are injected on demand, not computed from the Hub's fixed 5-minute windows.
+  - quotas count every request of a class from anyone (the Hub counts per user or IP).
 """
 
 import argparse
