@@ -1,7 +1,7 @@
 // libFuzzer target for what weightfs parses from the Hugging Face Hub and from hf:// URLs: the
 // tree-listing pages of buckets and model repos, the revision API's answer, Link headers and
 // redirect Locations, error answers (ErrorFrom), HF_ENDPOINT, and the hf:// URL and source-string
-// parsers. Beyond "never crash": whatever a parser accepts must be what its contract promises
+// parsers, signed-URL expiries, RateLimit headers and path expansion. Beyond "never crash": whatever a parser accepts must be what its contract promises
 // (keys that are valid store keys under the listed prefix, valid repo paths, 40-hex commits,
 // http(s) URLs, source strings that rebuild to the input, no token in any error).
 //
@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cctype>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -133,6 +134,19 @@ void Resolve(std::string_view base, std::string_view location) {
   const std::string origin = weightfs::hf::UrlOrigin(url);
   if (!origin.empty()) Check(IsHttpUrl(origin));
   (void)weightfs::hf::UrlOrigin(base);
+  // A Location's signed-URL expiry, and the rate-limit headers of the same answer, are the
+  // server's word too: bounded, never past 2^40 s after the epoch.
+  if (auto expiry = weightfs::hf::SignedUrlExpiry(location)) {
+    Check(expiry->time_since_epoch() <= std::chrono::seconds(int64_t{1} << 41));
+  }
+  (void)weightfs::ParseRateLimitReset(location);
+  (void)weightfs::ParseRateLimitWindow(base);
+  // Path expansion (HF_HOME and friends): without '$' or a leading '~' nothing changes.
+  const std::string expanded = weightfs::hf::ExpandUserAndVars(
+      location, [](std::string_view name) -> std::optional<std::string> {
+        return name == "HOME" ? std::optional<std::string>("/home/u") : std::nullopt;
+      });
+  if (location.find('$') == std::string_view::npos && !location.starts_with("~")) Check(expanded == location);
 }
 
 void Source(std::string_view source) {
