@@ -313,7 +313,7 @@ void WaitForRateLimit(const HttpRequest& request, const std::string& what, milli
     const auto step = std::min<Clock::duration>(end - now, report_every);
     std::this_thread::sleep_for(step);
     const auto left = std::chrono::duration_cast<std::chrono::seconds>(end - Clock::now()).count();
-    if (left > 0) spdlog::info("http {}: still waiting for the rate-limit window, {} s left", what,
+    if (left > 0) spdlog::warn("http {}: still waiting for the rate-limit window, {} s left", what,
                                static_cast<int64_t>(static_cast<double>(left) * scale));
   }
 }

@@ -40,12 +40,16 @@ or ~/.aws/credentials with AWS_PROFILE, region from --region or AWS_REGION), or 
 Face Storage Bucket (hf://buckets/NAMESPACE/NAME/prefix: reads from HF_ENDPOINT
 [https://huggingface.co] with HF_TOKEN or the token file under HF_HOME; writes through the
 Hub's S3 gateway (--endpoint or HF_S3_ENDPOINT [https://s3.hf.co]) with an HFAK... key pair
-made on the Hub, in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY).
+made on the Hub, in HF_S3_ACCESS_KEY_ID/HF_S3_SECRET_ACCESS_KEY or profile [hf] of
+~/.aws/credentials (HF_S3_PROFILE; AWS keys are never sent to the Hub); create the bucket
+first with `hf buckets create NAMESPACE/NAME`).
 
 common options:
   --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
   --region NAME        S3 region                                        [us-east-1]
-  --timeout SECONDS    give up on a request (retries included) after this long   [120]
+  --timeout SECONDS    give up on a request (retries included) after this long;
+                       waits the Hugging Face Hub asks for (429, up to its
+                       5-minute window) are not counted                    [120]
   --log-level LEVEL    error, warn, info, debug                          [warn]
   -h, --help           show this help
 )";

@@ -120,7 +120,8 @@ options:
   --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
   --region NAME        S3 region                                        [us-east-1]
   --timeout SECONDS    give up on a bucket request (retries included) after this long; the
-                       read that needed it then fails with EIO               [120]
+                       read that needed it then fails with EIO. Waits the Hugging Face
+                       Hub asks for (429, up to its 5-minute window) are not counted  [120]
   -h, --help           show this help
 )";
 
