@@ -131,6 +131,10 @@ Status HttpStatusError(long status, std::string_view what, std::string_view serv
 // Send uses it as the delay before retrying a 429 that has no Retry-After.
 std::optional<uint64_t> ParseRateLimitReset(std::string_view header);
 
+// The URL as it may appear in logs, errors and the mount table: no query string (signed URLs
+// carry credentials there), no fragment, no user:password@.
+std::string RedactUrl(std::string_view url);
+
 // A decimal number filling all of `s` (a header value), or nullopt.
 std::optional<uint64_t> ParseU64(std::string_view s);
 
