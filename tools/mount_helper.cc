@@ -126,11 +126,11 @@ int MountHelperMain(int argc, char** argv) {
   for (const std::string& list : option_lists) {
     for (const std::string& opt : SplitOptions(list)) {
       const size_t eq = opt.find('=');
+      if (IsMountToolOption(opt.substr(0, eq))) continue;
       std::string key = opt.substr(0, eq);
       for (char& c : key) {
         if (c == '-') c = '_';
       }
-      if (IsMountToolOption(key)) continue;
       if (auto it = ValueOptions().find(key); it != ValueOptions().end()) {
         if (eq == std::string::npos) return Usage(name, "option " + key + " needs a value (" + key + "=...)");
         args.push_back(it->second);
