@@ -61,6 +61,7 @@ published elsewhere appear in listings and @latest within --refresh seconds, and
 looked up by name (`stat MNT/acme/qwen@v7` checks the bucket for v7 if it is not listed yet;
 `weightfs wait` waits for one that way). Runs as a daemon unless --foreground;
 returns once the mount answers. `weightfs unmount MOUNTPOINT` (or fusermount3 -u) unmounts.
+/etc/fstab lines (type fuse.weightfs) and systemd units: docs/operations.md.
 
 BUCKET: a directory, http(s)://host/prefix (WebDAV), s3://bucket/prefix, or a Hugging Face
 Storage Bucket hf://buckets/NAMESPACE/NAME[/prefix] (see `weightfs push --help` for
