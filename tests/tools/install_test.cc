@@ -81,8 +81,7 @@ class InstallTest : public ::testing::Test {
     prefix_ = work_.Join("prefix");
     data_ = work_.Join("data");
     bucket_ = work_.Join("bucket");
-    CommandResult install = Shell(std::string(WEIGHTFS_CMAKE) + " --install " + WEIGHTFS_BUILD_DIR + " --prefix " +
-                                  prefix_ + " --component weightfs");
+    CommandResult install = Install(prefix_, "", work_.Join("manifest"));
     ASSERT_EQ(install.exit_code, 0) << install.out;
     wfs_ = prefix_ + "/bin/weightfs";
     CommandResult gen = Shell(wfs_ + " gen " + data_ + " --params 1M --versions 1 --seed 3");
@@ -94,6 +93,17 @@ class InstallTest : public ::testing::Test {
                                  std::to_string(v) + " --no-cache");
       ASSERT_EQ(push.exit_code, 0) << push.out;
     }
+  }
+
+  // `cmake --install` of this build tree under `prefix` (with DESTDIR=`destdir` unless empty);
+  // its manifest copied to `manifest`. ctest runs these tests in parallel and every install
+  // writes the build tree's manifest: each install and its copy hold a lock.
+  static CommandResult Install(const std::string& prefix, const std::string& destdir, const std::string& manifest) {
+    const std::string build = WEIGHTFS_BUILD_DIR;
+    return Shell("flock " + build + "/install_manifest_weightfs.lock sh -c '" +
+                 (destdir.empty() ? "" : "DESTDIR=" + destdir + " ") + WEIGHTFS_CMAKE + " --install " + build +
+                 " --prefix " + prefix + " --component weightfs && cp " + build + "/install_manifest_weightfs.txt " +
+                 manifest + "'");
   }
 
   void TearDown() override {
@@ -148,7 +158,7 @@ TEST_F(InstallTest, PutsTheBinaryTheMountHelpersAndTheUnitUnderThePrefixAndLists
   EXPECT_TRUE(fs::exists(prefix_ + "/share/doc/weightfs/operations.md"));
 
   // Uninstall as the README says: every installed file is in the manifest.
-  CommandResult rm = Shell(std::string("xargs rm < ") + WEIGHTFS_BUILD_DIR + "/install_manifest_weightfs.txt");
+  CommandResult rm = Shell("xargs rm < " + work_.Join("manifest"));
   ASSERT_EQ(rm.exit_code, 0) << rm.out;
   std::vector<std::string> left;
   for (const auto& e : fs::recursive_directory_iterator(prefix_)) {
@@ -159,8 +169,7 @@ TEST_F(InstallTest, PutsTheBinaryTheMountHelpersAndTheUnitUnderThePrefixAndLists
 
 TEST_F(InstallTest, DestdirInstallOfTheSystemPrefixPutsTheHelpersWhereMountLooks) {
   const std::string dest = work_.Join("dest");
-  CommandResult install = Shell("DESTDIR=" + dest + " " + WEIGHTFS_CMAKE + " --install " + WEIGHTFS_BUILD_DIR +
-                                " --prefix /usr/local --component weightfs");
+  CommandResult install = Install("/usr/local", dest, work_.Join("manifest-destdir"));
   ASSERT_EQ(install.exit_code, 0) << install.out;
   EXPECT_TRUE(fs::exists(dest + "/usr/local/bin/weightfs"));
   // libmount searches /sbin; on a merged /usr (/sbin -> usr/sbin) that is /usr/sbin.
