@@ -3,8 +3,8 @@
 // `mount` checks everything it can before it forks (the mount point, /dev/fuse, the bucket,
 // the cache directory, the log file), so that those errors reach the user directly. It then
 // forks a daemon (setsid, stdio on /dev/null - stderr stays when it is systemd's journal -,
-// working directory /) that re-opens the bucket, mounts and reports over a pipe; the parent returns only once the mount answers a stat(), or
-// prints the daemon's error. A mount point left behind by a daemon that was killed (ENOTCONN)
+// working directory /) that re-opens the bucket, mounts and reports over a pipe; the parent
+// returns only once the mount answers a stat(), or prints the daemon's error. A mount point left behind by a daemon that was killed (ENOTCONN)
 // is detached first, with a log line.
 //
 // `unmount` asks the daemon for its pid (the root's user.weightfs.pid attribute), unmounts
