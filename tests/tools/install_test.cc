@@ -537,6 +537,14 @@ TEST_F(InstallTest, ServiceUnitStartsStopsPublishingDraftsAndRestartsResumingThe
                                                 << "\nWEIGHTFS_OPTIONS=--log-level info --refresh 1\n"
                                                 << "WEIGHTFS_CACHE_DIR=" << work_.Join("svc-cache") << "\n";
   const std::string journal = work_.Join("journal.txt");
+  // A failure that leaves the service's mount (a killed daemon's) detaches it; declared before
+  // the runner, so that this runs after the runner has killed its main process.
+  struct DetachAtExit {
+    std::string mnt;
+    ~DetachAtExit() {
+      if (Mounted(mnt)) Shell("umount -l " + mnt);
+    }
+  } detach{mnt};
   NotifySocket notify(work_.Join("notify.sock"));
   ASSERT_TRUE(notify.ok());
   ServiceRunner service(prefix_ + "/lib/systemd/system/weightfs@.service", instance, mnt, etc, journal);
