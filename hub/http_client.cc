@@ -64,20 +64,6 @@ std::string_view Trim(std::string_view s) {
   return s;
 }
 
-// The URL as it may appear in logs and errors: no query string, no fragment, no user:password@.
-std::string RedactUrl(std::string_view url) {
-  url = url.substr(0, url.find_first_of("?#"));
-  std::string out(url);
-  const size_t scheme = out.find("://");
-  if (scheme != std::string::npos) {
-    const size_t host_start = scheme + 3;
-    const size_t path_start = out.find('/', host_start);
-    const size_t at = out.rfind('@', path_start == std::string::npos ? out.size() : path_start);
-    if (at != std::string::npos && at >= host_start) out.erase(host_start, at + 1 - host_start);
-  }
-  return out;
-}
-
 // A short, printable, single-line summary of a server's error body: S3's <Code>/<Message>, an
 // HTML page's <title>, or else the text with tags removed; at most 200 characters.
 std::string SummarizeBody(std::string_view body) {
@@ -319,6 +305,19 @@ void WaitForRateLimit(const HttpRequest& request, const std::string& what, milli
 }
 
 }  // namespace
+
+std::string RedactUrl(std::string_view url) {
+  url = url.substr(0, url.find_first_of("?#"));
+  std::string out(url);
+  const size_t scheme = out.find("://");
+  if (scheme != std::string::npos) {
+    const size_t host_start = scheme + 3;
+    const size_t path_start = out.find('/', host_start);
+    const size_t at = out.rfind('@', path_start == std::string::npos ? out.size() : path_start);
+    if (at != std::string::npos && at >= host_start) out.erase(host_start, at + 1 - host_start);
+  }
+  return out;
+}
 
 std::string_view HttpResponse::Header(std::string_view name) const {
   for (const auto& [k, v] : headers) {

@@ -151,6 +151,10 @@ std::optional<uint64_t> ParseRateLimitReset(std::string_view header);
 // or nullopt.
 std::optional<uint64_t> ParseRateLimitWindow(std::string_view policy_header);
 
+// The URL as it may appear in logs, errors and the mount table: no query string (signed URLs
+// carry credentials there), no fragment, no user:password@.
+std::string RedactUrl(std::string_view url);
+
 // A decimal number filling all of `s` (a header value), or nullopt.
 std::optional<uint64_t> ParseU64(std::string_view s);
 

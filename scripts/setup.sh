@@ -12,6 +12,7 @@ PACKAGES=(
   python3 python3-numpy                                      # test readers
   nginx-extras                                               # WebDAV server for the http:// store tests
   nodejs                                                     # runs s3rver (npm comes with the machine's Node.js)
+  systemd util-linux                                         # systemd-analyze/systemd-escape, unshare: the install tests
 )
 S3RVER_VERSION=3.7.1
 

@@ -25,6 +25,7 @@
 #include "hub/version_reader.h"
 #include "hub/version_writer.h"
 #include "tools/cli.h"
+#include "tools/logging.h"
 #include "tools/hf_base.h"
 #include "tools/commands.h"
 #include "tools/store_args.h"
@@ -106,22 +107,11 @@ struct Context {
   }
 };
 
-Status SetLogLevel(const ArgParser& args) {
-  std::string level = args.GetOr("--log-level", "warn");
-  auto l = spdlog::level::from_str(level);
-  if (l == spdlog::level::off && level != "off") {
-    return Status::InvalidArgument("--log-level expects error, warn, info or debug");
-  }
-  spdlog::set_level(l);
-  spdlog::set_pattern("weightfs %L: %v");
-  return Status::Ok();
-}
-
 // `any_layout`: the read commands also open a TRL delta-sync bucket (read-only versions,
 // hub/open_bucket.h); push and gc need a weightfs bucket.
 Expected<Context> OpenContext(const ArgParser& args, const std::string& url, bool open_bucket,
                               bool with_cache, bool any_layout = false) {
-  WFS_TRY(SetLogLevel(args));
+  WFS_TRY(SetUpCommandLog(args));
   WFS_ASSIGN_OR_RETURN(StoreOptions so, StoreOptionsFromArgs(args));
   Context ctx;
   if (open_bucket) {

@@ -9,8 +9,13 @@ namespace weightfs::cli {
 int GenMain(int argc, char** argv);         // weightfs gen
 int BenchCodecMain(int argc, char** argv);  // weightfs bench codec
 int BenchScaleMain(int argc, char** argv);  // weightfs bench scale
-int MountMain(int argc, char** argv);       // weightfs mount
-int UnmountMain(int argc, char** argv);     // weightfs unmount
+// weightfs mount and unmount; `quiet`: nothing on stdout when they succeed (as mount helpers).
+int MountMain(int argc, char** argv, bool quiet = false);
+int UnmountMain(int argc, char** argv, bool quiet = false);
+// mount.fuse.weightfs and umount.fuse.weightfs, the helpers of mount(8) and umount(8)
+// (argv[0]: the helper's name; tools/mount_helper.cc).
+int MountHelperMain(int argc, char** argv);
+int UmountHelperMain(int argc, char** argv);
 int WaitMain(int argc, char** argv);        // weightfs wait
 int CommitMain(int argc, char** argv);      // weightfs commit
 int StatusMain(int argc, char** argv);      // weightfs status

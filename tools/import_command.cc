@@ -31,6 +31,7 @@
 #include "hub/version_reader.h"
 #include "hub/version_writer.h"
 #include "tools/cli.h"
+#include "tools/logging.h"
 #include "tools/commands.h"
 #include "tools/store_args.h"
 
@@ -119,9 +120,7 @@ int ImportMain(int argc, char** argv) {
   if (auto rc = ParseArgs(args, argc, argv, kImportHelp, 2)) return *rc;
   const std::string src_url = args.positionals()[0];
   const std::string dest_url = args.positionals()[1];
-  const std::string level = args.GetOr("--log-level", "warn");
-  spdlog::set_level(spdlog::level::from_str(level));
-  spdlog::set_pattern("weightfs %L: %v");
+  if (Status s = SetUpCommandLog(args); !s.ok()) return Fail(s.message());
 
   uint64_t from = 0, to = UINT64_MAX;
   if (auto v = args.Get("--from-step")) {

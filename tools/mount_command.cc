@@ -2,9 +2,9 @@
 //
 // `mount` checks everything it can before it forks (the mount point, /dev/fuse, the bucket,
 // the cache directory, the log file), so that those errors reach the user directly. It then
-// forks a daemon (setsid, stdio on /dev/null, working directory /) that re-opens the bucket,
-// mounts and reports over a pipe; the parent returns only once the mount answers a stat(), or
-// prints the daemon's error. A mount point left behind by a daemon that was killed (ENOTCONN)
+// forks a daemon (setsid, stdio on /dev/null - stderr stays when it is systemd's journal -,
+// working directory /) that re-opens the bucket, mounts and reports over a pipe; the parent
+// returns only once the mount answers a stat(), or prints the daemon's error. A mount point left behind by a daemon that was killed (ENOTCONN)
 // is detached first, with a log line.
 //
 // `unmount` asks the daemon for its pid (the root's user.weightfs.pid attribute), unmounts
@@ -17,7 +17,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
-#include <syslog.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -30,9 +29,6 @@
 #include <string>
 #include <thread>
 
-#include <spdlog/sinks/basic_file_sink.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/sinks/syslog_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "core/chunk_plan.h"
@@ -41,11 +37,14 @@
 #include "fs/mount_point.h"
 #include "hub/bucket.h"
 #include "hub/chunk_cache.h"
+#include "hub/http_client.h"
 #include "hub/materializer.h"
 #include "hub/open_bucket.h"
 #include "hub/open_store.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/logging.h"
+#include "tools/service_notify.h"
 #include "tools/store_args.h"
 
 namespace weightfs::cli {
@@ -62,6 +61,7 @@ published elsewhere appear in listings and @latest within --refresh seconds, and
 looked up by name (`stat MNT/acme/qwen@v7` checks the bucket for v7 if it is not listed yet;
 `weightfs wait` waits for one that way). Runs as a daemon unless --foreground;
 returns once the mount answers. `weightfs unmount MOUNTPOINT` (or fusermount3 -u) unmounts.
+/etc/fstab lines (type fuse.weightfs) and systemd units: docs/operations.md.
 
 BUCKET: a directory, http(s)://host/prefix (WebDAV), s3://bucket/prefix, or a Hugging Face
 Storage Bucket hf://buckets/NAMESPACE/NAME[/prefix] (see `weightfs push --help` for
@@ -97,7 +97,8 @@ directories, user.weightfs.{parent,sha256,stored_bytes} on files; user.weightfs.
 user.weightfs.stats (JSON counters) on MOUNTPOINT itself.
 
 options:
-  -f, --foreground     stay in the foreground, log to stderr
+  -f, --foreground     stay in the foreground, log to stderr; tells systemd when the
+                       mount is up (Type=notify services: packaging/systemd/)
   --cache-dir DIR      local chunk cache, shared with push/pull and other mounts
                        [$WEIGHTFS_CACHE_DIR or ~/.cache/weightfs]
   --cache-size BYTES   bound on the chunk cache (LRU eviction)               [20GiB]
@@ -115,7 +116,10 @@ options:
   --allow-other        let other users read the mount (non-root users need
                        user_allow_other in /etc/fuse.conf)
   -o OPTS              more FUSE mount options, comma-separated
-  --log-file FILE      log here (default: stderr in the foreground, else syslog)
+  --log-file FILE      log here (appended). Default: stderr in the foreground; the
+                       journal when run by systemd; else CACHE_DIR/logs/MOUNT.log
+                       (MOUNT: the mount point's path with '-' for '/'; rotated at
+                       16MiB, 3 kept). `--log-file syslog`: syslog, if it runs here
   --log-level LEVEL    error, warn, info, debug                               [info]
   --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
   --region NAME        S3 region                                        [us-east-1]
@@ -149,8 +153,8 @@ struct MountConfig {
   std::string mountpoint;
   std::string cache_dir;
   uint64_t cache_size = 20ull << 30;
-  std::string log_file;
-  spdlog::level::level_enum log_level = spdlog::level::info;
+  bool foreground = false;
+  LogDestination log;
   StoreOptions store;
   MountOptions mount;
 };
@@ -160,25 +164,6 @@ std::string AbsoluteUrl(const std::string& url) {
   if (url.find("://") == std::string::npos) return AbsolutePath(url);
   if (url.starts_with("file://") && url.size() > 7 && url[7] != '/') return "file://" + AbsolutePath(url.substr(7));
   return url;
-}
-
-void SetUpLogging(const MountConfig& c, bool daemon) {
-  std::shared_ptr<spdlog::sinks::sink> sink;
-  const char* pattern = "[%Y-%m-%d %H:%M:%S.%e] [%l] %v";
-  if (!c.log_file.empty()) {
-    sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(c.log_file);
-  } else if (daemon) {
-    sink = std::make_shared<spdlog::sinks::syslog_sink_mt>("weightfs", LOG_PID, LOG_DAEMON, true);
-    pattern = "%v";
-  } else {
-    sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-    pattern = "[%H:%M:%S.%e] weightfs %l: %v";
-  }
-  auto logger = std::make_shared<spdlog::logger>("weightfs", sink);
-  logger->set_level(c.log_level);
-  logger->set_pattern(pattern);
-  logger->flush_on(spdlog::level::info);
-  spdlog::set_default_logger(logger);
 }
 
 struct Opened {
@@ -235,8 +220,9 @@ void Preload(Bucket* bucket, Materializer* materializer, uint64_t memory_limit) 
   if (warm.joinable()) warm.join();
 }
 
-// The daemon's (or --foreground's) life: open, mount, report on `notify_fd` (-1: none), serve.
-int Serve(const MountConfig& c, int notify_fd, bool daemon) {
+// The daemon's (or --foreground's) life: open, mount, report on `notify_fd` (-1: none) and to
+// systemd (if it started us and waits for READY=1), serve.
+int Serve(const MountConfig& c, int notify_fd) {
   auto notify = [&](const std::string& line) {
     if (notify_fd < 0) return;
     std::string msg = line + "\n";
@@ -244,10 +230,8 @@ int Serve(const MountConfig& c, int notify_fd, bool daemon) {
     ::close(notify_fd);
     notify_fd = -1;
   };
-  try {
-    SetUpLogging(c, daemon);
-  } catch (const std::exception& e) {
-    notify(std::string("ERR cannot log: ") + e.what());
+  if (Status s = InstallLog(c.log); !s.ok()) {
+    notify("ERR " + s.message());
     return 1;
   }
   Expected<Opened> opened = OpenAll(c);
@@ -288,12 +272,16 @@ int Serve(const MountConfig& c, int notify_fd, bool daemon) {
                c.mountpoint, ::getpid(), c.cache_dir, FormatBytes(static_cast<double>(c.cache_size)),
                FormatBytes(static_cast<double>(c.mount.reader.memory_limit)));
   notify("OK");
+  if (c.foreground) {
+    NotifyServiceManager("READY=1\nSTATUS=mounted " + RedactUrl(c.url) + " at " + c.mountpoint);
+  }
   s = server.Run();
   if (!s.ok()) {
     spdlog::error("{}", s.ToString());
     return 1;
   }
   spdlog::info("unmounted {}", c.mountpoint);
+  if (c.foreground) NotifyServiceManager("STOPPING=1");
   return 0;
 }
 
@@ -332,22 +320,22 @@ std::string ReadReport(int fd, std::chrono::milliseconds bound) {
 
 Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   MountConfig c;
+  c.foreground = args.Has("--foreground") || args.Has("-f");
   c.url = AbsoluteUrl(args.positionals()[0]);
   c.mountpoint = AbsolutePath(args.positionals()[1]);
   c.cache_dir = AbsolutePath(args.GetOr("--cache-dir", DefaultCacheDir()));
   if (auto v = args.Get("--cache-size")) {
     WFS_ASSIGN_OR_RETURN(c.cache_size, ParseSize(*v));
   }
-  if (auto v = args.Get("--log-file")) c.log_file = AbsolutePath(*v);
-  const std::string level = args.GetOr("--log-level", "info");
-  c.log_level = spdlog::level::from_str(level);
-  if (c.log_level == spdlog::level::off && level != "off") {
-    return Status::InvalidArgument("--log-level expects error, warn, info or debug");
-  }
+  WFS_ASSIGN_OR_RETURN(spdlog::level::level_enum level, ParseLogLevel(args.GetOr("--log-level", "info")));
+  std::string log_file = args.GetOr("--log-file", "");
+  if (!log_file.empty() && log_file != "syslog") log_file = AbsolutePath(log_file);
+  c.log = ChooseMountLog(log_file, c.foreground, c.cache_dir, c.mountpoint, level);
   WFS_ASSIGN_OR_RETURN(c.store, StoreOptionsFromArgs(args));
   MountOptions& m = c.mount;
   m.mountpoint = c.mountpoint;
-  m.fsname = "weightfs:" + c.url;
+  // The mount table is world-readable: no user:password@ or signed query in it.
+  m.fsname = "weightfs:" + RedactUrl(c.url);
   m.allow_other = args.Has("--allow-other");
   m.read_only = args.Has("--read-only");
   if (auto o = args.Get("-o")) m.fuse_options.push_back(*o);
@@ -393,7 +381,7 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
 
 }  // namespace
 
-int MountMain(int argc, char** argv) {
+int MountMain(int argc, char** argv, bool quiet) {
   ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--help", "-h"});
@@ -401,7 +389,6 @@ int MountMain(int argc, char** argv) {
   Expected<MountConfig> config = ConfigFromArgs(args);
   if (!config.ok()) return Fail(config.status().message());
   const MountConfig& c = *config;
-  const bool foreground = args.Has("--foreground") || args.Has("-f");
   spdlog::set_pattern("weightfs: %v");
 
   // Everything that can be checked here is, so that its error reaches the user directly.
@@ -418,11 +405,8 @@ int MountMain(int argc, char** argv) {
     Expected<Opened> opened = OpenAll(c);  // re-opened by the daemon: no state crosses fork()
     if (!opened.ok()) return Fail(opened.status());
   }
-  if (!c.log_file.empty()) {
-    std::ofstream probe_log(c.log_file, std::ios::app);
-    if (!probe_log) return Fail("cannot write the log file " + c.log_file);
-  }
-  if (foreground) return Serve(c, -1, /*daemon=*/false);
+  if (Status s = CheckLogDestination(c.log); !s.ok()) return Fail(s.message());
+  if (c.foreground) return Serve(c, -1);
 
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0) return Fail(std::string("pipe: ") + std::strerror(errno));
@@ -436,13 +420,13 @@ int MountMain(int argc, char** argv) {
     if (devnull >= 0) {
       ::dup2(devnull, STDIN_FILENO);
       ::dup2(devnull, STDOUT_FILENO);
-      ::dup2(devnull, STDERR_FILENO);
+      if (c.log.kind != LogDestination::Kind::kJournal) ::dup2(devnull, STDERR_FILENO);
       if (devnull > STDERR_FILENO) ::close(devnull);
     }
     if (::chdir("/") != 0) {
       // Not fatal: every path is absolute.
     }
-    std::exit(Serve(c, report[1], /*daemon=*/true));
+    std::exit(Serve(c, report[1]));
   }
   ::close(report[1]);
   const std::string line = ReadReport(report[0], std::chrono::seconds(150));
@@ -452,8 +436,8 @@ int MountMain(int argc, char** argv) {
     if (line.empty()) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, &status, 0);
-      return Fail("the mount daemon exited before mounting " + c.mountpoint +
-                  (c.log_file.empty() ? " (see syslog)" : " (see " + c.log_file + ")"));
+      return Fail("the mount daemon exited before mounting " + c.mountpoint + " (see its log: " +
+                  c.log.Describe() + ")");
     }
     ::waitpid(pid, &status, 0);
     return Fail(line.starts_with("ERR ") ? line.substr(4) : line);
@@ -462,8 +446,9 @@ int MountMain(int argc, char** argv) {
     return Fail("mounted " + c.mountpoint + " but it does not answer; the daemon (pid " +
                 std::to_string(pid) + ") may be stuck: weightfs unmount --lazy " + c.mountpoint);
   }
-  std::printf("mounted %s at %s (pid %d); unmount with: weightfs unmount %s\n", c.url.c_str(),
-              c.mountpoint.c_str(), static_cast<int>(pid), c.mountpoint.c_str());
+  if (quiet) return 0;
+  std::printf("mounted %s at %s (pid %d; log: %s); unmount with: weightfs unmount %s\n", RedactUrl(c.url).c_str(),
+              c.mountpoint.c_str(), static_cast<int>(pid), c.log.Describe().c_str(), c.mountpoint.c_str());
   return 0;
 }
 
@@ -493,7 +478,7 @@ bool Exited(pid_t pid) {
 
 }  // namespace
 
-int UnmountMain(int argc, char** argv) {
+int UnmountMain(int argc, char** argv, bool quiet) {
   ArgParser args({"--timeout"}, {"--lazy", "--keep-drafts", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kUnmountHelp, 1)) return *rc;
   const std::string mountpoint = AbsolutePath(args.positionals()[0]);
@@ -508,7 +493,7 @@ int UnmountMain(int argc, char** argv) {
   if (probe.state == MountPointState::kStale) {
     Status s = Unmount(mountpoint, /*lazy=*/true);
     if (!s.ok()) return Fail(s.message());
-    std::printf("%s: its daemon was gone; detached the mount\n", mountpoint.c_str());
+    if (!quiet) std::printf("%s: its daemon was gone; detached the mount\n", mountpoint.c_str());
     return 0;
   }
   std::optional<MountEntry> entry = FindMount(mountpoint);
@@ -533,7 +518,7 @@ int UnmountMain(int argc, char** argv) {
   Status s = Unmount(mountpoint, lazy);
   if (!s.ok()) return Fail(s.message());
   if (lazy) {
-    std::printf("detached %s; its daemon exits once the last file open on it is closed\n", mountpoint.c_str());
+    if (!quiet) std::printf("detached %s; its daemon exits once the last file open on it is closed\n", mountpoint.c_str());
     return 0;
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
@@ -544,7 +529,7 @@ int UnmountMain(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  std::printf("unmounted %s\n", mountpoint.c_str());
+  if (!quiet) std::printf("unmounted %s\n", mountpoint.c_str());
   return 0;
 }
 

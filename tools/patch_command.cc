@@ -21,6 +21,7 @@
 #include "hub/materializer.h"
 #include "hub/weight_patcher.h"
 #include "tools/cli.h"
+#include "tools/logging.h"
 #include "tools/commands.h"
 #include "tools/store_args.h"
 
@@ -119,9 +120,7 @@ int PatchMain(int argc, char** argv) {
   std::optional<std::string> out_dir = args.Get("-o");
   if (!out_dir) out_dir = args.Get("--output");
   if (!out_dir) return usage("-o OUTDIR is required");
-  const std::string level = args.GetOr("--log-level", "warn");
-  spdlog::set_level(spdlog::level::from_str(level));
-  spdlog::set_pattern("weightfs %L: %v");
+  if (Status s = SetUpCommandLog(args); !s.ok()) return Fail(s.message());
 
   const std::string url = args.positionals()[0];
   Expected<VersionRef> ref = ParseVersionRef(args.positionals()[1], true);

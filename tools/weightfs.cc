@@ -46,6 +46,11 @@ int main(int argc, char** argv) {
   // freed buffers be reused; the trim threshold keeps that memory from bouncing back to the OS.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  // Run as the helper of mount(8) or umount(8) (symbolic links to this binary).
+  const char* slash = std::strrchr(argv[0], '/');
+  const std::string self = slash != nullptr ? slash + 1 : argv[0];
+  if (self == "mount.fuse.weightfs") return weightfs::cli::MountHelperMain(argc, argv);
+  if (self == "umount.fuse.weightfs") return weightfs::cli::UmountHelperMain(argc, argv);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
