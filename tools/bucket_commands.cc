@@ -507,6 +507,11 @@ options:
 )") + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 2)) return *rc;
   const auto& pos = args.positionals();
+  if (pos.size() > 1 && pos[1].find('@') != std::string::npos) {
+    const std::string model = pos[1].substr(0, pos[1].find('@'));
+    return Usage("log takes a MODEL, not MODEL@VERSION: `weightfs log " + pos[0] + " " + model +
+                 "` lists the versions of " + model + " (--last N for the newest)");
+  }
   std::optional<size_t> last;
   if (auto n = args.Get("--last")) {
     Expected<double> v = ParseDouble(*n);

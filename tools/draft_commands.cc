@@ -53,6 +53,18 @@ options:
   -h, --help     show this help
 )";
 
+constexpr const char* kSetParentHelp = R"(usage: weightfs set-parent MOUNTPOINT/MODEL@DRAFT VERSION
+
+Makes VERSION (a published version of MODEL) the parent of a draft: the draft then lists
+VERSION's files, and the files written into it are encoded as deltas against them. Only a draft
+nothing was written into yet can change its parent (mkdir it, set-parent, then write). The
+same as `setfattr -n user.weightfs.parent -v VERSION MOUNTPOINT/MODEL@DRAFT`, but on failure it
+prints why (the reason is also in the draft's user.weightfs.error).
+
+options:
+  -h, --help     show this help
+)";
+
 constexpr const char* kStatusHelp = R"(usage: weightfs status MOUNTPOINT [--json]
 
 Shows the drafts of a weightfs mount: their parent, files staged, files still to encode and
@@ -120,6 +132,23 @@ int WithProgress(const std::string& root, const std::string& which, const std::f
   return result;
 }
 
+// The root of the weightfs mount that holds `path`, or an error naming `path` and what it is on
+// (not the root of whatever file system holds it: "/ is not a weightfs mount" misleads).
+Expected<std::string> WeightfsRootOf(const std::string& path) {
+  const std::string root = MountRootOf(path);
+  std::optional<MountEntry> entry = FindMount(root);
+  if (entry && entry->fstype == "fuse.weightfs") return root;
+  std::string where;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    where = std::string(": ") + std::strerror(errno);
+  } else if (entry) {
+    where = " (it is on " + entry->fstype + ", mounted at " + root + ")";
+  }
+  return Status::InvalidArgument(path + " is not in a weightfs mount" + where +
+                                 "; give the mount point of `weightfs mount BUCKET MOUNTPOINT`");
+}
+
 // The draft's name as the status report spells it ("acme/qwen@v2"), from its directory.
 std::string DraftName(const std::string& root, const std::string& dir) {
   return std::filesystem::path(dir).lexically_normal().lexically_relative(root).string();
@@ -170,6 +199,28 @@ int CommitMain(int argc, char** argv) {
   return 0;
 }
 
+int SetParentMain(int argc, char** argv) {
+  ArgParser args({}, {"--help", "-h"});
+  if (auto rc = ParseArgs(args, argc, argv, kSetParentHelp, 2)) return *rc;
+  std::string dir = AbsolutePath(args.positionals()[0]);
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string& version = args.positionals()[1];
+  if (!GetXattr(dir, "user.weightfs.state")) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) return Fail(dir + ": " + std::strerror(errno));
+    return Fail(dir + " is not a draft of a weightfs mount (make one with mkdir MOUNTPOINT/MODEL@VERSION)");
+  }
+  const std::string name = DraftName(MountRootOf(dir), dir);
+  if (::setxattr(dir.c_str(), "user.weightfs.parent", version.data(), version.size(), 0) != 0) {
+    const int err = errno;
+    std::optional<std::string> why = GetXattr(dir, "user.weightfs.error");
+    return Fail("cannot set the parent of " + name + " to " + version + ": " +
+                (why ? *why : std::string(std::strerror(err))));
+  }
+  std::printf("%s: parent is now %s\n", name.c_str(), version.c_str());
+  return 0;
+}
+
 int DiscardMain(int argc, char** argv) {
   ArgParser args({}, {"--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kDiscardHelp, 1)) return *rc;
@@ -196,9 +247,11 @@ int DiscardMain(int argc, char** argv) {
 int StatusMain(int argc, char** argv) {
   ArgParser args({}, {"--json", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kStatusHelp, 1)) return *rc;
-  const std::string root = MountRootOf(AbsolutePath(args.positionals()[0]));
-  std::optional<nlohmann::json> st = StatusOf(root);
-  if (!st) return Fail(root + " is not a weightfs mount (or its daemon does not answer)");
+  const std::string path = AbsolutePath(args.positionals()[0]);
+  Expected<std::string> root = WeightfsRootOf(path);
+  if (!root.ok()) return Fail(root.status().message());
+  std::optional<nlohmann::json> st = StatusOf(*root);
+  if (!st) return Fail(*root + " is a weightfs mount but its daemon does not answer (`weightfs unmount " + *root + "`)");
   if (args.Has("--json")) {
     std::printf("%s\n", st->dump(2).c_str());
     return 0;
@@ -229,6 +282,8 @@ int StatusMain(int argc, char** argv) {
   }
   return 0;
 }
+
+std::optional<nlohmann::json> MountStatus(const std::string& root) { return StatusOf(root); }
 
 int PublishDrafts(const std::string& mountpoint) {
   std::optional<nlohmann::json> st = StatusOf(mountpoint);

@@ -24,12 +24,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/sinks/syslog_sink.h>
@@ -329,6 +331,29 @@ std::string ReadReport(int fd, std::chrono::milliseconds bound) {
 }
 
 
+// "3 entries: a, b, ..." when `dir` holds anything, else "".
+std::string HiddenEntries(const std::string& dir) {
+  std::error_code ec;
+  size_t n = 0;
+  std::string names;
+  for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    if (++n <= 3) names += (names.empty() ? "" : ", ") + it->path().filename().string();
+  }
+  if (n == 0) return "";
+  return std::to_string(n) + (n == 1 ? " entry: " : " entries: ") + names + (n > 3 ? ", ..." : "");
+}
+
+// Drafts off on a mount that was meant to take them (another mount owns this bucket's drafts in
+// this cache directory, or it cannot be created) is said now, not at the first mkdir's EROFS.
+void WarnIfDraftsOff(const MountConfig& c) {
+  if (c.mount.read_only) return;
+  std::optional<nlohmann::json> st = MountStatus(c.mountpoint);
+  if (!st || st->value("enabled", true) || !st->contains("disabled_reason")) return;
+  std::fprintf(stderr, "weightfs: warning: drafts are off on %s (mkdir of a new version is refused): %s\n",
+               c.mountpoint.c_str(), (*st)["disabled_reason"].get<std::string>().c_str());
+}
+
 Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   MountConfig c;
   c.url = AbsoluteUrl(args.positionals()[0]);
@@ -412,6 +437,11 @@ int MountMain(int argc, char** argv) {
     probe = ProbeMountPoint(c.mountpoint);
   }
   if (probe.state != MountPointState::kReady) return Fail(probe.message);
+  // Allowed (fstab mounts over a directory that holds a placeholder, say), but never silent.
+  if (std::string hidden = HiddenEntries(c.mountpoint); !hidden.empty()) {
+    std::fprintf(stderr, "weightfs: warning: mount point %s is not empty (%s): what is in it is hidden while the "
+                 "mount is up\n", c.mountpoint.c_str(), hidden.c_str());
+  }
   if (Status s = CheckFuseDevice(); !s.ok()) return Fail(s.message());
   {
     Expected<Opened> opened = OpenAll(c);  // re-opened by the daemon: no state crosses fork()
@@ -463,6 +493,7 @@ int MountMain(int argc, char** argv) {
   }
   std::printf("mounted %s at %s (pid %d); unmount with: weightfs unmount %s\n", c.url.c_str(),
               c.mountpoint.c_str(), static_cast<int>(pid), c.mountpoint.c_str());
+  WarnIfDraftsOff(c);
   return 0;
 }
 
