@@ -668,7 +668,7 @@ options:
   if (!versions.ok()) return Fail(versions.status());
   size_t converted = 0, already = 0, markers = 0;
   uint64_t before_bytes = 0, after_bytes = 0, rows = 0;
-  std::shared_ptr<Progress> progress = std::make_shared<Progress>("upgrade", 0);
+  std::shared_ptr<Progress> progress = std::make_shared<Progress>("upgrade", 0, "versions");
   for (size_t i = 0; i < versions->size(); ++i) {
     const VersionInfo& v = (*versions)[i];
     Expected<std::shared_ptr<const Manifest>> m = bucket.ReadManifest(v.model, v.version);

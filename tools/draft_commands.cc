@@ -8,6 +8,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -101,34 +102,34 @@ std::optional<nlohmann::json> StatusOf(const std::string& root) {
   }
 }
 
-// Runs `op` (a blocking setxattr) on a thread; meanwhile shows what is left to upload for the
-// drafts `which` selects ("" = all) when stderr is a TTY. Returns op's errno (0 on success).
-int WithProgress(const std::string& root, const std::string& which, const std::function<int()>& op) {
+// Runs `op` (a blocking setxattr) on a thread; meanwhile shows the progress of encoding and
+// uploading the drafts `which` selects ("" = all) under `label` (cli.h's Progress: in place on
+// a TTY, a plain line every few seconds otherwise): bytes staged so far that are encoded and
+// uploaded, of all staged. Returns op's errno (0 on success).
+int WithProgress(const std::string& root, const std::string& which, const std::string& label,
+                 const std::function<int()>& op) {
   std::atomic<bool> done{false};
   std::atomic<int> result{0};
   std::thread worker([&] {
     result = op();
     done = true;
   });
-  const bool tty = ::isatty(STDERR_FILENO);
-  bool printed = false;
+  Progress progress(label, 0);
   while (!done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    if (!tty || done) continue;
+    if (done) break;
     std::optional<nlohmann::json> st = StatusOf(root);
     if (!st) continue;
-    uint64_t to_go = 0, pending = 0;
+    uint64_t to_go = 0, staged = 0;
     for (const auto& d : (*st)["drafts"]) {
       if (!which.empty() && d.value("name", "") != which) continue;
       to_go += d.value("bytes_to_go", uint64_t{0});
-      pending += d.value("pending_files", uint64_t{0});
+      staged += d.value("staged_bytes", uint64_t{0});
     }
-    std::fprintf(stderr, "\r  encoding and uploading: %llu files, %s to go      ",
-                 static_cast<unsigned long long>(pending), FormatBytes(static_cast<double>(to_go)).c_str());
-    printed = true;
+    progress.Update(staged - std::min(to_go, staged), staged);
   }
   worker.join();
-  if (printed) std::fprintf(stderr, "\r%70s\r", "");
+  progress.Finish();
   return result;
 }
 
@@ -172,7 +173,7 @@ int CommitMain(int argc, char** argv) {
   const std::string name = DraftName(root, dir);
   const auto start = std::chrono::steady_clock::now();
   std::fprintf(stderr, "committing %s%s\n", name.c_str(), as.empty() ? "" : (" as " + as).c_str());
-  const int err = WithProgress(root, name, [&] {
+  const int err = WithProgress(root, name, "commit " + name + ": encoded and uploaded", [&] {
     return ::setxattr(dir.c_str(), "user.weightfs.commit", as.data(), as.size(), 0) == 0 ? 0 : errno;
   });
   if (err != 0) {
@@ -289,7 +290,7 @@ int PublishDrafts(const std::string& mountpoint) {
   std::optional<nlohmann::json> st = StatusOf(mountpoint);
   if (!st || (*st)["drafts"].empty()) return 0;
   std::fprintf(stderr, "publishing %zu draft(s) of %s\n", (*st)["drafts"].size(), mountpoint.c_str());
-  const int err = WithProgress(mountpoint, "", [&] {
+  const int err = WithProgress(mountpoint, "", "publishing the drafts of " + mountpoint + ": encoded and uploaded", [&] {
     return ::setxattr(mountpoint.c_str(), "user.weightfs.commit_all", "", 0, 0) == 0 ? 0 : errno;
   });
   if (err == 0) return 0;
