@@ -2185,6 +2185,11 @@ Status Drafts::CommitAll() {
   return first;
 }
 
+size_t Drafts::queued_encodes() {
+  std::lock_guard<std::mutex> qlock(state_->queue_mu);
+  return state_->queue.size();
+}
+
 std::string Drafts::StatusJson() {
   State& s = *state_;
   nlohmann::json j;

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fs/metrics.h"
 #include "fs/mount_point.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
@@ -66,13 +67,18 @@ options:
   -h, --help     show this help
 )";
 
-constexpr const char* kStatusHelp = R"(usage: weightfs status MOUNTPOINT [--json]
+constexpr const char* kStatusHelp = R"(usage: weightfs status MOUNTPOINT [--json | --prometheus]
 
 Shows the drafts of a weightfs mount: their parent, files staged, files still to encode and
-upload (and their bytes), files open for writing, the last error, and the chunk cache's use.
+upload (and their bytes), files open for writing, the last error, and the chunk cache's use;
+then the mount's metrics since it was mounted: bytes fetched from the bucket vs bytes
+materialized from them, the cache hit ratio (memory and disk), delta-chain depth (mean, max),
+time spent building and decoding chunks, and queue depths.
 
 options:
-  --json         print the report as JSON
+  --json         print the report as JSON (the metrics under "metrics")
+  --prometheus   print the metrics in Prometheus text format (what --metrics FILE of
+                 `weightfs mount` holds)
   -h, --help     show this help
 )";
 
@@ -245,15 +251,41 @@ int DiscardMain(int argc, char** argv) {
   return 0;
 }
 
+// One paragraph of the metrics (user.weightfs.stats) for people; fs/metrics.h has the rest.
+void PrintMetrics(const nlohmann::json& m) {
+  auto num = [&](const char* section, const char* name) -> double {
+    return m.contains(section) && (*m.find(section)).contains(name) ? m[section][name].get<double>() : 0.0;
+  };
+  std::printf("reads %.0f (%s); chunks asked %.0f, from memory or disk cache %.1f%%, built %.0f\n",
+              num("reader", "reads"), FormatBytes(num("reader", "read_bytes")).c_str(), num("rates", "chunk_lookups"),
+              100 * num("rates", "cache_hit_ratio"), num("materializer", "builds"));
+  std::printf("fetched %s from the bucket for %s materialized; chain depth mean %.2f, max %.0f; build %.2f s, "
+              "decode %.2f s\n",
+              FormatBytes(num("materializer", "payload_bytes")).c_str(), FormatBytes(num("materializer", "built_bytes")).c_str(),
+              num("rates", "mean_chain_depth"), num("materializer", "chain_depth_max"), num("materializer", "build_seconds"),
+              num("materializer", "decode_seconds"));
+  std::printf("queues: builds running %.0f, readahead waiting %.0f, encodes queued %.0f\n", num("reader", "builds_running"),
+              num("reader", "readahead_waiting"), num("drafts", "queued_encodes"));
+}
+
 int StatusMain(int argc, char** argv) {
-  ArgParser args({}, {"--json", "--help", "-h"});
+  ArgParser args({}, {"--json", "--prometheus", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kStatusHelp, 1)) return *rc;
   const std::string path = AbsolutePath(args.positionals()[0]);
   Expected<std::string> root = WeightfsRootOf(path);
   if (!root.ok()) return Fail(root.status().message());
   std::optional<nlohmann::json> st = StatusOf(*root);
   if (!st) return Fail(*root + " is a weightfs mount but its daemon does not answer (`weightfs unmount " + *root + "`)");
+  const std::optional<std::string> stats_text = GetXattr(*root, "user.weightfs.stats");
+  const nlohmann::json metrics =
+      stats_text ? nlohmann::json::parse(*stats_text, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+  if (args.Has("--prometheus")) {
+    if (!stats_text) return Fail(*root + ": the daemon does not report its metrics");
+    std::fputs(PrometheusText(*stats_text, *root).c_str(), stdout);
+    return 0;
+  }
   if (args.Has("--json")) {
+    if (metrics.is_object()) (*st)["metrics"] = metrics;
     std::printf("%s\n", st->dump(2).c_str());
     return 0;
   }
@@ -281,6 +313,7 @@ int StatusMain(int argc, char** argv) {
     std::printf("chunk cache: %s of %s\n", FormatBytes(static_cast<double>((*st)["cache"].value("size_bytes", uint64_t{0}))).c_str(),
                 FormatBytes(static_cast<double>((*st)["cache"].value("max_bytes", uint64_t{0}))).c_str());
   }
+  if (metrics.is_object()) PrintMetrics(metrics);
   return 0;
 }
 

@@ -117,6 +117,11 @@ options:
   --allow-other        let other users read the mount (non-root users need
                        user_allow_other in /etc/fuse.conf)
   -o OPTS              more FUSE mount options, comma-separated
+  --metrics FILE       keep the mount's metrics in FILE in Prometheus text format
+                       (bytes fetched vs materialized, cache hit ratio, chain depth,
+                       decode time, queue depths; name it *.prom for node_exporter's
+                       textfile collector); `weightfs status MNT --json` shows the same
+  --metrics-interval SECONDS  how often FILE is rewritten                     [10]
   --log-file FILE      log here (default: stderr in the foreground, else syslog)
   --log-level LEVEL    error, warn, info, debug                               [info]
   --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
@@ -363,6 +368,12 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
     WFS_ASSIGN_OR_RETURN(c.cache_size, ParseSize(*v));
   }
   if (auto v = args.Get("--log-file")) c.log_file = AbsolutePath(*v);
+  if (auto v = args.Get("--metrics")) c.mount.metrics_file = AbsolutePath(*v);
+  if (auto v = args.Get("--metrics-interval")) {
+    WFS_ASSIGN_OR_RETURN(double seconds, ParseDouble(*v));
+    if (seconds < 0.01 || seconds > 86400) return Status::InvalidArgument("--metrics-interval expects 0.01..86400 seconds");
+    c.mount.metrics_interval = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
   const std::string level = args.GetOr("--log-level", "info");
   c.log_level = spdlog::level::from_str(level);
   if (c.log_level == spdlog::level::off && level != "off") {
@@ -419,7 +430,7 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
 
 int MountMain(int argc, char** argv) {
   ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
-                  "--log-file", "--log-level", "--endpoint", "--region", "--timeout"},
+                  "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);
@@ -450,6 +461,10 @@ int MountMain(int argc, char** argv) {
   if (!c.log_file.empty()) {
     std::ofstream probe_log(c.log_file, std::ios::app);
     if (!probe_log) return Fail("cannot write the log file " + c.log_file);
+  }
+  if (const std::string& metrics = c.mount.metrics_file; !metrics.empty()) {
+    std::ofstream probe_metrics(metrics + ".tmp");  // the daemon writes there, then renames
+    if (!probe_metrics) return Fail("cannot write the metrics file " + metrics + " (--metrics)");
   }
   if (foreground) return Serve(c, -1, /*daemon=*/false);
 
