@@ -80,14 +80,16 @@ such a bucket into weightfs versions.
 
 Writing new versions (drafts):
   mkdir MOUNTPOINT/acme/qwen@v2      a draft; its parent is acme/qwen's latest version (set
-                                     another with setfattr -n user.weightfs.parent -v V1 on
-                                     the empty draft); it lists the parent's files
+                                     another with `weightfs set-parent DRAFT V1` before writing
+                                     into it); it lists the parent's files
   cp ... MOUNTPOINT/acme/qwen@v2/    files written there are staged in the cache directory;
                                      each is delta-encoded and uploaded when it is closed
   weightfs commit MOUNTPOINT/acme/qwen@v2    publishes it (unmount publishes every draft)
   weightfs status MOUNTPOINT                 drafts, uploads to go, errors
 Drafts survive a crash of the daemon: the next mount with the same cache directory resumes
-them. One mount per bucket and cache directory owns the drafts.
+them. One mount per bucket and cache directory owns the drafts (another one warns that its
+drafts are off as it mounts). Mounting over a non-empty directory warns: its contents are
+hidden while the mount is up.
 
 Sparse weight patches (read-only; docs/patch.md):
   MOUNTPOINT/acme/qwen@v3/.patch/v1/model.safetensors   the patch v1 -> v3 (NAME.idx/NAME.val),
