@@ -132,7 +132,12 @@ Progress::Output Progress::DefaultOutput() {
 }
 
 Progress::Progress(std::string label, uint64_t total, Output output, std::string noun)
-    : label_(std::move(label)), noun_(std::move(noun)), output_(std::move(output)), start_(output_.now()), total_(total), last_print_(start_) {}
+    : label_(std::move(label)),
+      noun_(std::move(noun)),
+      output_(std::move(output)),
+      start_(output_.now()),
+      total_(total),
+      last_print_(start_) {}
 
 std::string FormatDuration(double seconds) {
   const long s = std::lround(std::max(0.0, seconds));

@@ -179,7 +179,7 @@ int CommitMain(int argc, char** argv) {
   const std::string name = DraftName(root, dir);
   const auto start = std::chrono::steady_clock::now();
   std::fprintf(stderr, "committing %s%s\n", name.c_str(), as.empty() ? "" : (" as " + as).c_str());
-  const int err = WithProgress(root, name, "commit " + name + ": encoded and uploaded", [&] {
+  const int err = WithProgress(root, name, "commit " + name + " (encoded and uploaded)", [&] {
     return ::setxattr(dir.c_str(), "user.weightfs.commit", as.data(), as.size(), 0) == 0 ? 0 : errno;
   });
   if (err != 0) {
@@ -323,7 +323,7 @@ int PublishDrafts(const std::string& mountpoint) {
   std::optional<nlohmann::json> st = StatusOf(mountpoint);
   if (!st || (*st)["drafts"].empty()) return 0;
   std::fprintf(stderr, "publishing %zu draft(s) of %s\n", (*st)["drafts"].size(), mountpoint.c_str());
-  const int err = WithProgress(mountpoint, "", "publishing the drafts of " + mountpoint + ": encoded and uploaded", [&] {
+  const int err = WithProgress(mountpoint, "", "publishing the drafts of " + mountpoint + " (encoded and uploaded)", [&] {
     return ::setxattr(mountpoint.c_str(), "user.weightfs.commit_all", "", 0, 0) == 0 ? 0 : errno;
   });
   if (err == 0) return 0;
