@@ -64,6 +64,11 @@ ChunkReader::ChunkReader(Materializer* materializer, ChunkReaderOptions options)
 
 ChunkReader::~ChunkReader() = default;
 
+size_t ChunkReader::builds_running() const {
+  std::lock_guard<std::mutex> lock(builds_mu_);
+  return builds_;
+}
+
 uint64_t ChunkReader::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cached_bytes_;

@@ -130,6 +130,9 @@ class ChunkReader {
                 size_t index);
 
   uint64_t cached_bytes() const;
+  // Queue depths, now: chunk builds running, and readahead jobs waiting to start.
+  size_t builds_running() const;
+  size_t readahead_waiting() const { return readahead_.pending(); }
   const ChunkReaderStats& stats() const { return stats_; }
 
   // How memory_limit is spent. The process itself (code, libraries, manifests, FUSE request
@@ -182,7 +185,7 @@ class ChunkReader {
   std::unordered_set<Hash128, HashOf> queued_;  // readahead jobs not started yet  // GUARDED_BY(mu_)
 
   // Builds running (at most max_builds_); a reader that would exceed it waits on build_done_.
-  std::mutex builds_mu_;
+  mutable std::mutex builds_mu_;
   std::condition_variable build_done_;
   size_t builds_ = 0;  // GUARDED_BY(builds_mu_)
 

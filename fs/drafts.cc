@@ -236,7 +236,7 @@ struct Draft {
   bool commit_requested = false;
   std::string commit_as;
   bool committing = false;
-  std::string error;         // the last commit's failure (user.weightfs.error)
+  std::string error;         // the last commit's or set-parent's failure (user.weightfs.error)
   std::string encode_error;  // the last background encode's failure
   std::unique_ptr<Lease> lease;
   std::string dir;
@@ -2107,7 +2107,11 @@ int Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view value
     for (const auto& [p, f] : d->files) {
       std::lock_guard<std::mutex> flock(f->mu);
       if (f->id != 0 || f->parent_path != p) {
-        spdlog::warn("setxattr {} on {}: the draft has changes already; set the parent first", name, d->name());
+        // The reason goes to the draft's user.weightfs.error, where `weightfs set-parent` reads
+        // it: EBUSY alone does not say which of the refusals this is.
+        d->error = "set-parent: " + p + " was written, renamed or removed already; a draft's parent can be set "
+                   "only before anything changes in it (discard it and mkdir it again)";
+        spdlog::warn("setxattr {} on {}: {}", name, d->name(), d->error);
         return EBUSY;
       }
     }
@@ -2117,12 +2121,17 @@ int Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view value
   if (const size_t at = v.rfind('@'); at != std::string::npos) v = v.substr(at + 1);
   Expected<std::shared_ptr<const Manifest>> pm = s.bucket->ReadManifest(d->model, v);
   if (!pm.ok()) {
-    spdlog::warn("setxattr {} on {}: {}", name, d->name(), pm.status().ToString());
-    return pm.status().kind() == ErrorKind::kNotFound || pm.status().kind() == ErrorKind::kInvalidArgument ? EINVAL : EIO;
+    const bool bad_name = pm.status().kind() == ErrorKind::kNotFound || pm.status().kind() == ErrorKind::kInvalidArgument;
+    std::lock_guard<std::mutex> lock(s.mu);
+    d->error = "set-parent: " + d->model + "@" + v + " cannot be the parent: " + pm.status().ToString() +
+               (bad_name ? " (`weightfs log BUCKET " + d->model + "` lists its versions)" : "");
+    spdlog::warn("setxattr {} on {}: {}", name, d->name(), d->error);
+    return bad_name ? EINVAL : EIO;
   }
   {
     std::lock_guard<std::mutex> lock(s.mu);
     d->InheritAll(*pm, d->root.uid, d->root.gid);
+    d->error.clear();
   }
   spdlog::info("draft {}: parent is now {}", d->name(), v);
   return s.SaveJournalErrno(*d);
@@ -2174,6 +2183,11 @@ Status Drafts::CommitAll() {
     }
   }
   return first;
+}
+
+size_t Drafts::queued_encodes() {
+  std::lock_guard<std::mutex> qlock(state_->queue_mu);
+  return state_->queue.size();
 }
 
 std::string Drafts::StatusJson() {

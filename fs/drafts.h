@@ -161,6 +161,8 @@ class Drafts {
   int Discard(uint64_t draft_ino);
   // Drafts, pending encodes, bytes to go, errors (JSON object) for `weightfs status`.
   std::string StatusJson();
+  // Files whose encoding is queued, not started (a queue depth for the metrics).
+  size_t queued_encodes();
 
   struct State;
 

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "fs/metrics.h"
 #include "fs/mount_point.h"
 #include "fs/patch_view.h"
 #include "fs/status_errno.h"
@@ -591,13 +592,31 @@ std::string StatsJsonOf(const Impl& s) {
                  {"readahead_dropped", r.readahead_dropped.load()},
                  {"evictions", r.evictions.load()},
                  {"builds_peak", r.builds_peak.load()},
+                 {"builds_running", s.reader.builds_running()},
+                 {"readahead_waiting", s.reader.readahead_waiting()},
                  {"cached_bytes", s.reader.cached_bytes()}};
   const MaterializerStats& m = s.parts.materializer->stats();
   j["materializer"] = {{"chunks", m.chunks.load()},
                        {"cache_hits", m.cache_hits.load()},
                        {"payloads_fetched", m.payloads_fetched.load()},
                        {"payload_bytes", m.payload_bytes.load()},
-                       {"deltas_applied", m.deltas_applied.load()}};
+                       {"deltas_applied", m.deltas_applied.load()},
+                       {"builds", m.builds.load()},
+                       {"built_bytes", m.built_bytes.load()},
+                       {"chain_steps", m.chain_steps.load()},
+                       {"chain_depth_max", m.chain_depth_max.load()},
+                       {"build_seconds", static_cast<double>(m.build_ns.load()) / 1e9},
+                       {"decode_seconds", static_cast<double>(m.decode_ns.load()) / 1e9}};
+  // Chunks asked of the caches: served from memory, else by the materializer (which counts its
+  // disk-cache hits and its builds). Readers that joined a build in flight are neither.
+  const uint64_t lookups = r.memory_hits.load() + m.chunks.load();
+  const uint64_t hits = r.memory_hits.load() + m.cache_hits.load();
+  j["rates"] = {{"chunk_lookups", lookups},
+                {"cache_hit_ratio", lookups ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0},
+                {"mean_chain_depth", m.builds.load() ? static_cast<double>(m.chain_steps.load()) /
+                                                           static_cast<double>(m.builds.load())
+                                                     : 0.0}};
+  if (s.drafts) j["drafts"] = {{"queued_encodes", s.drafts->queued_encodes()}};
   if (s.parts.cache) {
     const ChunkCacheStats& c = s.parts.cache->stats();
     j["disk_cache"] = {{"hits", c.hits.load()},
@@ -1004,6 +1023,14 @@ Status FuseServer::Mount() {
 }
 
 Status FuseServer::Run() {
+  // The metrics file is written while the mount serves, and once more after the drafts are
+  // published at the end (the destructor's write): the last numbers stay in it.
+  std::unique_ptr<MetricsFile> metrics;
+  if (!impl_->options.metrics_file.empty()) {
+    metrics = std::make_unique<MetricsFile>(impl_->options.metrics_file, impl_->options.metrics_interval, [this] {
+      return PrometheusText(StatsJsonOf(*impl_), impl_->options.mountpoint);
+    });
+  }
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_clone_fd(config, 0);
   fuse_loop_cfg_set_max_threads(config, static_cast<unsigned>(impl_->options.max_threads));

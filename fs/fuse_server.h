@@ -25,13 +25,15 @@
 //
 // The root directory answers two extended attributes for tools: user.weightfs.pid (the daemon's
 // process id; `weightfs unmount` waits for it to exit) and user.weightfs.stats (JSON counters:
-// bytes fetched from the bucket, cache hits, memory, peak RSS).
+// bytes fetched from the bucket vs materialized, cache hits and hit ratio, chain depths, build
+// and decode time, queue depths, memory, peak RSS; fs/metrics.h turns them into Prometheus text).
 //
 // Lifecycle: Mount() then Run() on one thread; Run() returns when the file system is unmounted
 // (umount, fusermount3 -u, weightfs unmount) or on SIGTERM/SIGINT/SIGHUP, after unmounting.
 // The other methods are thread-safe.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +64,10 @@ struct MountOptions {
   // kept (empty: no view) and their bound (LRU beyond it).
   std::string patch_dir;
   uint64_t patch_max_bytes = 4ull << 30;
+  // Prometheus text of the stats (fs/metrics.h), rewritten every `metrics_interval` while
+  // mounted; empty: none.
+  std::string metrics_file;
+  std::chrono::milliseconds metrics_interval{10000};
 };
 
 // What the server reads from and reports on. All must outlive the server; `cache` and `store`

@@ -59,8 +59,14 @@ std::string UniqueName() {
 Expected<std::unique_ptr<LocalStore>> LocalStore::Open(const std::string& root) {
   std::error_code ec;
   fs::path p = fs::absolute(root, ec);
-  if (ec || !fs::is_directory(p, ec)) {
-    return Status::NotFound("bucket directory " + root + " does not exist (create it first)");
+  // A local bucket is a directory that `weightfs init` made: say that, and what is there instead.
+  if (ec || !fs::exists(p, ec)) {
+    return Status::NotFound("bucket directory " + root + " does not exist; make it a bucket with `weightfs init " +
+                            root + "`");
+  }
+  if (!fs::is_directory(p, ec)) {
+    return Status::InvalidArgument(root + " is a file, not a bucket: a local bucket is a directory (`weightfs init DIR` "
+                                   "makes one)");
   }
   std::string s = p.lexically_normal().string();
   while (s.size() > 1 && s.back() == '/') s.pop_back();

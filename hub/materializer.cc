@@ -631,6 +631,14 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   join();
   if (st.ok()) {
     stats_.deltas_applied += n - (steps.back().chunk->is_delta() ? 0 : 1);
+    const double total_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    stats_.builds++;
+    stats_.built_bytes += steps.front().chunk->length;
+    stats_.chain_steps += n;
+    for (uint64_t max = stats_.chain_depth_max.load(); n > max && !stats_.chain_depth_max.compare_exchange_weak(max, n);) {
+    }
+    stats_.build_ns += static_cast<uint64_t>(total_ns);
+    stats_.decode_ns += static_cast<uint64_t>(std::max(0.0, total_ns - fetch_wait_ms * 1e6));
   } else if (st.kind() == ErrorKind::kCorruption && n > 1 &&
              std::all_of(done.begin(), done.end(), [](char d) { return d != 0; }) &&
              std::all_of(fetched.begin(), fetched.end(), [](const Status& f) { return f.ok(); })) {

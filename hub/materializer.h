@@ -52,6 +52,15 @@ struct MaterializerStats {
   std::atomic<uint64_t> payloads_fetched{0};
   std::atomic<uint64_t> payload_bytes{0};     // payload bytes fetched from the bucket
   std::atomic<uint64_t> deltas_applied{0};
+  // Chunks built from payloads (not cache hits): how many, their bytes, the payloads each
+  // chain applied (keyframe or cached ancestor's successors: its depth) summed and at most,
+  // and time: the whole build, and the part not spent waiting for fetches (decoding).
+  std::atomic<uint64_t> builds{0};
+  std::atomic<uint64_t> built_bytes{0};
+  std::atomic<uint64_t> chain_steps{0};
+  std::atomic<uint64_t> chain_depth_max{0};
+  std::atomic<uint64_t> build_ns{0};
+  std::atomic<uint64_t> decode_ns{0};
 };
 
 class Materializer {

@@ -10,6 +10,7 @@ PACKAGES=(
   libcurl4-openssl-dev libssl-dev                            # buckets over HTTP/S3; SHA-256
   nlohmann-json3-dev libspdlog-dev libxxhash-dev libgtest-dev
   python3 python3-numpy                                      # test readers
+  attr                                                       # setfattr/getfattr on drafts (docs/drafts.md)
   nginx-extras                                               # WebDAV server for the http:// store tests
   nodejs                                                     # runs s3rver (npm comes with the machine's Node.js)
   systemd util-linux                                         # systemd-analyze/systemd-escape, unshare: the install tests

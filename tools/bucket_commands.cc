@@ -27,6 +27,7 @@
 #include "tools/cli.h"
 #include "tools/logging.h"
 #include "tools/hf_base.h"
+#include "tools/push_sources.h"
 #include "tools/commands.h"
 #include "tools/store_args.h"
 
@@ -220,7 +221,7 @@ int PushMain(int argc, char** argv) {
   ArgParser args(Concat(kCommonValues, {"--parent", "--cache-dir", "--cache-size", "--threads",
                                         "--chunk-size", "--pack-size", "--keyframe-ratio",
                                         "--keyframe-depth", "--json", "--base-repo", "--base-name"}),
-                 Concat(kCommonFlags, {"--no-cache", "--stats", "--base"}));
+                 Concat(kCommonFlags, {"--no-cache", "--stats", "--base", "--allow-no-weights", "--allow-nested"}));
   std::string help = std::string(R"(usage: weightfs push BUCKET MODEL@VERSION PATH... [options]
        weightfs push BUCKET MODEL@VERSION [PATH...] --base hf://ORG/REPO[@REVISION]
 
@@ -241,6 +242,10 @@ options:
                        stay in the repo, read from the local HF cache when there) and VERSION
                        is pushed as deltas against it. Without PATH only the base is registered.
   --base-name NAME     version name of that base                     [hf-<commit>]
+  --allow-no-weights   publish even if no file is weights (.safetensors, .bin, .pt, .pth,
+                       .ckpt, .gguf, .npy, .npz, .h5, .msgpack, .onnx, ...); refused otherwise
+  --allow-nested       publish a directory that holds version directories (step-1/ step-2/,
+                       or MODEL@VERSION/, each with weights) as one version; refused otherwise
   --chunk-size BYTES   chunk size                                           [4MiB]
   --pack-size BYTES    target pack size                                      [32MiB]
   --keyframe-ratio X   store a chunk FULL once its delta chain would exceed X times its FULL
@@ -262,12 +267,18 @@ options:
     if (std::filesystem::is_directory(pos[i], ec)) {
       Expected<std::vector<PushFile>> under = FilesUnder(pos[i]);
       if (!under.ok()) return Fail(under.status());
+      if (!args.Has("--allow-nested")) {
+        if (Status s = CheckNotVersionParent(pos[i], *under); !s.ok()) return Fail(s.message());
+      }
       files.insert(files.end(), under->begin(), under->end());
     } else if (std::filesystem::is_regular_file(pos[i], ec)) {
       files.push_back({std::filesystem::path(pos[i]).filename().string(), pos[i]});
     } else {
       return Fail(pos[i] + " is not a file or directory");
     }
+  }
+  if (pos.size() > 2 && !args.Has("--allow-no-weights")) {
+    if (Status s = CheckHasWeights({pos.begin() + 2, pos.end()}, files); !s.ok()) return Fail(s.message());
   }
   PushOptions opts;
   auto size_opt = [&](const char* name, uint64_t* out) -> Status {
@@ -501,6 +512,11 @@ options:
 )") + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 2)) return *rc;
   const auto& pos = args.positionals();
+  if (pos.size() > 1 && pos[1].find('@') != std::string::npos) {
+    const std::string model = pos[1].substr(0, pos[1].find('@'));
+    return Usage("log takes a MODEL, not MODEL@VERSION: `weightfs log " + pos[0] + " " + model +
+                 "` lists the versions of " + model + " (--last N for the newest)");
+  }
   std::optional<size_t> last;
   if (auto n = args.Get("--last")) {
     Expected<double> v = ParseDouble(*n);
@@ -646,7 +662,7 @@ options:
   if (!versions.ok()) return Fail(versions.status());
   size_t converted = 0, already = 0, markers = 0;
   uint64_t before_bytes = 0, after_bytes = 0, rows = 0;
-  std::shared_ptr<Progress> progress = std::make_shared<Progress>("upgrade", 0);
+  std::shared_ptr<Progress> progress = std::make_shared<Progress>("upgrade", 0, "versions");
   for (size_t i = 0; i < versions->size(); ++i) {
     const VersionInfo& v = (*versions)[i];
     Expected<std::shared_ptr<const Manifest>> m = bucket.ReadManifest(v.model, v.version);

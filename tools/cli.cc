@@ -119,23 +119,101 @@ std::string ArgParser::GetOr(const std::string& name, const std::string& fallbac
   return v ? *v : fallback;
 }
 
-Progress::Progress(std::string label, uint64_t total)
-    : label_(std::move(label)), total_(total), tty_(isatty(STDERR_FILENO) != 0) {}
+Progress::Output Progress::DefaultOutput() {
+  Output o;
+  o.out = stderr;
+  o.tty = ::isatty(STDERR_FILENO) != 0;
+  o.now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  if (const char* v = std::getenv("WEIGHTFS_PROGRESS_INTERVAL")) {
+    Expected<double> seconds = ParseDouble(v);
+    if (seconds.ok()) o.interval = *seconds;
+  }
+  return o;
+}
+
+Progress::Progress(std::string label, uint64_t total, Output output, std::string noun)
+    : label_(std::move(label)),
+      noun_(std::move(noun)),
+      output_(std::move(output)),
+      start_(output_.now()),
+      total_(total),
+      last_print_(start_) {}
+
+std::string FormatDuration(double seconds) {
+  const long s = std::lround(std::max(0.0, seconds));
+  char buf[48];
+  if (s < 60) {
+    std::snprintf(buf, sizeof buf, "%ld s", s);
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof buf, "%ld min %ld s", s / 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%ld h %02ld min", s / 3600, (s % 3600) / 60);
+  }
+  return buf;
+}
+
+std::string Progress::Amount(double n) const {
+  if (noun_.empty()) return FormatBytes(n);
+  char buf[48];
+  std::snprintf(buf, sizeof buf, n < 10 && n != std::floor(n) ? "%.1f " : "%.0f ", n);
+  return buf + noun_;
+}
+
+std::string Progress::LineLocked(double now) const {
+  const double elapsed = now - start_;
+  const double rate = elapsed > 0 ? static_cast<double>(done_) / elapsed : 0;
+  std::string line = label_ + ": " + Amount(static_cast<double>(done_));
+  if (total_ > 0) {
+    char pct[16];
+    std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * static_cast<double>(std::min(done_, total_)) / static_cast<double>(total_));
+    line += " of " + Amount(static_cast<double>(total_)) + " (" + pct + ")";
+  }
+  if (rate > 0) line += ", " + Amount(rate) + "/s";
+  if (total_ > 0 && rate > 0 && done_ < total_) {
+    line += ", ETA " + FormatDuration(static_cast<double>(total_ - done_) / rate);
+  }
+  return line;
+}
+
+void Progress::Update(uint64_t done, uint64_t total) {
+  std::lock_guard<std::mutex> lock(mu_);
+  total_ = total;
+  done_ = done;
+  const double now = output_.now();
+  if (finished_) return;
+  if (output_.tty) {
+    if (printed_ && now - last_print_ < 0.1 && (total_ == 0 || done_ < total_)) return;
+    std::fprintf(output_.out, "\r%s\033[K", LineLocked(now).c_str());
+  } else {
+    if (now - last_print_ < output_.interval) return;
+    std::fprintf(output_.out, "%s\n", LineLocked(now).c_str());
+  }
+  std::fflush(output_.out);
+  last_print_ = now;
+  printed_ = true;
+}
 
 void Progress::Update(uint64_t done) {
-  if (!tty_) return;
-  double now = std::chrono::duration<double>(
-                   std::chrono::steady_clock::now().time_since_epoch()).count();
-  if (last_print_ >= 0 && now - last_print_ < 0.1 && done < total_) return;
-  last_print_ = now;
-  double pct = total_ ? 100.0 * static_cast<double>(done) / static_cast<double>(total_) : 100.0;
-  std::fprintf(stderr, "\r%s %5.1f%%", label_.c_str(), pct);
-  std::fflush(stderr);
+  uint64_t total;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    total = total_;
+  }
+  Update(done, total);
 }
 
 void Progress::Finish() {
-  if (!tty_) return;
-  std::fprintf(stderr, "\r%s done  \n", label_.c_str());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finished_ || !printed_) {
+    finished_ = true;
+    return;
+  }
+  finished_ = true;
+  const double elapsed = output_.now() - start_;
+  std::string line = label_ + ": " + Amount(static_cast<double>(done_)) + " in " + FormatDuration(elapsed);
+  if (elapsed > 0) line += " (" + Amount(static_cast<double>(done_) / elapsed) + "/s)";
+  std::fprintf(output_.out, output_.tty ? "\r%s\033[K\n" : "%s\n", line.c_str());
+  std::fflush(output_.out);
 }
 
 int Fail(const std::string& message) {

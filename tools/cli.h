@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,24 +47,54 @@ class ArgParser {
   std::vector<std::string> positionals_;
 };
 
-// Prints a one-line progress indicator on stderr when stderr is a TTY (no-op otherwise).
+// Shows how far a long operation is: bytes done of the total, the rate and the time left.
+// On a TTY (stderr) one line rewritten in place, at most ten times a second:
+//   push acme/m@v2: 1.2 GiB of 4.0 GiB (30%), 120.5 MiB/s, ETA 24 s
+// Elsewhere (a log file, CI, a pipe) the same as a plain line every `interval` seconds
+// (WEIGHTFS_PROGRESS_INTERVAL, default 5; the first one after `interval`, so short operations
+// print nothing) and, if any was printed, a last line when it finishes. Thread-safe.
 class Progress {
  public:
-  Progress(std::string label, uint64_t total);
+  // Where it prints and how it tells time; the defaults are stderr, isatty(stderr), the steady
+  // clock and WEIGHTFS_PROGRESS_INTERVAL. Tests give their own.
+  struct Output {
+    FILE* out = nullptr;
+    bool tty = false;
+    std::function<double()> now;  // seconds
+    double interval = 5;          // between plain lines
+  };
+  static Output DefaultOutput();
+
+  Progress(std::string label, uint64_t total) : Progress(std::move(label), total, DefaultOutput()) {}
+  // `noun` ("versions"): counts those instead of bytes.
+  Progress(std::string label, uint64_t total, Output output, std::string noun = "");
+  Progress(std::string label, uint64_t total, std::string noun)
+      : Progress(std::move(label), total, DefaultOutput(), std::move(noun)) {}
   void Update(uint64_t done);
   // For work whose total is only known once it runs.
-  void Update(uint64_t done, uint64_t total) {
-    total_ = total;
-    Update(done);
-  }
+  void Update(uint64_t done, uint64_t total);
+  // Ends the line (TTY) or prints the summary (if lines were printed). Idempotent.
   void Finish();
 
  private:
-  std::string label_;
-  uint64_t total_;
-  bool tty_;
-  double last_print_ = -1;
+  // "1.2 GiB of 4.0 GiB (30%), 120.5 MiB/s, ETA 24 s". REQUIRES: mu_ held.
+  std::string LineLocked(double now) const;
+  std::string Amount(double n) const;  // "1.2 GiB", or "12 versions" with a noun
+
+  std::mutex mu_;
+  const std::string label_;
+  const std::string noun_;  // empty: bytes
+  const Output output_;
+  const double start_;
+  uint64_t total_;         // GUARDED_BY(mu_)
+  uint64_t done_ = 0;      // GUARDED_BY(mu_)
+  double last_print_;      // GUARDED_BY(mu_)
+  bool printed_ = false;   // GUARDED_BY(mu_)
+  bool finished_ = false;  // GUARDED_BY(mu_)
 };
+
+// "24 s", "4 min 10 s", "1 h 02 min".
+std::string FormatDuration(double seconds);
 
 // Parses a subcommand's arguments (argv[0] is its name): prints `help` for --help/-h and
 // returns 0, or an error for bad options or a positional count other than `positionals` and

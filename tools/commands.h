@@ -2,7 +2,10 @@
 // returns the process exit code (0 ok, 1 failure, 2 usage error).
 #pragma once
 
+#include <optional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace weightfs::cli {
 
@@ -20,11 +23,15 @@ int WaitMain(int argc, char** argv);        // weightfs wait
 int CommitMain(int argc, char** argv);      // weightfs commit
 int StatusMain(int argc, char** argv);      // weightfs status
 int DiscardMain(int argc, char** argv);     // weightfs discard
+int SetParentMain(int argc, char** argv);   // weightfs set-parent
 int ImportMain(int argc, char** argv);      // weightfs import (a TRL delta-sync bucket)
 int PatchMain(int argc, char** argv);       // weightfs patch (hub/weight_patcher.h)
 // Publishes every draft of the mount at `mountpoint` (progress on a TTY, errors on stderr);
 // 0 or the errno of the failure.
 int PublishDrafts(const std::string& mountpoint);
+// The drafts report of the mount at `root` (its user.weightfs.status), or nullopt if it does
+// not answer.
+std::optional<nlohmann::json> MountStatus(const std::string& root);
 // init, push, pull, cat, log, verify, gc; returns -1 if `command` is none of them.
 int BucketMain(const std::string& command, int argc, char** argv);
 

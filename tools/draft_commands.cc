@@ -8,6 +8,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -21,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fs/metrics.h"
 #include "fs/mount_point.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
@@ -53,13 +55,30 @@ options:
   -h, --help     show this help
 )";
 
-constexpr const char* kStatusHelp = R"(usage: weightfs status MOUNTPOINT [--json]
+constexpr const char* kSetParentHelp = R"(usage: weightfs set-parent MOUNTPOINT/MODEL@DRAFT VERSION
 
-Shows the drafts of a weightfs mount: their parent, files staged, files still to encode and
-upload (and their bytes), files open for writing, the last error, and the chunk cache's use.
+Makes VERSION (a published version of MODEL) the parent of a draft: the draft then lists
+VERSION's files, and the files written into it are encoded as deltas against them. Only a draft
+nothing was written into yet can change its parent (mkdir it, set-parent, then write). The
+same as `setfattr -n user.weightfs.parent -v VERSION MOUNTPOINT/MODEL@DRAFT`, but on failure it
+prints why (the reason is also in the draft's user.weightfs.error).
 
 options:
-  --json         print the report as JSON
+  -h, --help     show this help
+)";
+
+constexpr const char* kStatusHelp = R"(usage: weightfs status MOUNTPOINT [--json | --prometheus]
+
+Shows the drafts of a weightfs mount: their parent, files staged, files still to encode and
+upload (and their bytes), files open for writing, the last error, and the chunk cache's use;
+then the mount's metrics since it was mounted: bytes fetched from the bucket vs bytes
+materialized from them, the cache hit ratio (memory and disk), delta-chain depth (mean, max),
+time spent building and decoding chunks, and queue depths.
+
+options:
+  --json         print the report as JSON (the metrics under "metrics")
+  --prometheus   print the metrics in Prometheus text format (what --metrics FILE of
+                 `weightfs mount` holds)
   -h, --help     show this help
 )";
 
@@ -89,35 +108,52 @@ std::optional<nlohmann::json> StatusOf(const std::string& root) {
   }
 }
 
-// Runs `op` (a blocking setxattr) on a thread; meanwhile shows what is left to upload for the
-// drafts `which` selects ("" = all) when stderr is a TTY. Returns op's errno (0 on success).
-int WithProgress(const std::string& root, const std::string& which, const std::function<int()>& op) {
+// Runs `op` (a blocking setxattr) on a thread; meanwhile shows the progress of encoding and
+// uploading the drafts `which` selects ("" = all) under `label` (cli.h's Progress: in place on
+// a TTY, a plain line every few seconds otherwise): bytes staged so far that are encoded and
+// uploaded, of all staged. Returns op's errno (0 on success).
+int WithProgress(const std::string& root, const std::string& which, const std::string& label,
+                 const std::function<int()>& op) {
   std::atomic<bool> done{false};
   std::atomic<int> result{0};
   std::thread worker([&] {
     result = op();
     done = true;
   });
-  const bool tty = ::isatty(STDERR_FILENO);
-  bool printed = false;
+  Progress progress(label, 0);
   while (!done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    if (!tty || done) continue;
+    if (done) break;
     std::optional<nlohmann::json> st = StatusOf(root);
     if (!st) continue;
-    uint64_t to_go = 0, pending = 0;
+    uint64_t to_go = 0, staged = 0;
     for (const auto& d : (*st)["drafts"]) {
       if (!which.empty() && d.value("name", "") != which) continue;
       to_go += d.value("bytes_to_go", uint64_t{0});
-      pending += d.value("pending_files", uint64_t{0});
+      staged += d.value("staged_bytes", uint64_t{0});
     }
-    std::fprintf(stderr, "\r  encoding and uploading: %llu files, %s to go      ",
-                 static_cast<unsigned long long>(pending), FormatBytes(static_cast<double>(to_go)).c_str());
-    printed = true;
+    progress.Update(staged - std::min(to_go, staged), staged);
   }
   worker.join();
-  if (printed) std::fprintf(stderr, "\r%70s\r", "");
+  progress.Finish();
   return result;
+}
+
+// The root of the weightfs mount that holds `path`, or an error naming `path` and what it is on
+// (not the root of whatever file system holds it: "/ is not a weightfs mount" misleads).
+Expected<std::string> WeightfsRootOf(const std::string& path) {
+  const std::string root = MountRootOf(path);
+  std::optional<MountEntry> entry = FindMount(root);
+  if (entry && entry->fstype == "fuse.weightfs") return root;
+  std::string where;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    where = std::string(": ") + std::strerror(errno);
+  } else if (entry) {
+    where = " (it is on " + entry->fstype + ", mounted at " + root + ")";
+  }
+  return Status::InvalidArgument(path + " is not in a weightfs mount" + where +
+                                 "; give the mount point of `weightfs mount BUCKET MOUNTPOINT`");
 }
 
 // The draft's name as the status report spells it ("acme/qwen@v2"), from its directory.
@@ -143,7 +179,7 @@ int CommitMain(int argc, char** argv) {
   const std::string name = DraftName(root, dir);
   const auto start = std::chrono::steady_clock::now();
   std::fprintf(stderr, "committing %s%s\n", name.c_str(), as.empty() ? "" : (" as " + as).c_str());
-  const int err = WithProgress(root, name, [&] {
+  const int err = WithProgress(root, name, "commit " + name + " (encoded and uploaded)", [&] {
     return ::setxattr(dir.c_str(), "user.weightfs.commit", as.data(), as.size(), 0) == 0 ? 0 : errno;
   });
   if (err != 0) {
@@ -170,6 +206,28 @@ int CommitMain(int argc, char** argv) {
   return 0;
 }
 
+int SetParentMain(int argc, char** argv) {
+  ArgParser args({}, {"--help", "-h"});
+  if (auto rc = ParseArgs(args, argc, argv, kSetParentHelp, 2)) return *rc;
+  std::string dir = AbsolutePath(args.positionals()[0]);
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string& version = args.positionals()[1];
+  if (!GetXattr(dir, "user.weightfs.state")) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) return Fail(dir + ": " + std::strerror(errno));
+    return Fail(dir + " is not a draft of a weightfs mount (make one with mkdir MOUNTPOINT/MODEL@VERSION)");
+  }
+  const std::string name = DraftName(MountRootOf(dir), dir);
+  if (::setxattr(dir.c_str(), "user.weightfs.parent", version.data(), version.size(), 0) != 0) {
+    const int err = errno;
+    std::optional<std::string> why = GetXattr(dir, "user.weightfs.error");
+    return Fail("cannot set the parent of " + name + " to " + version + ": " +
+                (why ? *why : std::string(std::strerror(err))));
+  }
+  std::printf("%s: parent is now %s\n", name.c_str(), version.c_str());
+  return 0;
+}
+
 int DiscardMain(int argc, char** argv) {
   ArgParser args({}, {"--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kDiscardHelp, 1)) return *rc;
@@ -193,13 +251,41 @@ int DiscardMain(int argc, char** argv) {
   return 0;
 }
 
+// One paragraph of the metrics (user.weightfs.stats) for people; fs/metrics.h has the rest.
+void PrintMetrics(const nlohmann::json& m) {
+  auto num = [&](const char* section, const char* name) -> double {
+    return m.contains(section) && (*m.find(section)).contains(name) ? m[section][name].get<double>() : 0.0;
+  };
+  std::printf("reads %.0f (%s); chunks asked %.0f, from memory or disk cache %.1f%%, built %.0f\n",
+              num("reader", "reads"), FormatBytes(num("reader", "read_bytes")).c_str(), num("rates", "chunk_lookups"),
+              100 * num("rates", "cache_hit_ratio"), num("materializer", "builds"));
+  std::printf("fetched %s from the bucket for %s materialized; chain depth mean %.2f, max %.0f; build %.2f s, "
+              "decode %.2f s\n",
+              FormatBytes(num("materializer", "payload_bytes")).c_str(), FormatBytes(num("materializer", "built_bytes")).c_str(),
+              num("rates", "mean_chain_depth"), num("materializer", "chain_depth_max"), num("materializer", "build_seconds"),
+              num("materializer", "decode_seconds"));
+  std::printf("queues: builds running %.0f, readahead waiting %.0f, encodes queued %.0f\n", num("reader", "builds_running"),
+              num("reader", "readahead_waiting"), num("drafts", "queued_encodes"));
+}
+
 int StatusMain(int argc, char** argv) {
-  ArgParser args({}, {"--json", "--help", "-h"});
+  ArgParser args({}, {"--json", "--prometheus", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kStatusHelp, 1)) return *rc;
-  const std::string root = MountRootOf(AbsolutePath(args.positionals()[0]));
-  std::optional<nlohmann::json> st = StatusOf(root);
-  if (!st) return Fail(root + " is not a weightfs mount (or its daemon does not answer)");
+  const std::string path = AbsolutePath(args.positionals()[0]);
+  Expected<std::string> root = WeightfsRootOf(path);
+  if (!root.ok()) return Fail(root.status().message());
+  std::optional<nlohmann::json> st = StatusOf(*root);
+  if (!st) return Fail(*root + " is a weightfs mount but its daemon does not answer (`weightfs unmount " + *root + "`)");
+  const std::optional<std::string> stats_text = GetXattr(*root, "user.weightfs.stats");
+  const nlohmann::json metrics =
+      stats_text ? nlohmann::json::parse(*stats_text, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+  if (args.Has("--prometheus")) {
+    if (!stats_text) return Fail(*root + ": the daemon does not report its metrics");
+    std::fputs(PrometheusText(*stats_text, *root).c_str(), stdout);
+    return 0;
+  }
   if (args.Has("--json")) {
+    if (metrics.is_object()) (*st)["metrics"] = metrics;
     std::printf("%s\n", st->dump(2).c_str());
     return 0;
   }
@@ -227,14 +313,17 @@ int StatusMain(int argc, char** argv) {
     std::printf("chunk cache: %s of %s\n", FormatBytes(static_cast<double>((*st)["cache"].value("size_bytes", uint64_t{0}))).c_str(),
                 FormatBytes(static_cast<double>((*st)["cache"].value("max_bytes", uint64_t{0}))).c_str());
   }
+  if (metrics.is_object()) PrintMetrics(metrics);
   return 0;
 }
+
+std::optional<nlohmann::json> MountStatus(const std::string& root) { return StatusOf(root); }
 
 int PublishDrafts(const std::string& mountpoint) {
   std::optional<nlohmann::json> st = StatusOf(mountpoint);
   if (!st || (*st)["drafts"].empty()) return 0;
   std::fprintf(stderr, "publishing %zu draft(s) of %s\n", (*st)["drafts"].size(), mountpoint.c_str());
-  const int err = WithProgress(mountpoint, "", [&] {
+  const int err = WithProgress(mountpoint, "", "publishing the drafts of " + mountpoint + " (encoded and uploaded)", [&] {
     return ::setxattr(mountpoint.c_str(), "user.weightfs.commit_all", "", 0, 0) == 0 ? 0 : errno;
   });
   if (err == 0) return 0;

@@ -88,7 +88,11 @@ Status MaterializeTo(Materializer& materializer, ThreadPool& pool, const Manifes
                      const ManifestFile& file, const std::string& path) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::IOError("creating " + path + ": " + std::strerror(errno));
+  Progress progress("materialize " + manifest.model + "@" + manifest.version + "/" + file.path, file.size);
+  uint64_t written = 0;
   Status s = ForEachChunk(materializer, pool, manifest, file, [&](size_t i, std::span<const uint8_t> bytes) -> Status {
+    written += bytes.size();
+    progress.Update(written);
     uint64_t off = file.chunks[i].offset;
     while (!bytes.empty()) {
       ssize_t n = ::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(off));
@@ -99,6 +103,7 @@ Status MaterializeTo(Materializer& materializer, ThreadPool& pool, const Manifes
     }
     return Status::Ok();
   });
+  progress.Finish();
   if (::close(fd) != 0 && s.ok()) s = Status::IOError("closing " + path + ": " + std::strerror(errno));
   return s;
 }

@@ -23,12 +23,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "core/chunk_plan.h"
@@ -78,14 +80,16 @@ such a bucket into weightfs versions.
 
 Writing new versions (drafts):
   mkdir MOUNTPOINT/acme/qwen@v2      a draft; its parent is acme/qwen's latest version (set
-                                     another with setfattr -n user.weightfs.parent -v V1 on
-                                     the empty draft); it lists the parent's files
+                                     another with `weightfs set-parent DRAFT V1` before writing
+                                     into it); it lists the parent's files
   cp ... MOUNTPOINT/acme/qwen@v2/    files written there are staged in the cache directory;
                                      each is delta-encoded and uploaded when it is closed
   weightfs commit MOUNTPOINT/acme/qwen@v2    publishes it (unmount publishes every draft)
   weightfs status MOUNTPOINT                 drafts, uploads to go, errors
 Drafts survive a crash of the daemon: the next mount with the same cache directory resumes
-them. One mount per bucket and cache directory owns the drafts.
+them. One mount per bucket and cache directory owns the drafts (another one warns that its
+drafts are off as it mounts). Mounting over a non-empty directory warns: its contents are
+hidden while the mount is up.
 
 Sparse weight patches (read-only; docs/patch.md):
   MOUNTPOINT/acme/qwen@v3/.patch/v1/model.safetensors   the patch v1 -> v3 (NAME.idx/NAME.val),
@@ -116,6 +120,11 @@ options:
   --allow-other        let other users read the mount (non-root users need
                        user_allow_other in /etc/fuse.conf)
   -o OPTS              more FUSE mount options, comma-separated
+  --metrics FILE       keep the mount's metrics in FILE in Prometheus text format
+                       (bytes fetched vs materialized, cache hit ratio, chain depth,
+                       decode time, queue depths; name it *.prom for node_exporter's
+                       textfile collector); `weightfs status MNT --json` shows the same
+  --metrics-interval SECONDS  how often FILE is rewritten                     [10]
   --log-file FILE      log here (appended). Default: stderr in the foreground; the
                        journal when run by systemd; else CACHE_DIR/logs/MOUNT.log
                        (MOUNT: the mount point's path with '-' for '/'; rotated at
@@ -318,6 +327,29 @@ std::string ReadReport(int fd, std::chrono::milliseconds bound) {
 }
 
 
+// "3 entries: a, b, ..." when `dir` holds anything, else "".
+std::string HiddenEntries(const std::string& dir) {
+  std::error_code ec;
+  size_t n = 0;
+  std::string names;
+  for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    if (++n <= 3) names += (names.empty() ? "" : ", ") + it->path().filename().string();
+  }
+  if (n == 0) return "";
+  return std::to_string(n) + (n == 1 ? " entry: " : " entries: ") + names + (n > 3 ? ", ..." : "");
+}
+
+// Drafts off on a mount that was meant to take them (another mount owns this bucket's drafts in
+// this cache directory, or it cannot be created) is said now, not at the first mkdir's EROFS.
+void WarnIfDraftsOff(const MountConfig& c) {
+  if (c.mount.read_only) return;
+  std::optional<nlohmann::json> st = MountStatus(c.mountpoint);
+  if (!st || st->value("enabled", true) || !st->contains("disabled_reason")) return;
+  std::fprintf(stderr, "weightfs: warning: drafts are off on %s (mkdir of a new version is refused): %s\n",
+               c.mountpoint.c_str(), (*st)["disabled_reason"].get<std::string>().c_str());
+}
+
 Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   MountConfig c;
   c.foreground = args.Has("--foreground") || args.Has("-f");
@@ -330,6 +362,12 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   WFS_ASSIGN_OR_RETURN(spdlog::level::level_enum level, ParseLogLevel(args.GetOr("--log-level", "info")));
   std::string log_file = args.GetOr("--log-file", "");
   if (!log_file.empty() && log_file != "syslog") log_file = AbsolutePath(log_file);
+  if (auto v = args.Get("--metrics")) c.mount.metrics_file = AbsolutePath(*v);
+  if (auto v = args.Get("--metrics-interval")) {
+    WFS_ASSIGN_OR_RETURN(double seconds, ParseDouble(*v));
+    if (seconds < 0.01 || seconds > 86400) return Status::InvalidArgument("--metrics-interval expects 0.01..86400 seconds");
+    c.mount.metrics_interval = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
   c.log = ChooseMountLog(log_file, c.foreground, c.cache_dir, c.mountpoint, level);
   WFS_ASSIGN_OR_RETURN(c.store, StoreOptionsFromArgs(args));
   MountOptions& m = c.mount;
@@ -383,7 +421,7 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
 
 int MountMain(int argc, char** argv, bool quiet) {
   ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
-                  "--log-file", "--log-level", "--endpoint", "--region", "--timeout"},
+                  "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);
@@ -400,12 +438,21 @@ int MountMain(int argc, char** argv, bool quiet) {
     probe = ProbeMountPoint(c.mountpoint);
   }
   if (probe.state != MountPointState::kReady) return Fail(probe.message);
+  // Allowed (fstab mounts over a directory that holds a placeholder, say), but never silent.
+  if (std::string hidden = HiddenEntries(c.mountpoint); !hidden.empty()) {
+    std::fprintf(stderr, "weightfs: warning: mount point %s is not empty (%s): what is in it is hidden while the "
+                 "mount is up\n", c.mountpoint.c_str(), hidden.c_str());
+  }
   if (Status s = CheckFuseDevice(); !s.ok()) return Fail(s.message());
   {
     Expected<Opened> opened = OpenAll(c);  // re-opened by the daemon: no state crosses fork()
     if (!opened.ok()) return Fail(opened.status());
   }
   if (Status s = CheckLogDestination(c.log); !s.ok()) return Fail(s.message());
+  if (const std::string& metrics = c.mount.metrics_file; !metrics.empty()) {
+    std::ofstream probe_metrics(metrics + ".tmp");  // the daemon writes there, then renames
+    if (!probe_metrics) return Fail("cannot write the metrics file " + metrics + " (--metrics)");
+  }
   if (c.foreground) return Serve(c, -1);
 
   int report[2];
@@ -446,6 +493,7 @@ int MountMain(int argc, char** argv, bool quiet) {
     return Fail("mounted " + c.mountpoint + " but it does not answer; the daemon (pid " +
                 std::to_string(pid) + ") may be stuck: weightfs unmount --lazy " + c.mountpoint);
   }
+  WarnIfDraftsOff(c);  // stderr: said even when mount.fuse.weightfs asks for quiet
   if (quiet) return 0;
   std::printf("mounted %s at %s (pid %d; log: %s); unmount with: weightfs unmount %s\n", RedactUrl(c.url).c_str(),
               c.mountpoint.c_str(), static_cast<int>(pid), c.log.Describe().c_str(), c.mountpoint.c_str());

@@ -30,6 +30,7 @@ const std::map<std::string, std::string>& ValueOptions() {
       {"refresh", "--refresh"},       {"probe_rate", "--probe-rate"}, {"chunk_size", "--chunk-size"},
       {"threads", "--threads"},       {"log_file", "--log-file"},     {"log_level", "--log-level"},
       {"endpoint", "--endpoint"},     {"region", "--region"},         {"timeout", "--timeout"},
+      {"metrics", "--metrics"},       {"metrics_interval", "--metrics-interval"},
   };
   return options;
 }

@@ -29,6 +29,7 @@ commands:
   commit       publish a draft (a new version directory written on a mount)
   status       a mount's drafts: files to encode and upload, errors
   discard      abandon a draft (nothing of it is published)
+  set-parent   choose the version a draft is a delta of (before writing into it)
   wait         block until a version is published (by any node) and visible in a mount
   gen          generate a realistic checkpoint sequence (safetensors shards) for tests and demos
   bench codec  measure the delta codec against zstd, zstd --patch-from and the entropy floor
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
   if (cmd == "commit") return weightfs::cli::CommitMain(argc - 1, argv + 1);
   if (cmd == "status") return weightfs::cli::StatusMain(argc - 1, argv + 1);
   if (cmd == "discard") return weightfs::cli::DiscardMain(argc - 1, argv + 1);
+  if (cmd == "set-parent") return weightfs::cli::SetParentMain(argc - 1, argv + 1);
   if (cmd == "bench") {
     if (argc >= 3 && std::string(argv[2]) == "codec") {
       return weightfs::cli::BenchCodecMain(argc - 2, argv + 2);

@@ -1,9 +1,12 @@
 #include "hub/local_store.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,7 +129,22 @@ TEST(LocalStoreOpenTest, MissingRootSaysWhatToDo) {
   auto s = LocalStore::Open("/nonexistent/weightfs/bucket");
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().kind(), ErrorKind::kNotFound);
-  EXPECT_NE(s.status().message().find("create it first"), std::string::npos);
+  EXPECT_NE(s.status().message().find("does not exist; make it a bucket with `weightfs init /nonexistent/weightfs/bucket`"),
+            std::string::npos)
+      << s.status().message();
+}
+
+// A regular file given as a bucket is not "missing": the message says what it is.
+TEST(LocalStoreOpenTest, AFileIsNotABucketAndTheMessageSaysSo) {
+  const fs::path file = fs::temp_directory_path() / ("wfs-not-a-bucket-" + std::to_string(::getpid()));
+  { std::ofstream(file) << "x"; }
+  auto s = LocalStore::Open(file.string());
+  fs::remove(file);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().kind(), ErrorKind::kInvalidArgument);
+  EXPECT_NE(s.status().message().find(file.string() + " is a file, not a bucket"), std::string::npos)
+      << s.status().message();
+  EXPECT_EQ(s.status().message().find("does not exist"), std::string::npos) << s.status().message();
 }
 
 TEST_F(LocalStoreTest, HostileKeysNeverTouchTheFilesystem) {

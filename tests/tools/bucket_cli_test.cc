@@ -418,3 +418,56 @@ TEST_F(BucketCli, PushesAHuggingFaceCacheSnapshotOfSymlinksIntoBlobs) {
   EXPECT_FALSE(fs::exists(root_ / "out/blobs"));
   EXPECT_EQ(CountFiles(root_ / "out"), files);
 }
+
+// ---- messages that used to be wrong ------------------------------------------------------------
+
+// `log` lists a model's versions; given MODEL@VERSION it says so instead of rejecting the name.
+TEST_F(BucketCli, LogOfAVersionSaysLogTakesAModel) {
+  Result r = RunCli("log " + bucket_ + " acme/m@v1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("log takes a MODEL, not MODEL@VERSION: `weightfs log " + bucket_ + " acme/m`"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("character outside"), std::string::npos) << r.out;
+}
+
+// A regular file or a missing directory given as a bucket: each says what it is and what to run.
+TEST_F(BucketCli, AFileOrAMissingDirectoryAsABucketSaysWhatToRun) {
+  const std::string file = (root_ / "a-file").string();
+  std::ofstream(file) << "x";
+  const std::string mnt = (root_ / "mnt").string();
+  fs::create_directories(mnt);
+  Result on_file = RunCli("mount " + file + " " + mnt);
+  EXPECT_EQ(on_file.exit_code, 1) << on_file.out;
+  EXPECT_NE(on_file.out.find(file + " is a file, not a bucket"), std::string::npos) << on_file.out;
+  EXPECT_EQ(on_file.out.find("does not exist"), std::string::npos) << on_file.out;
+  const std::string missing = (root_ / "no-bucket").string();
+  Result push = RunCli("push " + missing + " acme/m@v0 " + Version(0) + " --no-cache");
+  EXPECT_EQ(push.exit_code, 1) << push.out;
+  EXPECT_NE(push.out.find("does not exist; make it a bucket with `weightfs init " + missing + "`"), std::string::npos)
+      << push.out;
+  EXPECT_EQ(push.out.find("create it first"), std::string::npos) << push.out;
+}
+
+// `status` of a directory that is not in a weightfs mount names that directory, not "/".
+TEST_F(BucketCli, StatusOfADirectoryThatIsNotAMountNamesIt) {
+  Result r = RunCli("status " + root_.string());
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("weightfs: " + root_.string() + " is not in a weightfs mount"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("weightfs mount BUCKET MOUNTPOINT"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("weightfs: / is not"), std::string::npos) << r.out;
+}
+
+// The docs tell users to run setfattr/getfattr on drafts; scripts/setup.sh installs them (attr).
+TEST(SetupScript, InstallsAttrForTheXattrCommandsTheDocsUse) {
+  std::ifstream in(std::string(WEIGHTFS_SOURCE_DIR) + "/scripts/setup.sh");
+  ASSERT_TRUE(in) << "no scripts/setup.sh under " << WEIGHTFS_SOURCE_DIR;
+  std::string line, packages;
+  bool in_list = false;
+  while (std::getline(in, line)) {
+    if (line.starts_with("PACKAGES=(")) in_list = true;
+    if (in_list) packages += line.substr(0, line.find('#')) + " ";
+    if (in_list && line.starts_with(")")) break;
+  }
+  EXPECT_NE((" " + packages + " ").find(" attr "), std::string::npos) << "PACKAGES: " << packages;
+}

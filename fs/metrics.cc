@@ -1,0 +1,146 @@
+#include "fs/metrics.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+namespace weightfs {
+namespace {
+
+struct Metric {
+  const char* name;
+  const char* pointer;  // into the stats JSON
+  const char* type;     // counter or gauge
+  const char* help;
+};
+
+// In the order a reader wants them: traffic, caches, chains and time, queues, memory.
+constexpr Metric kMetrics[] = {
+    {"weightfs_reads_total", "/reader/reads", "counter", "Read requests served."},
+    {"weightfs_read_bytes_total", "/reader/read_bytes", "counter", "Bytes returned to readers."},
+    {"weightfs_read_failures_total", "/reader/failures", "counter", "Chunk reads that failed (EIO and the like)."},
+    {"weightfs_fetched_bytes_total", "/materializer/payload_bytes", "counter",
+     "Payload bytes fetched from the bucket to build chunks."},
+    {"weightfs_materialized_bytes_total", "/materializer/built_bytes", "counter",
+     "Chunk bytes built (decoded) from fetched payloads."},
+    {"weightfs_bucket_requests_total", "/bucket/requests", "counter", "Requests made to the bucket."},
+    {"weightfs_bucket_received_bytes_total", "/bucket/bytes_received", "counter",
+     "Bytes received from the bucket (payloads and metadata)."},
+    {"weightfs_chunk_lookups_total", "/rates/chunk_lookups", "counter", "Chunks asked of the caches."},
+    {"weightfs_memory_hits_total", "/reader/memory_hits", "counter", "Chunks served from memory."},
+    {"weightfs_disk_cache_hits_total", "/materializer/cache_hits", "counter", "Chunks served from the disk cache."},
+    {"weightfs_cache_hit_ratio", "/rates/cache_hit_ratio", "gauge",
+     "Chunks served from memory or the disk cache, of all chunks asked (since mount)."},
+    {"weightfs_chunk_builds_total", "/materializer/builds", "counter", "Chunks built from payloads."},
+    {"weightfs_chain_steps_total", "/materializer/chain_steps", "counter",
+     "Payloads applied by chunk builds (their delta-chain depths summed)."},
+    {"weightfs_chain_depth_mean", "/rates/mean_chain_depth", "gauge", "Payloads applied per chunk build (since mount)."},
+    {"weightfs_chain_depth_max", "/materializer/chain_depth_max", "gauge", "Most payloads one chunk build applied."},
+    {"weightfs_build_seconds_total", "/materializer/build_seconds", "counter",
+     "Time chunk builds took, fetching included."},
+    {"weightfs_decode_seconds_total", "/materializer/decode_seconds", "counter",
+     "Time chunk builds spent decoding (not waiting for fetches)."},
+    {"weightfs_builds_running", "/reader/builds_running", "gauge", "Chunk builds running now."},
+    {"weightfs_readahead_queue", "/reader/readahead_waiting", "gauge", "Readahead jobs waiting to start."},
+    {"weightfs_readahead_dropped_total", "/reader/readahead_dropped", "counter",
+     "Readahead jobs dropped because the queue was full."},
+    {"weightfs_encode_queue", "/drafts/queued_encodes", "gauge", "Draft files whose encoding waits to start."},
+    {"weightfs_memory_cache_bytes", "/reader/cached_bytes", "gauge", "Chunk bytes kept in memory."},
+    {"weightfs_disk_cache_bytes", "/disk_cache/size_bytes", "gauge", "Bytes in the disk chunk cache."},
+    {"weightfs_disk_cache_max_bytes", "/disk_cache/max_bytes", "gauge", "Bound of the disk chunk cache."},
+    {"weightfs_rss_bytes", "/rss_bytes", "gauge", "Resident memory of the daemon."},
+    {"weightfs_memory_limit_bytes", "/memory_limit", "gauge", "The daemon's memory budget (--memory-limit)."},
+};
+
+// A label value: backslash, double quote and newline escaped.
+std::string LabelValue(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string PrometheusText(const std::string& stats_json, const std::string& mountpoint) {
+  const nlohmann::json stats = nlohmann::json::parse(stats_json, nullptr, /*allow_exceptions=*/false);
+  if (!stats.is_object()) return "";
+  const std::string labels = "{mountpoint=\"" + LabelValue(mountpoint) + "\"}";
+  std::string out;
+  for (const Metric& m : kMetrics) {
+    const nlohmann::json::json_pointer at(m.pointer);
+    if (!stats.contains(at) || !stats[at].is_number()) continue;
+    const nlohmann::json& v = stats[at];
+    char value[64];
+    if (v.is_number_float()) {
+      std::snprintf(value, sizeof value, "%.9g", v.get<double>());
+    } else {
+      std::snprintf(value, sizeof value, "%llu", static_cast<unsigned long long>(v.get<uint64_t>()));
+    }
+    out += std::string("# HELP ") + m.name + " " + m.help + "\n# TYPE " + m.name + " " + m.type + "\n" + m.name +
+           labels + " " + value + "\n";
+  }
+  return out;
+}
+
+MetricsFile::MetricsFile(std::string path, std::chrono::milliseconds interval, std::function<std::string()> text)
+    : path_(std::move(path)), interval_(interval), text_(std::move(text)) {
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      WriteOnce();
+      lock.lock();
+      stop_cv_.wait_for(lock, interval_, [this] { return stop_; });
+    }
+  });
+}
+
+MetricsFile::~MetricsFile() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  thread_.join();
+  WriteOnce();
+}
+
+void MetricsFile::WriteOnce() {
+  std::string error;
+  try {
+    const std::string text = text_();
+    const std::string tmp = path_ + ".tmp";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      error = "cannot create " + tmp + ": " + std::strerror(errno);
+    } else {
+      ssize_t n = ::write(fd, text.data(), text.size());
+      const int werr = errno;
+      ::close(fd);
+      if (n != static_cast<ssize_t>(text.size())) {
+        error = "cannot write " + tmp + ": " + (n < 0 ? std::strerror(werr) : "short write");
+      } else if (::rename(tmp.c_str(), path_.c_str()) != 0) {
+        error = "cannot rename " + tmp + " to " + path_ + ": " + std::strerror(errno);
+      }
+    }
+  } catch (const std::exception& e) {
+    error = std::string("metrics: ") + e.what();
+  }
+  if (!error.empty() && error != last_error_) spdlog::warn("metrics file: {} (retried every interval)", error);
+  last_error_ = error;
+}
+
+}  // namespace weightfs

@@ -1,0 +1,94 @@
+// What `weightfs mount` and the draft commands say about mistakes that used to pass silently or
+// with a bare errno, through real mounts: mounting over a non-empty directory (its files are
+// hidden), a second mount on a cache directory whose drafts another mount owns (drafts are off),
+// and a draft's parent that cannot be set (the reason comes back, not EBUSY/EINVAL alone).
+#include <sys/stat.h>
+#include <sys/xattr.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tests/fs/draft_mount.h"
+
+namespace weightfs {
+namespace {
+
+using namespace weightfs::test;
+
+class MountMessagesTest : public DraftMountTest {};
+
+TEST_F(MountMessagesTest, MountingOverANonEmptyDirectoryWarnsNamingWhatItHides) {
+  Generate("1M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a");
+  std::ofstream(m.mnt() / "notes.txt") << "mine";
+  const Result& r = m.Start();
+  ASSERT_EQ(r.exit_code, 0) << m.Describe();
+  EXPECT_NE(r.out.find("warning: mount point " + m.mnt().string() + " is not empty (1 entry: notes.txt)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(m.mnt() / "notes.txt"));  // hidden, as the warning says
+  ASSERT_EQ(m.Unmount().exit_code, 0);
+  EXPECT_EQ(SlurpText(m.mnt() / "notes.txt"), "mine");
+  // An empty mount point: no warning.
+  fs::remove(m.mnt() / "notes.txt");
+  const Result& again = m.Start();
+  ASSERT_EQ(again.exit_code, 0) << m.Describe();
+  EXPECT_EQ(again.out.find("warning"), std::string::npos) << again.out;
+}
+
+TEST_F(MountMessagesTest, ASecondMountOnTheSameCacheDirectorySaysDraftsAreOff) {
+  Generate("1M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& first = NewMount("a");
+  ASSERT_EQ(first.Start().exit_code, 0) << first.Describe();
+  Mount& second = NewMount("b", "", "", first.cache());
+  const Result& r = second.Start();
+  ASSERT_EQ(r.exit_code, 0) << second.Describe();
+  EXPECT_NE(r.out.find("warning: drafts are off on " + second.mnt().string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("another mount of this bucket with the same cache directory owns its drafts"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--cache-dir"), std::string::npos) << r.out;
+  EXPECT_EQ(Errno(::mkdir(second.Dir("m/x@v1").c_str(), 0755)), EROFS);
+  // The first mount said nothing of the kind and takes drafts.
+  EXPECT_EQ(Errno(::mkdir(first.Dir("m/x@v1").c_str(), 0755)), 0) << std::strerror(errno);
+}
+
+TEST_F(MountMessagesTest, SetParentRefusalsSayWhy) {
+  Generate("1M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  ASSERT_EQ(Cli("push " + bucket_ + " m/x@v1 " + Source(1).string() + " --no-cache").exit_code, 0);
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  const fs::path d = m.Dir("m/x@v2");
+  ASSERT_EQ(Errno(::mkdir(d.c_str(), 0755)), 0);
+  // A version that does not exist: EINVAL to setfattr, the reason in user.weightfs.error and
+  // from `weightfs set-parent`.
+  EXPECT_EQ(Errno(::setxattr(d.c_str(), "user.weightfs.parent", "v9", 2, 0)), EINVAL);
+  EXPECT_NE(GetXattr(d, "user.weightfs.error").value_or("").find("m/x@v9 cannot be the parent"), std::string::npos);
+  Result missing = Cli("set-parent " + d.string() + " v9");
+  EXPECT_EQ(missing.exit_code, 1) << missing.out;
+  EXPECT_NE(missing.out.find("cannot set the parent of m/x@v2 to v9: set-parent: m/x@v9 cannot be the parent"),
+            std::string::npos)
+      << missing.out;
+  EXPECT_NE(missing.out.find("`weightfs log BUCKET m/x` lists its versions"), std::string::npos) << missing.out;
+  // Success clears the error.
+  Result ok = Cli("set-parent " + d.string() + " v0");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_EQ(GetXattr(d, "user.weightfs.parent").value_or(""), "v0");
+  EXPECT_FALSE(GetXattr(d, "user.weightfs.error").has_value());
+  // A draft with changes: EBUSY, and which change.
+  std::ofstream(d / "config.json") << "{}";
+  EXPECT_EQ(Errno(::setxattr(d.c_str(), "user.weightfs.parent", "v1", 2, 0)), EBUSY);
+  Result busy = Cli("set-parent " + d.string() + " v1");
+  EXPECT_EQ(busy.exit_code, 1) << busy.out;
+  EXPECT_NE(busy.out.find("set-parent: config.json was written, renamed or removed already"), std::string::npos)
+      << busy.out;
+  EXPECT_EQ(GetXattr(d, "user.weightfs.parent").value_or(""), "v0");
+}
+
+}  // namespace
+}  // namespace weightfs
