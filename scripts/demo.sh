@@ -11,7 +11,16 @@ params=${PARAMS:-25M}
 versions=${VERSIONS:-3}
 work=${WORK:-/tmp/weightfs-demo}
 "$root/scripts/setup.sh"
-TARGET=weightfs "$root/scripts/build.sh" >/dev/null
+echo "== building weightfs (Release; the first build takes about 4 minutes on 2 cores, then seconds)"
+echo "   full compiler output: $work-build.log"
+mkdir -p "$(dirname "$work")"
+# The build's own [ NN%] lines, condensed to one line per 10%, so a first build is not silent.
+if ! TARGET=weightfs "$root/scripts/build.sh" 2>&1 | tee "$work-build.log" |
+  awk '/^\[ *[0-9]+%\]/ { p = $2 + 0; if (p >= next_p) { printf "   %s\n", $0; fflush(); next_p = p - p % 10 + 10 } }'
+then
+  echo "weightfs demo: the build failed; see $work-build.log" >&2
+  exit 1
+fi
 wfs="$root/build/tools/weightfs"
 
 mnt="$work/mnt"
