@@ -7,8 +7,8 @@
 #include <cstring>
 #include <limits>
 
-#include "core/hash.h"
 #include "core/element_ops.h"
+#include "core/hash.h"
 #include "core/sparse_coder.h"
 
 static_assert(std::endian::native == std::endian::little,

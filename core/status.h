@@ -1,4 +1,4 @@
-// Status and Expected<T>: the result types of everything in core/ and hub/ that can fail.
+// Status and Expected<T>: the result types of everything in core/ and the layers above that can fail.
 //
 // A Status is a kind plus a message with context ("tensor 'wte': offsets [0, 10) overlap ...").
 // Expected<T> holds either a T or a non-OK Status. Neither throws; callers test ok() and

@@ -6,7 +6,7 @@
 //       -> Materializer (nearest cached ancestor or keyframe, parallel range reads, verified)
 //
 // Chunks are keyed by their content hash, so identical chunks of different versions or files
-// share one entry. Bytes are handed out as ChunkBytes (hub/chunk_cache.h): the materializer's
+// share one entry. Bytes are handed out as ChunkBytes (engine/chunk_cache.h): the materializer's
 // pooled buffer the chunk was built in or read from the disk cache into, or a heap buffer —
 // private memory, verified once, that no change to a cache file can reach. A reply can point
 // into them (fuse_reply_iov) while the cache is free to evict them; Read never copies them.
@@ -46,8 +46,8 @@
 
 #include "core/bytes.h"
 #include "core/manifest.h"
+#include "engine/materializer.h"
 #include "fs/work_queue.h"
-#include "hub/materializer.h"
 
 namespace weightfs {
 

@@ -25,8 +25,8 @@
 
 #include "core/safetensors.h"
 #include "core/thread_pool.h"
-#include "hub/lease.h"
-#include "hub/mapped_file.h"
+#include "engine/lease.h"
+#include "engine/mapped_file.h"
 #include "fs/status_errno.h"
 
 namespace weightfs {

@@ -42,12 +42,12 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/bucket.h"
+#include "engine/chunk_cache.h"
+#include "engine/materializer.h"
+#include "engine/version_writer.h"
 #include "fs/chunk_reader.h"
 #include "fs/namespace.h"
-#include "hub/bucket.h"
-#include "hub/chunk_cache.h"
-#include "hub/materializer.h"
-#include "hub/version_writer.h"
 
 namespace weightfs {
 

@@ -866,17 +866,7 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
       return 0;
     }
     if (n == kXattrCommit) {
-      Status st = s.drafts->Commit(ino, v);
-      int err = 0;
-      switch (st.kind()) {
-        case ErrorKind::kOk: break;
-        case ErrorKind::kConflict: err = EEXIST; break;
-        case ErrorKind::kInvalidArgument: err = EBUSY; break;
-        case ErrorKind::kNotFound: err = ENOENT; break;
-        case ErrorKind::kResourceExhausted: err = ENOSPC; break;
-        default: err = EIO; break;
-      }
-      fuse_reply_err(req, err);
+      fuse_reply_err(req, StatusToErrno(s.drafts->Commit(ino, v), ErrnoContext::kCommit, "commit"));
       return 0;
     }
     fuse_reply_err(req, s.drafts->SetXattr(ino, n, v));

@@ -39,13 +39,13 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/bucket.h"
+#include "engine/chunk_cache.h"
+#include "engine/materializer.h"
 #include "fs/chunk_reader.h"
 #include "fs/drafts.h"
 #include "fs/namespace.h"
-#include "hub/bucket.h"
-#include "hub/chunk_cache.h"
-#include "hub/materializer.h"
-#include "hub/store_wrapper.h"
+#include "store/store_wrapper.h"
 
 namespace weightfs {
 

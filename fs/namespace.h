@@ -45,7 +45,7 @@
 
 #include "core/manifest.h"
 #include "core/status.h"
-#include "hub/bucket.h"
+#include "engine/bucket.h"
 
 namespace weightfs {
 

@@ -17,8 +17,8 @@
 
 #include "core/hash.h"
 #include "core/safetensors.h"
+#include "engine/weight_patcher.h"
 #include "fs/status_errno.h"
-#include "hub/weight_patcher.h"
 
 namespace weightfs {
 namespace {

@@ -4,7 +4,7 @@
 //                                                   lists v3's nearest ancestors (up to 64;
 //                                                   a lookup of any ancestor works)
 //   MNT/acme/qwen@v3/.patch/v1/                     v3's *.safetensors files (same subdirs)
-//   MNT/acme/qwen@v3/.patch/v1/model.safetensors    the sparse patch v1 -> v3 (hub/weight_patcher.h)
+//   MNT/acme/qwen@v3/.patch/v1/model.safetensors    the sparse patch v1 -> v3 (engine/weight_patcher.h)
 //
 // A patch file is generated on its first lookup/getattr/open (its size must be exact in stat)
 // into <cache-dir>/patches/<xxh3-128 of model, OLD, NEW, path>.safetensors: written to a
@@ -31,10 +31,10 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "engine/bucket.h"
+#include "engine/chunk_cache.h"
+#include "engine/materializer.h"
 #include "fs/namespace.h"
-#include "hub/bucket.h"
-#include "hub/chunk_cache.h"
-#include "hub/materializer.h"
 
 namespace weightfs {
 

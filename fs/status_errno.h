@@ -19,6 +19,10 @@ enum class ErrnoContext {
   kName,  // lookup, getattr, readdir, readlink, getxattr: NotFound means "no such entry"
   kData,  // read: the entry exists, its bytes could not be produced
   kXattr,  // getxattr: NotFound means "no such attribute" (ENODATA)
+  // Publishing a draft (setxattr user.weightfs.commit): Conflict is EEXIST (the version exists),
+  // InvalidArgument EBUSY (the draft cannot be published as it stands: files open, a parent not
+  // published yet), ResourceExhausted ENOSPC (staging disk or a bucket quota).
+  kCommit,
 };
 
 // Returns a positive errno for a non-OK `status` (0 for OK) and logs it. `operation` names the

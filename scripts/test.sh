@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs, builds (warnings are errors) and runs every test, in about 20 minutes on 2 cores:
 #   1. the GoogleTest suites through ctest (Release build, gcc);
-#   2. the core and hub suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and
+#   2. the core, store, engine and sources suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and
 #   3. every libFuzzer target for FUZZ_SECONDS each (default 20): both from one clang build
 #      (-O1, assertions on), so the libraries are compiled twice in all, not three times.
 # Each phase prints its wall time. JOBS sets the build's and ctest's parallelism (default: the
@@ -25,16 +25,17 @@ phase "build (Release, gcc, -Werror)"
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DWEIGHTFS_WERROR=ON >/dev/null
 cmake --build "$root/build" -j "$jobs"
 
-phase "build (clang: ASan + UBSan + libFuzzer; the core and hub suites and the fuzz targets)"
+phase "build (clang: ASan + UBSan + libFuzzer; the core, store, engine and sources suites and the fuzz targets)"
 # Debug: assertions on; the sanitizer options in CMakeLists.txt set -O1 -g1.
 cmake -S "$root" -B "$root/build-san" -DCMAKE_BUILD_TYPE=Debug -DWEIGHTFS_WERROR=ON \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DWEIGHTFS_FUZZ=ON >/dev/null
+san_suites="core_tests store_tests engine_tests sources_tests"
 fuzz_targets=$(cd "$root/tests/fuzz" && ls *_fuzz.cc 2>/dev/null | sed 's/\.cc$//')
 # shellcheck disable=SC2086
-cmake --build "$root/build-san" -j "$jobs" --target core_tests hub_tests $fuzz_targets
+cmake --build "$root/build-san" -j "$jobs" --target $san_suites $fuzz_targets
 
-phase "core and hub tests under ASan + UBSan"
-for suite in core_tests hub_tests; do
+phase "core, store, engine and sources tests under ASan + UBSan"
+for suite in $san_suites; do
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 "$root/build-san/tests/$suite" \
     --gtest_brief=1
 done

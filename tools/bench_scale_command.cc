@@ -43,10 +43,10 @@
 #include "core/chunk_table.h"
 #include "core/dtype.h"
 #include "core/manifest.h"
+#include "engine/bucket.h"
+#include "engine/pack_writer.h"
 #include "fs/mount_point.h"
-#include "hub/bucket.h"
-#include "hub/local_store.h"
-#include "hub/pack_writer.h"
+#include "store/local_store.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 

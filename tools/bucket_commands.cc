@@ -16,19 +16,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hub/bucket.h"
-#include "hub/chunk_cache.h"
-#include "hub/gc.h"
-#include "hub/materializer.h"
-#include "hub/open_bucket.h"
-#include "hub/open_store.h"
-#include "hub/version_reader.h"
-#include "hub/version_writer.h"
+#include "engine/bucket.h"
+#include "engine/chunk_cache.h"
+#include "engine/gc.h"
+#include "engine/materializer.h"
+#include "engine/version_reader.h"
+#include "engine/version_writer.h"
+#include "sources/hf/hf_base.h"
+#include "sources/open_bucket.h"
+#include "sources/open_store.h"
 #include "tools/cli.h"
-#include "tools/logging.h"
-#include "tools/hf_base.h"
-#include "tools/push_sources.h"
 #include "tools/commands.h"
+#include "tools/logging.h"
+#include "tools/push_sources.h"
 #include "tools/store_args.h"
 
 namespace weightfs::cli {
@@ -109,7 +109,7 @@ struct Context {
 };
 
 // `any_layout`: the read commands also open a TRL delta-sync bucket (read-only versions,
-// hub/open_bucket.h); push and gc need a weightfs bucket.
+// sources/open_bucket.h); push and gc need a weightfs bucket.
 Expected<Context> OpenContext(const ArgParser& args, const std::string& url, bool open_bucket,
                               bool with_cache, bool any_layout = false) {
   WFS_TRY(SetUpCommandLog(args));

@@ -1,5 +1,5 @@
 // weightfs patch: sparse weight patches from an older version of a model to a newer one
-// (hub/weight_patcher.h), one safetensors file per weight file, for inference engines that hold
+// (engine/weight_patcher.h), one safetensors file per weight file, for inference engines that hold
 // the old version and apply `flat[idx] = val`.
 #include <spdlog/spdlog.h>
 
@@ -17,12 +17,12 @@
 #include <unistd.h>
 
 #include "core/thread_pool.h"
-#include "hub/chunk_cache.h"
-#include "hub/materializer.h"
-#include "hub/weight_patcher.h"
+#include "engine/chunk_cache.h"
+#include "engine/materializer.h"
+#include "engine/weight_patcher.h"
 #include "tools/cli.h"
-#include "tools/logging.h"
 #include "tools/commands.h"
+#include "tools/logging.h"
 #include "tools/store_args.h"
 
 namespace weightfs::cli {

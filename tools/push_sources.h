@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "hub/version_writer.h"
+#include "engine/version_writer.h"
 
 namespace weightfs::cli {
 

@@ -6,9 +6,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "hub/hf_hub.h"
-#include "hub/hf_repo.h"
-#include "hub/open_bucket.h"
+#include "sources/hf/hf_hub.h"
+#include "sources/hf/hf_repo.h"
+#include "sources/open_bucket.h"
 
 namespace weightfs::cli {
 

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "core/status.h"
-#include "hub/bucket.h"
-#include "hub/open_store.h"
+#include "engine/bucket.h"
+#include "sources/open_store.h"
 #include "tools/cli.h"
 
 namespace weightfs::cli {
@@ -26,10 +26,10 @@ struct OpenedBucket {
 // The bucket at `url` for reading and, when it is a weightfs bucket, writing:
 //   - hf://ORG/REPO[@REVISION]: the model repo revision as one read-only version REPO@REVISION
 //     (Hugging Face conventions: HF_ENDPOINT, HF_TOKEN / token file, HF_HUB_CACHE);
-//   - any other URL (hub/open_store.h): a weightfs bucket, or with `any_layout` also a TRL
-//     delta-sync bucket shown read-only (hub/open_bucket.h), its model named `trl_model` or
+//   - any other URL (sources/open_store.h): a weightfs bucket, or with `any_layout` also a TRL
+//     delta-sync bucket shown read-only (sources/open_bucket.h), its model named `trl_model` or
 //     after the URL.
-// Recipes that read a base model from a Hugging Face repo (hub/external_source.h) read it
+// Recipes that read a base model from a Hugging Face repo (engine/external_source.h) read it
 // through the same client, from the local Hugging Face cache when the file is there.
 Expected<OpenedBucket> OpenBucketUrl(const std::string& url, const StoreOptions& options, bool any_layout,
                                      const std::string& trl_model = "");

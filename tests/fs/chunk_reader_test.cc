@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "core/safetensors.h"
-#include "hub/chunk_cache.h"
+#include "engine/chunk_cache.h"
 #include "tests/fs/test_bucket.h"
 
 namespace weightfs {

@@ -33,8 +33,8 @@
 
 #include "core/hash.h"
 #include "fs/mount_point.h"
-#include "tests/command_runner.h"
-#include "tests/hub/test_servers.h"
+#include "tests/testing/command_runner.h"
+#include "tests/testing/test_servers.h"
 
 namespace weightfs::test {
 

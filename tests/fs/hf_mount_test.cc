@@ -1,4 +1,4 @@
-// Hugging Face end to end, through real mounts and a local fake of the Hub (tests/hub/fake_hub.py)
+// Hugging Face end to end, through real mounts and a local fake of the Hub (tests/testing/fake_hub.py)
 // whose Storage Buckets sit on a real S3-compatible server (s3rver) reached through the Hub's S3
 // gateway path:
 //
@@ -33,9 +33,9 @@
 #include "core/hash.h"
 #include "core/safetensors.h"
 #include "fs/mount_point.h"
-#include "tests/command_runner.h"
-#include "tests/hub/s3_test_server.h"
-#include "tests/hub/test_servers.h"
+#include "tests/testing/command_runner.h"
+#include "tests/testing/s3_test_server.h"
+#include "tests/testing/test_servers.h"
 
 namespace weightfs {
 namespace {

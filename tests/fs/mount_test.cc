@@ -40,11 +40,11 @@
 
 #include "core/file_codec.h"
 #include "core/hash.h"
-#include "hub/bucket.h"
-#include "hub/local_store.h"
 #include "core/manifest.h"
+#include "engine/bucket.h"
 #include "fs/mount_point.h"
-#include "tests/command_runner.h"
+#include "store/local_store.h"
+#include "tests/testing/command_runner.h"
 
 namespace weightfs {
 namespace {

@@ -17,10 +17,10 @@
 
 #include <gtest/gtest.h>
 
-#include "hub/bucket.h"
-#include "hub/local_store.h"
-#include "hub/store_wrapper.h"
-#include "hub/version_writer.h"
+#include "engine/bucket.h"
+#include "engine/version_writer.h"
+#include "store/local_store.h"
+#include "store/store_wrapper.h"
 
 namespace weightfs::testing {
 

@@ -1,4 +1,4 @@
-// TRL delta-sync buckets (hub/trl_bucket.h) through real mounts and `weightfs import`.
+// TRL delta-sync buckets (sources/trl/trl_bucket.h) through real mounts and `weightfs import`.
 //
 // Each test generates a small model with 10 training steps (`weightfs gen`), writes it in TRL's
 // on-bucket layout with tests/tools/trl_writer.py (anchors/step_NNNNNN.safetensors plus
@@ -38,8 +38,8 @@
 #include "core/hash.h"
 #include "core/safetensors.h"
 #include "fs/mount_point.h"
-#include "tests/command_runner.h"
-#include "tests/hub/test_servers.h"
+#include "tests/testing/command_runner.h"
+#include "tests/testing/test_servers.h"
 
 namespace weightfs {
 namespace {

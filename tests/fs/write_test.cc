@@ -42,9 +42,9 @@
 
 #include "core/hash.h"
 #include "fs/mount_point.h"
-#include "tests/command_runner.h"
 #include "tests/fs/draft_mount.h"
-#include "tests/hub/test_servers.h"
+#include "tests/testing/command_runner.h"
+#include "tests/testing/test_servers.h"
 
 namespace weightfs {
 namespace {

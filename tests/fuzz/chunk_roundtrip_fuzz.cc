@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "core/chunk_codec.h"
-#include "tests/fuzz/fuzz_input.h"
 #include "core/hash.h"
+#include "tests/fuzz/fuzz_input.h"
 
 namespace {
 

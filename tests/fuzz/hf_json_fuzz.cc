@@ -25,10 +25,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/manifest.h"
-#include "hub/hf_bucket_store.h"
-#include "hub/hf_hub.h"
-#include "hub/hf_repo.h"
-#include "hub/store.h"
+#include "sources/hf/hf_bucket_store.h"
+#include "sources/hf/hf_hub.h"
+#include "sources/hf/hf_repo.h"
+#include "store/store.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// libFuzzer target for hub/trl_bucket: TRL delta-sync files from the fuzzer, read end to end.
+// libFuzzer target for sources/trl/trl_bucket: TRL delta-sync files from the fuzzer, read end to end.
 // An in-memory store holds a valid anchor at step 1 (or, when the input says so, a fuzzed one),
 // optionally a second valid anchor at step 5 that overlays part of the state, and up to four
 // fuzzed step files; the target opens it with OpenTrlVersions, lists the versions, reads every
@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "hub/bucket.h"
-#include "hub/store.h"
-#include "hub/trl_bucket.h"
+#include "engine/bucket.h"
+#include "sources/trl/trl_bucket.h"
+#include "store/store.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/command_runner.h"
+#include "tests/testing/command_runner.h"
 
 namespace {
 

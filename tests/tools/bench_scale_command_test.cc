@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "tests/command_runner.h"
+#include "tests/testing/command_runner.h"
 
 namespace {
 

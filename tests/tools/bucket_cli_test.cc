@@ -19,7 +19,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/command_runner.h"
+#include "tests/testing/command_runner.h"
 
 namespace {
 

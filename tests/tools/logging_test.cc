@@ -11,8 +11,8 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/command_runner.h"
-#include "tests/hub/test_servers.h"
+#include "tests/testing/command_runner.h"
+#include "tests/testing/test_servers.h"
 
 namespace weightfs {
 namespace {

@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/command_runner.h"
+#include "tests/testing/command_runner.h"
 
 namespace {
 

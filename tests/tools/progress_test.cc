@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/command_runner.h"
+#include "tests/testing/command_runner.h"
 #include "tools/cli.h"
 
 namespace weightfs::cli {

@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/command_runner.h"
+#include "tests/testing/command_runner.h"
 #include "tools/push_sources.h"
 
 namespace weightfs::cli {

@@ -12,9 +12,9 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/command_runner.h"
-#include "tests/hub/s3_test_server.h"
-#include "tests/hub/test_servers.h"
+#include "tests/testing/command_runner.h"
+#include "tests/testing/s3_test_server.h"
+#include "tests/testing/test_servers.h"
 
 namespace {
 

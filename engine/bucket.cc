@@ -1,0 +1,424 @@
+#include "engine/bucket.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <functional>
+#include <system_error>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/chunk_table.h"
+
+namespace weightfs {
+
+Expected<std::vector<ObjectInfo>> ListAll(Store& store, std::string_view prefix) {
+  std::vector<ObjectInfo> all;
+  std::string continuation;
+  while (true) {
+    WFS_ASSIGN_OR_RETURN(ListPage page, store.List(prefix, continuation));
+    for (ObjectInfo& o : page.objects) all.push_back(std::move(o));
+    if (page.continuation.empty()) break;
+    if (page.continuation == continuation) return Status::IOError("listing does not advance");
+    continuation = std::move(page.continuation);
+  }
+  return all;
+}
+
+namespace {
+
+// What a manifest (or a head) and a file's rows take in memory, roughly: for the caches' budget.
+uint64_t MemoryOf(const ManifestFile& f) {
+  return sizeof(ManifestFile) + f.path.size() + f.sha256.size() + ChunkRowsMemory(f.chunks);
+}
+
+uint64_t MemoryOf(const Manifest& m) {
+  uint64_t n = sizeof(Manifest) + m.model.size() + m.created.size() + m.packs.size() * sizeof(Hash128);
+  for (const std::string& v : m.versions) n += sizeof(std::string) + v.size();
+  for (const std::string& v : m.sources) n += sizeof(std::string) + v.size();
+  for (const ManifestFile& f : m.files) n += MemoryOf(f);
+  return n;
+}
+
+// Runs fn(i) for i in [0, n) on up to 8 threads (this one included). fn must not throw.
+void Parallel(size_t n, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&]() noexcept {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  try {
+    threads.reserve(8);
+    for (size_t t = 1; t < std::min<size_t>(n, 8); ++t) threads.emplace_back(work);
+  } catch (const std::exception&) {
+    // Fewer threads: this one does the rest.
+  }
+  work();
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace
+
+Status Bucket::Init(Store& store, int format) {
+  std::string marker = nlohmann::json{{"format", format}}.dump() + "\n";
+  Status s = store.Put(kMarkerKey, {reinterpret_cast<const uint8_t*>(marker.data()), marker.size()},
+                       PutMode::kCreateIfAbsent);
+  if (s.kind() != ErrorKind::kConflict) return s;
+  // Already a bucket: fine if it is ours.
+  std::shared_ptr<Store> unowned(&store, [](Store*) {});
+  return Open(unowned).status();
+}
+
+Expected<std::unique_ptr<Bucket>> Bucket::Open(std::shared_ptr<Store> store) {
+  Expected<std::vector<uint8_t>> marker = store->Get(kMarkerKey);
+  if (!marker.ok()) {
+    if (marker.status().kind() == ErrorKind::kNotFound) {
+      return Status::NotFound("bucket " + store->Describe() +
+                              " has no weightfs.json; run `weightfs init " + store->Describe() + "`");
+    }
+    return marker.status().WithContext("opening bucket " + store->Describe());
+  }
+  nlohmann::json j = nlohmann::json::parse(marker->begin(), marker->end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("format") ||
+      !j["format"].is_number_integer()) {
+    return Status::Corruption("bucket " + store->Describe() + ": weightfs.json is not valid");
+  }
+  const int64_t format = j["format"].get<int64_t>();
+  if (format != kManifestFormat && format != kManifestFormat2) {
+    return Status::Unsupported("bucket " + store->Describe() + " has format " +
+                               j["format"].dump() + "; this weightfs reads formats 1 and 2 (upgrade weightfs)");
+  }
+  return std::unique_ptr<Bucket>(new Bucket(std::move(store), static_cast<int>(format)));
+}
+
+std::unique_ptr<Bucket> Bucket::FromDerived(std::shared_ptr<Store> store,
+                                           std::shared_ptr<DerivedVersions> derived) {
+  std::unique_ptr<Bucket> b(new Bucket(std::move(store)));
+  b->derived_ = std::move(derived);
+  return b;
+}
+
+std::string Bucket::ManifestKey(std::string_view model, std::string_view version) {
+  return "models/" + std::string(model) + "/versions/" + std::string(version) + ".json";
+}
+
+std::string Bucket::TimeKey(std::string_view model, std::string_view version, int64_t created_ms) {
+  char ms[32];
+  std::snprintf(ms, sizeof ms, "%013lld", static_cast<long long>(std::max<int64_t>(created_ms, 0)));
+  return "models/" + std::string(model) + "/times/" + ms + "-" + std::string(version);
+}
+
+std::string Bucket::FileKey(std::string_view model, std::string_view version, std::string_view path) {
+  std::string k = std::string(model) + "@" + std::string(version);
+  k.push_back('\0');
+  k.append(path);
+  return k;
+}
+
+void Bucket::set_metadata_budget(uint64_t bytes) {
+  manifests_.set_max_bytes(bytes / 2);
+  files_.set_max_bytes(bytes / 2);
+}
+
+Expected<std::vector<VersionInfo>> Bucket::ListVersions(std::string_view model) {
+  if (derived_) return derived_->ListVersions(model);
+  std::string prefix = "models/";
+  if (!model.empty()) {
+    WFS_TRY(ValidateModelName(model));
+    prefix += std::string(model) + "/";
+  }
+  WFS_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects, ListAll(*store_, prefix));
+  std::vector<VersionInfo> out;
+  std::map<std::pair<std::string_view, std::string_view>, int64_t> times;
+  for (const ObjectInfo& o : objects) {
+    // models/<model>/versions/<version>.json, models/<model>/times/<13 digits>-<version>;
+    // anything else under models/ is ignored.
+    std::string_view key = o.key;
+    if (size_t t = key.rfind("/times/"); t != std::string_view::npos && t >= 7) {
+      std::string_view rest = key.substr(t + 7);
+      std::string_view m = key.substr(7, t - 7);
+      if (rest.size() >= 15 && rest[13] == '-' &&
+          std::all_of(rest.begin(), rest.begin() + 13, [](char c) { return c >= '0' && c <= '9'; })) {
+        int64_t ms = 0;
+        for (size_t i = 0; i < 13; ++i) ms = ms * 10 + (rest[i] - '0');
+        times[{m, rest.substr(14)}] = ms;
+        continue;
+      }
+    }
+    constexpr std::string_view kMid = "/versions/";
+    size_t mid = key.rfind(kMid);
+    if (mid == std::string_view::npos || mid < 7 || !key.ends_with(".json")) continue;
+    std::string_view m = key.substr(7, mid - 7);
+    std::string_view v = key.substr(mid + kMid.size(), key.size() - mid - kMid.size() - 5);
+    if (!ValidateModelName(m).ok() || !ValidateVersionName(v).ok()) continue;
+    if (!model.empty() && m != model) continue;  // a sub-organisation's models, not this one
+    out.push_back({std::string(m), std::string(v), std::nullopt});
+  }
+  for (VersionInfo& v : out) {
+    if (auto it = times.find({v.model, v.version}); it != times.end()) v.created_ms = it->second;
+  }
+  std::sort(out.begin(), out.end(), [](const VersionInfo& a, const VersionInfo& b) {
+    return std::tie(a.model, a.version) < std::tie(b.model, b.version);
+  });
+  return out;
+}
+
+Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view model,
+                                                               std::string_view version) {
+  WFS_TRY(ValidateModelName(model));
+  WFS_TRY(ValidateVersionName(version));
+  if (derived_) return derived_->ReadManifest(model, version);
+  const std::string key = ManifestKey(model, version);
+  if (std::shared_ptr<const Manifest> cached = manifests_.Get(key)) return cached;
+  // A stored manifest is its JSON or a zstd frame of it (at worst slightly larger): an object
+  // beyond that is refused without being read whole.
+  const uint64_t max_json = std::min<uint64_t>(max_manifest_json_bytes_, 1ull << 50);
+  const uint64_t max_object = max_json + (max_json >> 7) + (1 << 20);
+  Expected<std::vector<uint8_t>> bytes = store_->Get(key, ByteRange{0, max_object + 1});
+  if (!bytes.ok()) {
+    if (bytes.status().kind() == ErrorKind::kNotFound) {
+      return Status::NotFound("version " + std::string(model) + "@" + std::string(version) +
+                              " does not exist in " + store_->Describe());
+    }
+    return bytes.status();
+  }
+  if (bytes->size() > max_object) {
+    return Status::ResourceExhausted("manifest " + std::string(model) + "@" + std::string(version) + ": " +
+                                     store_->Describe() + "/" + key + " holds more than " +
+                                     std::to_string(max_object) + " bytes, more than a manifest of at most " +
+                                     std::to_string(max_manifest_json_bytes_) + " bytes of JSON can");
+  }
+  Expected<Manifest> parsed = ParseManifest(*bytes, model, version, max_manifest_json_bytes_);
+  if (!parsed.ok()) return parsed.status().WithContext(store_->Describe() + "/" + key);
+  auto shared = std::make_shared<const Manifest>(std::move(parsed).value());
+  return manifests_.Put(key, shared, MemoryOf(*shared));
+}
+
+Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr<const Manifest>& manifest,
+                                                           const ManifestFile& file) {
+  if (file.rows_loaded) return std::shared_ptr<const ManifestFile>(manifest, &file);
+  return File(*manifest, file);
+}
+
+Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const Manifest& m, const ManifestFile& file) {
+  if (file.rows_loaded) return std::shared_ptr<const ManifestFile>(std::shared_ptr<const void>(), &file);
+  const Manifest* manifest = &m;
+  const std::string key = FileKey(manifest->model, manifest->version, file.path);
+  if (std::shared_ptr<const ManifestFile> cached = files_.Get(key)) return cached;
+  const std::string where = "the chunk table of " + manifest->model + "@" + manifest->version + "/" + file.path;
+  ByteBuffer section;
+  const std::string table_key = TableKey(manifest->table);
+  Status got = store_->GetInto(table_key, ByteRange{file.section.offset, file.section.length}, &section);
+  if (!got.ok()) {
+    if (got.kind() == ErrorKind::kNotFound || got.kind() == ErrorKind::kInvalidArgument) {
+      return Status::Corruption(where + ": " + table_key + " is missing or shorter than its head says (" +
+                                got.message() + ")");
+    }
+    return got.WithContext(where);
+  }
+  if (section.size() != file.section.length) {
+    return Status::Corruption(where + ": " + table_key + " is truncated");
+  }
+  const ChunkTableLimits limits{manifest->versions.size(), manifest->packs.size(), manifest->sources.size()};
+  Expected<std::vector<ManifestChunk>> rows =
+      DecodeChunkTable(std::span<const uint8_t>(section.data(), section.size()), file, limits,
+                       std::max<uint64_t>(files_.max_bytes(), 64ull << 20));
+  if (!rows.ok()) return rows.status().WithContext(manifest->model + "@" + manifest->version);
+  auto resolved = std::make_shared<ManifestFile>();
+  resolved->path = file.path;
+  resolved->size = file.size;
+  resolved->sha256 = file.sha256;
+  resolved->section = file.section;
+  resolved->chunks = std::move(rows).value();
+  resolved->rows_loaded = true;
+  return files_.Put(key, resolved, MemoryOf(*resolved));
+}
+
+Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr<const Manifest>& manifest,
+                                                           std::string_view path) {
+  const ManifestFile* f = manifest->FindFile(path);
+  if (!f) {
+    return Status::NotFound(manifest->model + "@" + manifest->version + " has no file " + std::string(path));
+  }
+  return File(manifest, *f);
+}
+
+void Bucket::PrefetchFiles(std::string_view model, std::span<const std::string> versions, std::string_view path) {
+  if (derived_) return;
+  std::vector<std::string_view> missing;
+  for (const std::string& v : versions) {
+    if (!files_.Contains(FileKey(model, v, path))) missing.push_back(v);
+    if (missing.size() == kMaxPrefetch) break;
+  }
+  if (missing.size() < 2) return;
+  Parallel(missing.size(), [&](size_t i) {
+    Expected<std::shared_ptr<const Manifest>> m = ReadManifest(model, missing[i]);
+    if (m.ok()) (void)File(*m, path);
+  });
+}
+
+Expected<std::shared_ptr<const Manifest>> Bucket::ReadFullManifest(std::string_view model, std::string_view version) {
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> head, ReadManifest(model, version));
+  if (head->format != kManifestFormat2) return head;
+  auto full = std::make_shared<Manifest>(*head);
+  for (ManifestFile& f : full->files) {
+    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> resolved, File(head, f));
+    f.chunks = resolved->chunks;
+    f.rows_loaded = true;
+  }
+  return std::shared_ptr<const Manifest>(std::move(full));
+}
+
+Expected<std::vector<VersionTime>> Bucket::VersionTimes(std::string_view model) {
+  WFS_TRY(ValidateModelName(model));
+  std::vector<VersionTime> out;
+  if (derived_) {
+    WFS_ASSIGN_OR_RETURN(std::vector<VersionInfo> versions, ListVersions(model));
+    for (const VersionInfo& v : versions) {
+      WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> m, ReadManifest(v.model, v.version));
+      out.push_back({v.version, m->created_ms});
+    }
+  } else {
+    // One listing of the model's keys holds both its versions and its time markers.
+    const std::string prefix = "models/" + std::string(model) + "/";
+    WFS_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects, ListAll(*store_, prefix));
+    std::map<std::string, int64_t> timed;
+    std::vector<std::string> versions;
+    const std::string times = prefix + "times/", names = prefix + "versions/";
+    for (const ObjectInfo& o : objects) {
+      std::string_view key = o.key;
+      if (key.starts_with(times)) {
+        std::string_view rest = key.substr(times.size());
+        if (rest.size() < 15 || rest[13] != '-') continue;
+        int64_t ms = 0;
+        bool digits = true;
+        for (size_t i = 0; i < 13; ++i) {
+          if (rest[i] < '0' || rest[i] > '9') digits = false;
+          ms = ms * 10 + (rest[i] - '0');
+        }
+        std::string_view v = rest.substr(14);
+        if (!digits || !ValidateVersionName(v).ok()) continue;
+        timed[std::string(v)] = ms;
+      } else if (key.starts_with(names) && key.ends_with(".json")) {
+        std::string_view v = key.substr(names.size(), key.size() - names.size() - 5);
+        if (ValidateVersionName(v).ok()) versions.emplace_back(v);
+      }
+    }
+    // A marker without its version (retired by gc midway) is ignored; a version without a
+    // marker has its head read.
+    std::vector<std::string> unmarked;
+    for (const std::string& v : versions) {
+      auto it = timed.find(v);
+      if (it != timed.end()) {
+        out.push_back({v, it->second});
+      } else {
+        unmarked.push_back(v);
+      }
+    }
+    std::vector<Expected<std::shared_ptr<const Manifest>>> read(unmarked.size(), Status::IOError("not read"));
+    Parallel(unmarked.size(), [&](size_t i) { read[i] = ReadManifest(model, unmarked[i]); });
+    for (size_t i = 0; i < unmarked.size(); ++i) {
+      if (!read[i].ok()) return read[i].status();
+      out.push_back({unmarked[i], (*read[i])->created_ms});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const VersionTime& a, const VersionTime& b) {
+    return std::tie(a.created_ms, a.version) < std::tie(b.created_ms, b.version);
+  });
+  return out;
+}
+
+void Bucket::PrefetchManifests(std::string_view model, std::span<const std::string> versions) {
+  if (derived_) return;
+  std::vector<std::string_view> missing;
+  for (const std::string& v : versions) {
+    if (!manifests_.Contains(ManifestKey(model, v))) missing.push_back(v);
+    if (missing.size() == kMaxPrefetch) break;
+  }
+  if (missing.size() < 2) return;  // the walk reads one as fast
+  // Errors (an allocation failing included) are left to the ReadManifest that needs it.
+  Parallel(missing.size(), [&](size_t i) { (void)ReadManifest(model, missing[i]); });
+}
+
+void Bucket::Forget(std::string_view model, std::string_view version) {
+  manifests_.Erase(ManifestKey(model, version));
+  files_.ErasePrefix(FileKey(model, version, ""));
+}
+
+Status Bucket::PublishManifest(const Manifest& manifest) {
+  if (derived_) {
+    return Status::Unsupported("bucket " + store_->Describe() +
+                               " is not a weightfs bucket (its versions are derived from another "
+                               "layout) and is read-only; `weightfs import` it into one");
+  }
+  for (const ManifestFile& f : manifest.files) {
+    if (!f.rows_loaded) return Status::InvalidArgument("publishing " + manifest.model + "@" + manifest.version + ": the rows of " + f.path + " are not loaded");
+  }
+  std::vector<uint8_t> bytes;
+  if (format_ == kManifestFormat2) {
+    // The table first (named by its hash: two writers racing for one name each write their
+    // own), then the head that names it, created if absent: the one publishing step.
+    SerializedVersion v = SerializeVersion(manifest);
+    WFS_TRY(store_->Put(TableKey(v.table_hash), v.table).WithContext("writing the chunk table of " +
+                                                                    manifest.model + "@" + manifest.version));
+    bytes = std::move(v.head);
+  } else {
+    bytes = SerializeManifest(manifest);
+  }
+  Status s = store_->Put(ManifestKey(manifest.model, manifest.version), bytes,
+                         PutMode::kCreateIfAbsent);
+  if (s.kind() == ErrorKind::kConflict) {
+    return Status::Conflict("version " + manifest.model + "@" + manifest.version +
+                            " was already published in " + store_->Describe() +
+                            " (another writer won); push under another version name");
+  }
+  WFS_TRY(s);
+  // The time marker: after the version exists (a reader never sees a marker of a version that
+  // is not there, except one gc is retiring). A writer that dies here leaves a version whose
+  // time is read from its head. Its failure fails nothing: the version is published.
+  // (From `created`, what readers parse: writers need not have set created_ms.)
+  const Expected<int64_t> created = ParseUtc(manifest.created);
+  (void)store_->Put(TimeKey(manifest.model, manifest.version, created.ok() ? *created : manifest.created_ms), {});
+  return Status::Ok();
+}
+
+Status Bucket::ReplaceManifest(const Manifest& manifest, int format) {
+  if (derived_) return Status::Unsupported("bucket " + store_->Describe() + " is read-only");
+  if (format == 0) format = manifest.format;
+  for (const ManifestFile& f : manifest.files) {
+    if (!f.rows_loaded) return Status::InvalidArgument("rewriting " + manifest.model + "@" + manifest.version + ": the rows of " + f.path + " are not loaded");
+  }
+  std::vector<uint8_t> bytes;
+  if (format == kManifestFormat2) {
+    SerializedVersion v = SerializeVersion(manifest);
+    WFS_TRY(store_->Put(TableKey(v.table_hash), v.table));
+    bytes = std::move(v.head);
+  } else {
+    bytes = SerializeManifest(manifest);
+  }
+  WFS_TRY(store_->Put(ManifestKey(manifest.model, manifest.version), bytes, PutMode::kOverwrite));
+  Forget(manifest.model, manifest.version);
+  return Status::Ok();
+}
+
+Status Bucket::SetFormat(int format) {
+  std::string marker = nlohmann::json{{"format", format}}.dump() + "\n";
+  WFS_TRY(store_->Put(kMarkerKey, {reinterpret_cast<const uint8_t*>(marker.data()), marker.size()},
+                      PutMode::kOverwrite));
+  format_ = format;
+  return Status::Ok();
+}
+
+Expected<std::shared_ptr<const Manifest>> Bucket::Latest(std::string_view model) {
+  WFS_ASSIGN_OR_RETURN(std::vector<VersionTime> times, VersionTimes(model));
+  if (times.empty()) return Status::NotFound("model " + std::string(model) + " has no versions in " + store_->Describe());
+  return ReadManifest(model, times.back().version);
+}
+
+}  // namespace weightfs

@@ -1,0 +1,104 @@
+#include "engine/pack_writer.h"
+
+#include <spdlog/spdlog.h>
+
+#include "engine/bucket.h"
+
+namespace weightfs {
+
+PackWriter::PackWriter(Store* store, uint64_t target_bytes, size_t uploaders, size_t max_in_flight)
+    : store_(store), target_bytes_(target_bytes), max_in_flight_(std::max<size_t>(1, max_in_flight)) {
+  for (size_t i = 0; i < std::max<size_t>(1, uploaders); ++i) {
+    try {
+      uploaders_.emplace_back([this] { UploaderMain(); });
+    } catch (const std::exception&) {
+      if (uploaders_.empty()) throw;  // nothing would upload
+      break;                          // fewer uploaders
+    }
+  }
+}
+
+PackWriter::~PackWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finishing_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : uploaders_) t.join();
+}
+
+void PackWriter::SealLocked(std::unique_lock<std::mutex>& lock) {
+  // Backpressure: wait for room before adding another sealed pack.
+  cv_.wait(lock, [&] { return in_flight_ < max_in_flight_ || !error_.ok(); });
+  if (!error_.ok()) return;
+  queue_.push_back({open_seq_++, std::move(open_)});
+  hashes_.emplace_back();
+  open_ = {};
+  ++in_flight_;
+  cv_.notify_all();
+}
+
+Expected<PackSlot> PackWriter::Add(std::span<const uint8_t> payload) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!error_.ok()) return error_;
+  if (!open_.empty() && open_.size() + payload.size() > target_bytes_) {
+    SealLocked(lock);
+    if (!error_.ok()) return error_;
+  }
+  if (open_.empty()) open_.reserve(std::max<uint64_t>(target_bytes_, payload.size()));
+  PackSlot slot{open_seq_, open_.size()};
+  open_.insert(open_.end(), payload.begin(), payload.end());
+  return slot;
+}
+
+Status PackWriter::Finish() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!open_.empty() && error_.ok()) SealLocked(lock);
+  cv_.wait(lock, [&] { return in_flight_ == 0 || !error_.ok(); });
+  // Wait for uploads already running even after an error, so none outlives the caller's view.
+  return error_;
+}
+
+void PackWriter::UploaderMain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return !queue_.empty() || finishing_; });
+    if (queue_.empty()) return;
+    Sealed pack = std::move(queue_.front());
+    queue_.pop_front();
+    if (!error_.ok()) {
+      --in_flight_;
+      cv_.notify_all();
+      continue;
+    }
+    lock.unlock();
+    const Hash128 hash = HashChunk(pack.bytes);
+    Status s;
+    std::string key;
+    try {  // on a thread of its own: nothing may escape (an allocation failing fails the upload)
+      key = Bucket::PackKey(hash);
+      s = store_->Put(key, pack.bytes);
+    } catch (...) {
+      s = StatusOfCurrentException("uploading a pack");
+    }
+    if (!s.ok()) spdlog::error("uploading {} ({} bytes) failed: {}", key, pack.bytes.size(), s.ToString());
+    else spdlog::debug("uploaded {} ({} bytes)", key, pack.bytes.size());
+    const size_t size = pack.bytes.size();
+    pack.bytes = {};
+    lock.lock();
+    if (s.ok()) {
+      hashes_[pack.seq] = hash;
+      bytes_uploaded_ += size;
+    } else if (error_.ok()) {
+      error_ = std::move(s);
+      try {
+        error_ = error_.WithContext("uploading pack " + key);
+      } catch (...) {
+      }
+    }
+    --in_flight_;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace weightfs

@@ -1,0 +1,73 @@
+// PackWriter: bundles chunk payloads into packs of about `target_bytes` and uploads each sealed
+// pack in the background as packs/<XXH3-128 of its bytes>.
+//
+// A pack is just its payloads back to back (each payload is self-describing, and the
+// manifest records every payload's offset and length), so a pack needs no header and its name
+// is a checksum of all of it. Memory is bounded: at most `max_in_flight` sealed packs wait for
+// or are in upload; Add blocks (backpressure on the encoders) when that many are pending.
+//
+// Thread-safe: Add may be called from many threads. Finish once, after the last Add.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "core/hash.h"
+#include "core/status.h"
+#include "store/store.h"
+
+namespace weightfs {
+
+struct PackSlot {
+  size_t pack = 0;      // sequence number of the pack (resolve with PackWriter::PackHash)
+  uint64_t offset = 0;  // of the payload inside the pack
+};
+
+class PackWriter {
+ public:
+  PackWriter(Store* store, uint64_t target_bytes, size_t uploaders, size_t max_in_flight);
+  ~PackWriter();  // joins the uploaders (call Finish first to see errors)
+  PackWriter(const PackWriter&) = delete;
+  PackWriter& operator=(const PackWriter&) = delete;
+
+  // Appends a payload; fails only if an upload already failed.
+  Expected<PackSlot> Add(std::span<const uint8_t> payload);
+  // Seals the last pack and waits for every upload. Returns the first upload error.
+  Status Finish();
+
+  // REQUIRES: Finish() returned OK.
+  const Hash128& PackHash(size_t pack) const { return hashes_[pack]; }
+  size_t pack_count() const { return hashes_.size(); }
+  uint64_t bytes_uploaded() const { return bytes_uploaded_; }
+
+ private:
+  struct Sealed {
+    size_t seq;
+    std::vector<uint8_t> bytes;
+  };
+  void SealLocked(std::unique_lock<std::mutex>& lock);
+  void UploaderMain();
+
+  Store* store_;
+  const uint64_t target_bytes_;
+  const size_t max_in_flight_;
+
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  std::vector<uint8_t> open_;  // the pack being filled
+  size_t open_seq_ = 0;
+  std::deque<Sealed> queue_;
+  size_t in_flight_ = 0;  // sealed and not yet uploaded (queued or uploading)
+  bool finishing_ = false;
+  Status error_;
+  std::vector<Hash128> hashes_;  // by sequence number
+  uint64_t bytes_uploaded_ = 0;
+  std::vector<std::thread> uploaders_;
+};
+
+}  // namespace weightfs

@@ -1,0 +1,397 @@
+#include "engine/version_writer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "core/file_codec.h"
+#include "engine/lease.h"
+#include "engine/mapped_file.h"
+#include "engine/materializer.h"
+#include "engine/pack_writer.h"
+
+namespace weightfs {
+namespace {
+
+// Elements of `a` and `b` (same length) that differ, for elements of `width` bytes.
+uint64_t CountChanged(std::span<const uint8_t> a, std::span<const uint8_t> b, size_t width) {
+  uint64_t changed = 0;
+  const size_t n = a.size() / width;
+  size_t i = 0;
+  // Skip equal stretches 64 bytes at a time; most of a sparse update is equal.
+  const size_t block = 64 / width * width;
+  while (i < n) {
+    size_t off = i * width;
+    if (off + block <= a.size() && std::memcmp(a.data() + off, b.data() + off, block) == 0) {
+      i += block / width;
+      continue;
+    }
+    changed += std::memcmp(a.data() + off, b.data() + off, width) != 0;
+    ++i;
+  }
+  return changed;
+}
+
+struct PendingChunk {
+  ManifestChunk entry;
+  bool fresh = false;
+  PackSlot slot;
+};
+
+}  // namespace
+
+Expected<std::vector<PushFile>> FilesUnder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<PushFile> files;
+  std::error_code ec;
+  const fs::path base = fs::path(dir).lexically_normal();
+  fs::recursive_directory_iterator it(dir, fs::directory_options::none, ec);
+  if (ec) return Status::NotFound("cannot read directory " + dir + ": " + ec.message());
+  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) return Status::IOError("reading " + dir + ": " + ec.message());
+    const std::string name = it->path().filename().string();
+    if (!name.empty() && name[0] == '.') {
+      if (it->is_directory()) it.disable_recursion_pending();
+      continue;
+    }
+    // Symlinks to regular files are followed (a Hugging Face cache snapshot is a directory of
+    // symlinks into ../../blobs/); symlinked directories are not descended into.
+    if (!it->is_regular_file()) continue;
+    // Lexically: fs::relative would resolve the symlink and name the blob ("../../blobs/...").
+    files.push_back({it->path().lexically_normal().lexically_relative(base).generic_string(), it->path().string()});
+  }
+  std::sort(files.begin(), files.end(),
+            [](const PushFile& a, const PushFile& b) { return a.path < b.path; });
+  return files;
+}
+
+struct VersionEncoder::State {
+  Bucket& bucket;
+  ChunkCache* cache;
+  ThreadPool& pool;
+  std::shared_ptr<const Manifest> parent;
+  const PushOptions& options;
+  const uint64_t total_bytes;
+  PackWriter packs;
+  Materializer parents;
+  Manifest manifest;
+  std::mutex mu;  // guards manifest tables, first_error, progress state
+  Status first_error;
+  uint64_t done_bytes = 0;
+  // Changed fraction counts tensor elements; bytes of other data (headers, opaque files) count
+  // only when a version has no tensors at all.
+  uint64_t other_changed = 0, other_elements = 0;
+  PushResult result;
+  std::vector<std::unique_ptr<ChunkCodec>> codecs;
+  std::vector<std::vector<uint8_t>> buffers;
+
+  State(Bucket& b, ChunkCache* c, ThreadPool& p, std::shared_ptr<const Manifest> par,
+        const PushOptions& o, uint64_t total)
+      : bucket(b), cache(c), pool(p), parent(std::move(par)), options(o), total_bytes(total),
+        packs(&b.store(), o.pack_bytes, o.uploaders, o.max_packs_in_flight), parents(&b, c),
+        codecs(p.size()), buffers(p.size()) {}
+};
+
+VersionEncoder::VersionEncoder(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
+                               const VersionRef& target, std::shared_ptr<const Manifest> parent,
+                               const PushOptions& options, uint64_t total_bytes)
+    : state_(std::make_unique<State>(bucket, cache, pool, std::move(parent), options, total_bytes)) {
+  Manifest& m = state_->manifest;
+  m.model = target.model;
+  m.version = target.version;
+  m.versions = {target.version};
+  m.chunk_bytes = options.chunk_bytes;
+  if (state_->parent) m.parent = state_->parent->version;
+}
+
+VersionEncoder::~VersionEncoder() = default;
+
+Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t> data,
+                               const std::string& local_path) {
+  State& st = *state_;
+  if (!st.first_error.ok()) return st.first_error;
+  const std::shared_ptr<const Manifest>& parent = st.parent;
+  const PushOptions& options = st.options;
+  Manifest& manifest = st.manifest;
+  std::mutex& mu = st.mu;
+  std::string local_abs;
+  if (!local_path.empty()) {
+    std::error_code abs_ec;
+    local_abs = std::filesystem::absolute(local_path, abs_ec).string();
+  }
+  ChunkPlan plan = PlanFile(data, data.size(), options.chunk_bytes);
+  // The parent's file of this path, with its rows (format 2 reads the file's table section).
+  std::shared_ptr<const ManifestFile> pfile_rows;
+  if (const ManifestFile* head_file = parent ? parent->FindFile(path) : nullptr) {
+    Expected<std::shared_ptr<const ManifestFile>> rows = st.bucket.File(parent, *head_file);
+    if (!rows.ok()) return rows.status().WithContext("the parent's " + path);
+    pfile_rows = std::move(rows).value();
+  }
+  const ManifestFile* pfile = pfile_rows.get();
+  std::map<ChunkKey, size_t> parent_index;
+  if (pfile) {
+    for (size_t i = 0; i < pfile->chunks.size(); ++i) parent_index.emplace(pfile->chunks[i].key, i);
+  }
+  // SHA-256 of the whole file, alongside the chunk loop. Nothing may escape its thread, and the
+  // thread is joined on every way out of here (a joinable thread's destructor ends the process).
+  std::string sha;
+  Status sha_error;
+  std::thread sha_thread([&]() noexcept {
+    try {
+      Sha256 h;
+      h.Update(data);
+      sha = h.FinishHex();
+    } catch (...) {
+      sha_error = StatusOfCurrentException("SHA-256");
+    }
+  });
+  struct Joiner {
+    std::thread& thread;
+    ~Joiner() {
+      if (thread.joinable()) thread.join();
+    }
+  } join_sha{sha_thread};
+  std::vector<PendingChunk> pending(plan.chunks.size());
+  auto encode_chunk = [&](size_t i, size_t slot) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!st.first_error.ok()) return;
+    }
+    if (!st.codecs[slot]) st.codecs[slot] = std::make_unique<ChunkCodec>(options.encode);
+    ChunkCodec& codec = *st.codecs[slot];
+    std::vector<uint8_t>& payload = st.buffers[slot];
+    const ChunkSpec& spec = plan.chunks[i];
+    const auto bytes = data.subspan(spec.offset, spec.length);
+    PendingChunk& p = pending[i];
+    ManifestChunk& e = p.entry;
+    e.key = spec.key;
+    e.offset = spec.offset;
+    e.length = spec.length;
+    e.hash = HashChunk(bytes);
+    const size_t width = spec.dtype == DType::kOpaque ? 1 : std::max<size_t>(1, DTypeSize(spec.dtype));
+    uint64_t elements = spec.length / width, changed = elements;
+    auto fail = [&](const Status& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (st.first_error.ok()) st.first_error = s.WithContext(path + " " + DescribeChunk(spec.key));
+    };
+
+    auto it = pfile ? parent_index.find(spec.key) : parent_index.end();
+    const ManifestChunk* pc = it != parent_index.end() ? &pfile->chunks[it->second] : nullptr;
+    bool keyframe = true;
+    if (pc && pc->hash == e.hash && pc->length == e.length) {
+      // Unchanged: inherit the parent's recipe, translated into this manifest's tables.
+      std::lock_guard<std::mutex> lock(mu);
+      e.encoding = pc->encoding;
+      e.ref = pc->ref;  // ref.pack indexes the parent's pack table until Finish
+      e.origin = manifest.VersionIndex(parent->versions[pc->origin]);
+      e.base = pc->is_delta() ? manifest.VersionIndex(parent->versions[pc->base]) : 0;
+      e.depth = pc->depth;
+      e.chain_bytes = pc->chain_bytes;
+      e.keyframe_bytes = pc->keyframe_bytes;
+      changed = 0;
+      st.result.same_chunks++;
+    } else {
+      if (pc) {
+        Expected<ByteBuffer> pbytes = st.parents.Chunk(*parent, *pfile, it->second);
+        if (!pbytes.ok()) return fail(pbytes.status().WithContext("materializing the parent's chunk"));
+        ChunkEncoding enc = codec.EncodeDelta(spec.dtype, *pbytes, bytes, &payload);
+        if (pbytes->size() == bytes.size()) changed = CountChanged(*pbytes, bytes, width);
+        if (enc != ChunkEncoding::kFull && enc != ChunkEncoding::kRaw &&
+            !options.keyframes.NeedsKeyframe(*pc, payload.size())) {
+          keyframe = false;
+          e.encoding = enc;
+          e.depth = pc->depth + 1;
+          e.chain_bytes = pc->chain_bytes + payload.size();
+          e.keyframe_bytes = pc->keyframe_bytes;
+          std::lock_guard<std::mutex> lock(mu);
+          e.base = manifest.VersionIndex(parent->version);
+        } else if (enc != ChunkEncoding::kFull && enc != ChunkEncoding::kRaw) {
+          codec.EncodeFull(spec.dtype, bytes, &payload);
+        }
+      } else {
+        codec.EncodeFull(spec.dtype, bytes, &payload);
+      }
+      if (keyframe) {
+        e.encoding = static_cast<ChunkEncoding>(payload[5]);
+        e.depth = 0;
+        e.chain_bytes = 0;
+        e.keyframe_bytes = payload.size();
+        e.base = 0;
+      }
+      e.origin = 0;
+      e.ref.length = payload.size();
+      Expected<PackSlot> slot_or = st.packs.Add(payload);
+      if (!slot_or.ok()) return fail(slot_or.status());
+      p.slot = *slot_or;
+      p.fresh = true;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (p.fresh) {
+      (keyframe ? st.result.full_chunks : st.result.delta_chunks)++;
+      manifest.stats.stored_bytes += e.ref.length;
+    }
+    if (spec.role == ChunkRole::kTensor) {
+      manifest.stats.changed_elements += changed;
+      manifest.stats.elements += elements;
+    } else {
+      st.other_changed += changed;
+      st.other_elements += elements;
+    }
+    st.done_bytes += spec.length;
+    if (options.progress) options.progress(st.done_bytes, st.total_bytes);
+  };
+  // An exception in the loop (an allocation failing) fails this file, like an error does.
+  try {
+    st.pool.ParallelFor(plan.chunks.size(), encode_chunk);
+  } catch (...) {
+    Status s = StatusOfCurrentException("encoding " + path);
+    std::lock_guard<std::mutex> lock(mu);
+    if (st.first_error.ok()) st.first_error = std::move(s);
+  }
+  sha_thread.join();
+  if (st.first_error.ok() && !sha_error.ok()) st.first_error = sha_error.WithContext(path);
+  if (!st.first_error.ok()) return st.first_error;
+  if (st.cache && options.cache_new_chunks && !local_abs.empty()) {
+    // One index file for the whole file (not a cache file per chunk): the next push, whose
+    // parent this version is, finds its bases in it.
+    std::vector<ChunkRef> refs;
+    refs.reserve(pending.size());
+    for (const PendingChunk& p : pending) refs.push_back({p.entry.hash, p.entry.offset, p.entry.length});
+    (void)st.cache->PutReferences(local_abs, refs);
+  }
+  ManifestFile mf;
+  mf.path = path;
+  mf.size = data.size();
+  mf.sha256 = sha;
+  for (PendingChunk& p : pending) mf.chunks.push_back(p.entry);
+  // Fresh chunks remember their pack slot; resolved once the packs have names.
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (pending[i].fresh) {
+      mf.chunks[i].ref.pack = static_cast<uint32_t>(pending[i].slot.pack);
+      mf.chunks[i].ref.offset = pending[i].slot.offset;
+      mf.chunks[i].origin = 0;
+    }
+  }
+  manifest.files.push_back(std::move(mf));
+  manifest.stats.logical_bytes += data.size();
+  return Status::Ok();
+}
+
+Expected<Manifest> VersionEncoder::Finish(PushResult* result) {
+  State& st = *state_;
+  Manifest& manifest = st.manifest;
+  st.result.tensor_elements = manifest.stats.elements;
+  st.result.tensor_changed = manifest.stats.changed_elements;
+  st.result.other_elements = st.other_elements;
+  st.result.other_changed = st.other_changed;
+  if (manifest.stats.elements == 0) {
+    manifest.stats.changed_elements = st.other_changed;
+    manifest.stats.elements = st.other_elements;
+  }
+  Status upload = st.packs.Finish();
+  if (!st.first_error.ok()) return st.first_error;
+  if (!upload.ok()) return upload;
+  // Fresh chunks (origin 0) hold pack sequence numbers in ref.pack, inherited ones indices
+  // into the parent's pack table. Build this version's table so both point into it.
+  std::map<Hash128, uint32_t> pack_index;
+  for (ManifestFile& f : manifest.files) {
+    for (ManifestChunk& c : f.chunks) {
+      if (c.is_external()) {  // inherited from the parent: its index into the parent's sources
+        c.ref.pack = manifest.SourceIndex(st.parent->sources[c.ref.pack]);
+        continue;
+      }
+      const Hash128& h = c.origin == 0 ? st.packs.PackHash(c.ref.pack) : st.parent->packs[c.ref.pack];
+      auto [it, inserted] = pack_index.emplace(h, static_cast<uint32_t>(manifest.packs.size()));
+      if (inserted) manifest.packs.push_back(h);
+      c.ref.pack = it->second;
+    }
+  }
+  manifest.created = FormatUtc(NowMs());
+  if (result) {
+    *result = st.result;
+    result->packs = st.packs.pack_count();
+    result->pack_bytes = st.packs.bytes_uploaded();
+  }
+  return std::move(manifest);
+}
+
+void AppendFileFrom(const Manifest& src, const ManifestFile& file, Manifest* dst, bool src_is_dst) {
+  ManifestFile out = file;
+  auto version = [&](uint32_t i) -> uint32_t {
+    return (src_is_dst && i == 0) ? 0 : dst->VersionIndex(src.versions[i]);
+  };
+  for (ManifestChunk& c : out.chunks) {
+    c.ref.pack = c.is_external() ? dst->SourceIndex(src.sources[c.ref.pack])
+                                 : dst->PackIndex(src.packs[c.ref.pack]);
+    c.origin = version(c.origin);
+    c.base = c.is_delta() ? version(c.base) : 0;
+  }
+  auto at = std::lower_bound(dst->files.begin(), dst->files.end(), out.path,
+                             [](const ManifestFile& f, const std::string& p) { return f.path < p; });
+  dst->files.insert(at, std::move(out));
+}
+
+Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
+                                 const VersionRef& target, std::shared_ptr<const Manifest> parent,
+                                 std::vector<PushFile> files, const PushOptions& options) {
+  WFS_TRY(ValidateModelName(target.model));
+  WFS_TRY(ValidateVersionName(target.version));
+  const std::string name = target.model + "@" + target.version;
+  std::sort(files.begin(), files.end(),
+            [](const PushFile& a, const PushFile& b) { return a.path < b.path; });
+  for (size_t i = 0; i < files.size(); ++i) {
+    WFS_TRY(ValidateFilePath(files[i].path));
+    if (i > 0 && files[i].path == files[i - 1].path) {
+      return Status::InvalidArgument("file '" + files[i].path + "' given twice");
+    }
+  }
+  if (files.empty()) return Status::InvalidArgument("nothing to push: no files given");
+  if (parent && parent->model != target.model) {
+    return Status::InvalidArgument("parent " + parent->model + "@" + parent->version +
+                                   " belongs to another model");
+  }
+
+  // Fail before uploading anything if the version exists already.
+  if (Expected<ObjectInfo> existing = bucket.store().Head(Bucket::ManifestKey(target.model, target.version));
+      existing.ok()) {
+    return Status::Conflict("version " + name + " already exists in " + bucket.Describe());
+  }
+
+  std::vector<MappedFile> mapped;
+  uint64_t total_bytes = 0;
+  for (const PushFile& f : files) {
+    Expected<MappedFile> m = MappedFile::Open(f.local_path);
+    if (!m.ok()) return m.status();
+    total_bytes += m->size();
+    mapped.push_back(std::move(m).value());
+  }
+
+  WFS_ASSIGN_OR_RETURN(std::unique_ptr<Lease> lease, Lease::Acquire(&bucket.store(), name));
+  VersionEncoder encoder(bucket, cache, pool, target, parent, options, total_bytes);
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    Status s = encoder.AddFile(files[fi].path, mapped[fi].bytes(), files[fi].local_path);
+    if (!s.ok()) return s.WithContext("pushing " + name);
+  }
+  PushResult result;
+  Expected<Manifest> manifest = encoder.Finish(&result);
+  if (!manifest.ok()) return manifest.status().WithContext("pushing " + name);
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    if (mapped[fi].faulted()) {
+      return Status::IOError(files[fi].local_path + " was truncated while it was being read; nothing was "
+                             "published (push it again once it is complete)");
+    }
+  }
+  Status published = bucket.PublishManifest(*manifest);
+  if (!published.ok()) return published;
+  // Reading it back through the bucket validates what we wrote (format 2: the head and every
+  // section of its table).
+  WFS_ASSIGN_OR_RETURN(result.manifest, bucket.ReadFullManifest(target.model, target.version));
+  return result;
+}
+
+}  // namespace weightfs

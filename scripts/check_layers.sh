@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Checks that every #include "..." points down the layers (or within its own folder):
+#   core <- store <- engine <- {fs, sources/hf, sources/trl} ; sources/ <- tools <- tests
+# fs and sources never see each other; hf and trl never see each other. Prints each include that
+# points the wrong way and exits 1; ctest runs it (LayerArrows). Run from anywhere.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+allowed() {  # the folders a file in folder $1 may include from
+  case $1 in
+    core) echo "core" ;;
+    store) echo "core store" ;;
+    engine) echo "core store engine" ;;
+    fs) echo "core store engine fs" ;;
+    sources/hf) echo "core store engine sources/hf" ;;
+    sources/trl) echo "core store engine sources/trl" ;;
+    sources) echo "core store engine sources sources/hf sources/trl" ;;
+    tools) echo "core store engine fs sources sources/hf sources/trl tools" ;;
+    *) return 1 ;;
+  esac
+}
+bad=0
+checked=0
+while IFS= read -r file; do
+  dir=$(dirname "$file")
+  ok=$(allowed "$dir") || { echo "check_layers: $file is in no known layer (add its folder to scripts/check_layers.sh)"; bad=1; continue; }
+  checked=$((checked + 1))
+  while IFS= read -r line; do
+    inc=${line#*\"}
+    inc=${inc%%\"*}
+    [[ $inc == */* ]] || continue  # a system or same-directory include
+    target=$(dirname "$inc")
+    if ! [[ " $ok " == *" $target "* ]]; then
+      echo "check_layers: $file includes $inc ($dir may include only: $ok)"
+      bad=1
+    fi
+  done < <(grep -E '^#include "' "$file" || true)
+done < <(find core store engine fs sources tools -name '*.h' -o -name '*.cc' | sort)
+if ((bad)); then exit 1; fi
+echo "check_layers: $checked files, every include points down"

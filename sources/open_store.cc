@@ -1,0 +1,47 @@
+#include "sources/open_store.h"
+
+#include "sources/hf/hf_bucket_store.h"
+#include "sources/hf/hf_hub.h"
+#include "store/local_store.h"
+#include "store/s3_store.h"
+#include "store/webdav_store.h"
+
+namespace weightfs {
+
+Expected<OpenedStore> OpenStore(std::string_view url, const StoreOptions& options) {
+  OpenedStore out;
+  std::shared_ptr<Store> inner;
+  if (url.starts_with("http://") || url.starts_with("https://")) {
+    out.http = std::make_shared<HttpClient>(options.http);
+    WFS_ASSIGN_OR_RETURN(inner, OpenWebDavStore(url, out.http));
+  } else if (url.starts_with("s3://")) {
+    out.http = std::make_shared<HttpClient>(options.http);
+    S3Options s3;
+    s3.endpoint = options.s3_endpoint;
+    s3.region = options.s3_region;
+    WFS_ASSIGN_OR_RETURN(inner, OpenS3Store(url, s3, out.http));
+  } else if (url.starts_with("hf://buckets/")) {
+    out.http = std::make_shared<HttpClient>(options.http);
+    WFS_ASSIGN_OR_RETURN(HfConfig config, LoadHfConfig());
+    HfBucketOptions hf;
+    hf.s3_endpoint = options.s3_endpoint;  // --endpoint: the S3 gateway's base
+    hf.s3.region = options.s3_region;
+    WFS_ASSIGN_OR_RETURN(inner, OpenHfBucketStore(url, config, hf, out.http));
+  } else if (url.starts_with("hf://")) {
+    return Status::InvalidArgument("'" + std::string(url.substr(0, 200)) +
+                                   "' is a Hugging Face model repo, not a bucket; a bucket is "
+                                   "hf://buckets/NAMESPACE/NAME[/PREFIX]");
+  } else if (url.find("://") != std::string_view::npos && !url.starts_with("file://")) {
+    return Status::InvalidArgument("unsupported bucket URL '" + std::string(url) +
+                                   "' (use a path, file://, http(s)://, s3:// or hf://buckets/)");
+  } else {
+    std::string path(url.starts_with("file://") ? url.substr(7) : url);
+    if (path.empty()) return Status::InvalidArgument("empty bucket path");
+    WFS_ASSIGN_OR_RETURN(std::unique_ptr<LocalStore> local, LocalStore::Open(path));
+    inner = std::move(local);
+  }
+  out.store = std::make_shared<CountingStore>(std::move(inner));
+  return out;
+}
+
+}  // namespace weightfs

@@ -1,0 +1,34 @@
+// OpenStore: the Store for a bucket URL.
+//   /path, ./path, file:///path     LocalStore (a local or shared-filesystem directory)
+//   http://host[:port]/prefix       WebDavStore (any WebDAV server: nginx dav, Apache mod_dav...)
+//   https://...                     the same over TLS
+//   s3://bucket[/prefix]            S3Store (AWS S3 or any S3-compatible endpoint)
+//   hf://buckets/NS/NAME[/prefix]   HfBucketStore (a Hugging Face Storage Bucket; Hub settings
+//                                   from HF_ENDPOINT/HF_TOKEN..., writes through the S3 gateway:
+//                                   --endpoint or HF_S3_ENDPOINT, AWS_* credentials)
+// The returned store counts requests and bytes (CountingStore) for `--stats`.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "store/http_client.h"
+#include "store/store_wrapper.h"
+
+namespace weightfs {
+
+struct StoreOptions {
+  std::string s3_endpoint;  // --endpoint; else AWS_ENDPOINT_URL; else AWS (hf://: HF_S3_ENDPOINT, s3.hf.co)
+  std::string s3_region;    // --region; else AWS_REGION / AWS_DEFAULT_REGION / ~/.aws/config
+  HttpOptions http;
+};
+
+struct OpenedStore {
+  std::shared_ptr<CountingStore> store;
+  std::shared_ptr<HttpClient> http;  // null for local stores
+};
+
+Expected<OpenedStore> OpenStore(std::string_view url, const StoreOptions& options = {});
+
+}  // namespace weightfs
