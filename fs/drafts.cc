@@ -664,8 +664,11 @@ struct Drafts::State {
       Expected<ByteBuffer> bytes = materializer->Chunk(*d.parent_manifest, *pf, c);
       if (!bytes.ok()) return bytes.status().WithContext("copying " + f.parent_path + " from the parent");
       std::lock_guard<std::mutex> lock(f.mu);
-      if (f.present[c] != '0') continue;
+      // While the chunk was fetched the file may have been truncated below it (backing_limit)
+      // or rewritten with O_TRUNC (not backed at all): writing it then would grow the staging
+      // file back past its end with the parent's bytes, and the next encode would publish them.
       const uint64_t off = pf->chunks[c].offset;
+      if (!f.backed || c >= f.present.size() || f.present[c] != '0' || off >= f.backing_limit) continue;
       const uint64_t len = std::min<uint64_t>(bytes->size(), f.backing_limit - off);
       if (int err = PwriteAll(f.fd, bytes->data(), len, off); err != 0) {
         return err == ENOSPC ? Status::ResourceExhausted(Errno("staging " + f.staging, err))
@@ -1846,8 +1849,9 @@ int Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* handle,
       if (!bytes.ok()) return StatusToErrnoLogged(bytes.status(), "truncate " + d->name() + "/" + path);
       std::lock_guard<std::mutex> flock(f->mu);
       const ManifestChunk& c = f->rows->chunks[*cut];
-      if (f->present[*cut] == '0') {
-        if (int err = PwriteAll(f->fd, (*bytes)->data(), std::min<uint64_t>(c.length, *size - c.offset), c.offset); err != 0) return err;
+      // (As in Fill: the file may have stopped being backed there while the chunk was fetched.)
+      if (f->backed && *cut < f->present.size() && f->present[*cut] == '0' && c.offset < f->backing_limit) {
+        if (int err = PwriteAll(f->fd, (*bytes)->data(), std::min<uint64_t>({c.length, *size - c.offset, f->backing_limit - c.offset}), c.offset); err != 0) return err;
         f->present[*cut] = '1';
       }
     }
@@ -1973,7 +1977,10 @@ int Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data
     Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(h.draft->parent_manifest, *f.rows, *need);
     if (!bytes.ok()) return StatusToErrnoLogged(bytes.status(), "copy-up of " + h.draft->name() + "/" + h.path);
     std::lock_guard<std::mutex> lock(f.mu);
-    if (f.present[*need] == '0') {
+    // Unless, while it was fetched, an encode's Fill copied it (the file is no longer backed),
+    // an O_TRUNC open dropped the parent or a truncate cut the file below it (as in Fill).
+    if (f.backed && *need < f.present.size() && f.present[*need] == '0' &&
+        f.rows->chunks[*need].offset < f.backing_limit) {
       const ManifestChunk& ch = f.rows->chunks[*need];
       const uint64_t len = std::min<uint64_t>(ch.length, f.backing_limit - ch.offset);
       if (int err = PwriteAll(f.fd, (*bytes)->data(), len, ch.offset); err != 0) return err;

@@ -11,7 +11,7 @@ params=${PARAMS:-25M}
 versions=${VERSIONS:-3}
 work=${WORK:-/tmp/weightfs-demo}
 "$root/scripts/setup.sh"
-echo "== building weightfs (Release; the first build takes about 4 minutes on 2 cores, then seconds)"
+echo "== building weightfs (Release; the first build takes about 5 minutes on 2 cores, then seconds)"
 echo "   full compiler output: $work-build.log"
 mkdir -p "$(dirname "$work")"
 # The build's own [ NN%] lines, condensed to one line per 10%, so a first build is not silent.

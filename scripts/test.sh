@@ -2,10 +2,10 @@
 # Installs, builds (warnings are errors) and runs every test, in about 20 minutes on 2 cores:
 #   1. the GoogleTest suites through ctest (Release build, gcc);
 #   2. the core, store, engine and sources suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and
-#   3. every libFuzzer target for FUZZ_SECONDS each (default 20): both from one clang build
-#      (-O1, assertions on), so the libraries are compiled twice in all, not three times.
-# Each phase prints its wall time. JOBS sets the build's and ctest's parallelism (default: the
-# number of cores).
+#   3. beside them, every libFuzzer target for FUZZ_SECONDS each (default 20): both from one
+#      clang build (-O1, assertions on), so the libraries are compiled twice in all.
+# Each phase prints its wall time. JOBS sets the build's parallelism (default: the number of
+# cores); ctest runs twice as many tests at once.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=${JOBS:-$(nproc)}
@@ -34,22 +34,37 @@ fuzz_targets=$(cd "$root/tests/fuzz" && ls *_fuzz.cc 2>/dev/null | sed 's/\.cc$/
 # shellcheck disable=SC2086
 cmake --build "$root/build-san" -j "$jobs" --target $san_suites $fuzz_targets
 
-phase "core, store, engine and sources tests under ASan + UBSan"
+phase "core, store, engine and sources tests under ASan + UBSan; beside them, every fuzz target for ${fuzz_seconds} s"
+# The fuzzers run one after another in the background (one core) while the suites run: most of
+# the suites' time is one thread too.
+fuzz_log="$root/build-san/fuzz.log"
+(
+  for t in $fuzz_targets; do
+    corpus="$root/build-san/corpus-$t"
+    mkdir -p "$corpus"
+    echo "-- $t"
+    "$root/build-san/tests/$t" -max_total_time="$fuzz_seconds" -print_final_stats=0 \
+      -rss_limit_mb=2048 -timeout=10 "$corpus" 2>&1 | tail -n 2
+  done
+) >"$fuzz_log" 2>&1 &
+fuzz_pid=$!
+trap 'kill "$fuzz_pid" 2>/dev/null || true' EXIT
+# shellcheck disable=SC2086
 for suite in $san_suites; do
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 "$root/build-san/tests/$suite" \
     --gtest_brief=1
 done
-
-phase "fuzzing (${fuzz_seconds}s per target)"
-for t in $fuzz_targets; do
-  corpus="$root/build-san/corpus-$t"
-  mkdir -p "$corpus"
-  "$root/build-san/tests/$t" -max_total_time="$fuzz_seconds" -print_final_stats=0 \
-    -rss_limit_mb=2048 -timeout=10 "$corpus" 2>&1 | tail -n 2
-done
+if ! wait "$fuzz_pid"; then
+  cat "$fuzz_log"
+  echo "a fuzz target failed (its output is above; the crashing input is in the current directory)" >&2
+  exit 1
+fi
+trap - EXIT
+cat "$fuzz_log"
 
 phase "tests (Release)"
 cd "$root/build"
 # No retries: a test that fails once is a bug report (a race in the product or in the test).
-ctest --output-on-failure -j "$jobs"
+# Twice the cores: many integration tests mostly wait (for servers, timeouts, a killed daemon).
+ctest --output-on-failure -j "$((jobs * 2))"
 phase "all passed in $((SECONDS - start)) s"

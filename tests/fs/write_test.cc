@@ -403,6 +403,64 @@ TEST_F(WriteTest, KilledDuringUploadTheDraftResumesAndPublishesBitExact) {
   ExpectFreshMountReads({{"m/x@v0", Source(0)}, {"m/x@v2", Source(2)}, {"m/x@v" + std::to_string(kIterations), Source(kIterations)}});
 }
 
+// A file of the parent edited in place is staged "backed": its other chunks are copied up from
+// the parent when its encode starts (Fill), one by one. A truncate that cuts the file while that
+// copy-up runs must stay cut. Fill once wrote the chunks past the new end anyway (with a length
+// that wrapped around), growing the staging file back to the parent's size: the draft still read
+// right (its size is kept apart), but the commit published the parent's tail. Found by
+// DraftModelTest (seed 3466797972 on a loaded machine); here every bucket request waits 50 ms
+// in a proxy so that the truncate lands inside the copy-up every time.
+TEST_F(WriteTest, ATruncateDuringTheCopyUpOfAnEditedFileStaysCutInTheCommit) {
+  NginxServer& nginx = Nginx();
+  ASSERT_TRUE(nginx.Start());
+  weightfs::test::FaultProxy& proxy = Proxy();
+  weightfs::test::FaultProxy::Options slow;
+  slow.stall_seconds = 0.05;
+  ASSERT_TRUE(proxy.Start(nginx.url(), slow));
+  const std::string direct = nginx.url() + "/bucket", via_proxy = proxy.url() + "/bucket";
+  Generate("8M", 1);
+  Result init = Cli("init " + direct);
+  ASSERT_EQ(init.exit_code, 0) << init.out;
+  Result push = Cli("push " + direct + " m/x@v0 " + Source(0).string() + " --chunk-size 64KiB --cache-dir " +
+                    (root_ / "c0").string());
+  ASSERT_EQ(push.exit_code, 0) << push.out;
+  std::string name;
+  uint64_t size = 0;
+  for (const auto& e : fs::directory_iterator(Source(0))) {
+    if (e.file_size() > size) size = e.file_size(), name = e.path().filename().string();
+  }
+  ASSERT_GT(size, 40u * 65536) << "the test needs a file of many chunks";
+  Mount& m = NewMount("a", "--timeout 60", via_proxy);
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  const fs::path draft = m.Dir("m/x@v1");
+  ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0755)), 0);
+  std::vector<uint8_t> want = Slurp(Source(0) / name);
+  proxy.SetMode("stall-before");
+  // One byte at the start: the file is staged, backed by the parent; its close starts the encode.
+  const fs::path file = draft / name;
+  int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  const uint8_t x = static_cast<uint8_t>(want[0] ^ 0xff);
+  ASSERT_EQ(::pwrite(fd, &x, 1, 0), 1) << std::strerror(errno);
+  ASSERT_EQ(::close(fd), 0);
+  want[0] = x;
+  // Cut the file once the copy-up has fetched a few chunks (its requests reach the proxy).
+  const uint64_t gets = proxy.Stats()["received_GET"];
+  ASSERT_TRUE(WaitFor([&] { return proxy.Stats()["received_GET"] >= gets + 4; }, 30s)) << m.Describe();
+  const uint64_t cut = 5 * 65536 + 1234;
+  ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(cut)), 0) << std::strerror(errno);
+  want.resize(cut);
+  proxy.SetMode("normal");
+  EXPECT_EQ(fs::file_size(file), cut);
+  Result c = m.Commit("m/x@v1");
+  ASSERT_EQ(c.exit_code, 0) << c.out << m.Describe();
+  const std::vector<uint8_t> got = Slurp(m.Dir("m/x@v1") / name);
+  ASSERT_EQ(got.size(), want.size()) << "the commit published " << got.size() << " bytes of a file cut to " << cut;
+  EXPECT_TRUE(got == want) << "the published file differs from the draft's";
+  Result u = m.Unmount();
+  EXPECT_EQ(u.exit_code, 0) << u.out;
+}
+
 // The daemon killed in the middle of the commit's last step: the request that creates the
 // manifest reached the bucket, the daemon died before it learned so (and before its journal
 // said "published"). The next mount resumes the requested commit: it must recognize the
