@@ -2,14 +2,14 @@
 # Installs, builds (warnings are errors) and runs every test, in about 20 minutes on 2 cores:
 #   1. the GoogleTest suites through ctest (Release build, gcc);
 #   2. the core, store, engine and sources suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and
-#   3. beside them, every libFuzzer target for FUZZ_SECONDS each (default 20): both from one
+#   3. beside them, every libFuzzer target for FUZZ_SECONDS each (default 15): both from one
 #      clang build (-O1, assertions on), so the libraries are compiled twice in all.
 # Each phase prints its wall time. JOBS sets the build's parallelism (default: the number of
 # cores); ctest runs twice as many tests at once.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=${JOBS:-$(nproc)}
-fuzz_seconds=${FUZZ_SECONDS:-20}
+fuzz_seconds=${FUZZ_SECONDS:-15}
 start=$SECONDS
 phase_start=$SECONDS
 phase() {

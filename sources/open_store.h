@@ -5,7 +5,9 @@
 //   s3://bucket[/prefix]            S3Store (AWS S3 or any S3-compatible endpoint)
 //   hf://buckets/NS/NAME[/prefix]   HfBucketStore (a Hugging Face Storage Bucket; Hub settings
 //                                   from HF_ENDPOINT/HF_TOKEN..., writes through the S3 gateway:
-//                                   --endpoint or HF_S3_ENDPOINT, AWS_* credentials)
+//                                   --endpoint or HF_S3_ENDPOINT, with the gateway's own keys:
+//                                   HF_S3_ACCESS_KEY_ID/HF_S3_SECRET_ACCESS_KEY or the profile
+//                                   HF_S3_PROFILE, never the AWS chain)
 // The returned store counts requests and bytes (CountingStore) for `--stats`.
 #pragma once
 
