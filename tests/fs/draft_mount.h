@@ -320,6 +320,16 @@ class DraftMountTest : public ::testing::Test {
     if (!proxy_) proxy_ = std::make_unique<weightfs::test::FaultProxy>();
     return *proxy_;
   }
+  // Starts both: a WebDAV bucket at *direct, and the same through the proxy at *via_proxy,
+  // whose stalls (once the test sets a stall mode) last `stall_seconds`.
+  void StartProxiedWebDav(double stall_seconds, std::string* direct, std::string* via_proxy) {
+    ASSERT_TRUE(Nginx().Start());
+    weightfs::test::FaultProxy::Options options;
+    options.stall_seconds = stall_seconds;
+    ASSERT_TRUE(Proxy().Start(Nginx().url(), options));
+    *direct = Nginx().url() + "/bucket";
+    *via_proxy = Proxy().url() + "/bucket";
+  }
 
   TempDir tmp_{"write"};
   std::unique_ptr<NginxServer> nginx_;

@@ -411,13 +411,9 @@ TEST_F(WriteTest, KilledDuringUploadTheDraftResumesAndPublishesBitExact) {
 // DraftModelTest (seed 3466797972 on a loaded machine); here every bucket request waits 50 ms
 // in a proxy so that the truncate lands inside the copy-up every time.
 TEST_F(WriteTest, ATruncateDuringTheCopyUpOfAnEditedFileStaysCutInTheCommit) {
-  NginxServer& nginx = Nginx();
-  ASSERT_TRUE(nginx.Start());
+  std::string direct, via_proxy;
+  ASSERT_NO_FATAL_FAILURE(StartProxiedWebDav(0.05, &direct, &via_proxy));
   weightfs::test::FaultProxy& proxy = Proxy();
-  weightfs::test::FaultProxy::Options slow;
-  slow.stall_seconds = 0.05;
-  ASSERT_TRUE(proxy.Start(nginx.url(), slow));
-  const std::string direct = nginx.url() + "/bucket", via_proxy = proxy.url() + "/bucket";
   Generate("8M", 1);
   Result init = Cli("init " + direct);
   ASSERT_EQ(init.exit_code, 0) << init.out;
@@ -467,13 +463,10 @@ TEST_F(WriteTest, ATruncateDuringTheCopyUpOfAnEditedFileStaysCutInTheCommit) {
 // version as its own and retire the draft, not fail forever with "already exists" (which
 // would also make every `weightfs unmount` refuse to unmount).
 TEST_F(WriteTest, KilledWhileItsCommitPublishesTheNextMountFinishesTheCommit) {
+  std::string direct, via_proxy;
+  ASSERT_NO_FATAL_FAILURE(StartProxiedWebDav(2, &direct, &via_proxy));
   NginxServer& nginx = Nginx();
-  ASSERT_TRUE(nginx.Start());
   weightfs::test::FaultProxy& proxy = Proxy();
-  weightfs::test::FaultProxy::Options slow;
-  slow.stall_seconds = 2;
-  ASSERT_TRUE(proxy.Start(nginx.url(), slow));
-  const std::string direct = nginx.url() + "/bucket", via_proxy = proxy.url() + "/bucket";
   Generate("8M", 1);
   ASSERT_NO_FATAL_FAILURE(InitWithBase(direct));
   Mount& m = NewMount("a", "--timeout 60", via_proxy);
