@@ -412,6 +412,10 @@ TEST_F(ChunkCacheReferencesTest, BeyondTheMemoryBoundIndexFilesAreNotLoadedAndTh
   EXPECT_FALSE(cache->Get(RowsOf(more)[0].hash, &out));
   EXPECT_TRUE(fs::exists(IndexFileOf(more)));
   ExpectAllHit(*Open(), more);
+  // more.bin's refresh and old.bin's below can fall in one tick of the kernel's file-time clock
+  // (a few ms), and then the order between them is a coin toss. Make more.bin's index older
+  // outright, so that only old.bin's refresh by the hits puts it first.
+  SetMtimeNs(IndexFileOf(more).string(), now - 1800ll * 1000000000);
   ExpectAllHit(*Open(), old_file);
   // Once memory is freed (the loaded file changed), a rescan loads what was left out, most
   // recently used first: old.bin, whose index file the other instance's hits just refreshed.
