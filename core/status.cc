@@ -17,6 +17,18 @@ std::string_view ErrorKindName(ErrorKind kind) {
     case ErrorKind::kAuth: return "Auth";
     case ErrorKind::kResourceExhausted: return "ResourceExhausted";
     case ErrorKind::kUnsupported: return "Unsupported";
+    case ErrorKind::kNotEmpty: return "NotEmpty";
+    case ErrorKind::kIsDirectory: return "IsDirectory";
+    case ErrorKind::kNotDirectory: return "NotDirectory";
+    case ErrorKind::kBusy: return "Busy";
+    case ErrorKind::kPermissionDenied: return "PermissionDenied";
+    case ErrorKind::kReadOnly: return "ReadOnly";
+    case ErrorKind::kCrossDevice: return "CrossDevice";
+    case ErrorKind::kStale: return "Stale";
+    case ErrorKind::kNameTooLong: return "NameTooLong";
+    case ErrorKind::kBadHandle: return "BadHandle";
+    case ErrorKind::kNoAttribute: return "NoAttribute";
+    case ErrorKind::kOutOfRange: return "OutOfRange";
   }
   return "Unknown";
 }

@@ -25,6 +25,19 @@ enum class ErrorKind {
   kAuth,
   kResourceExhausted,  // a hard cap (decompression bomb, memory/disk budget) was hit
   kUnsupported,
+  // What a file system request can be refused for (fs/status_errno.h maps each to its errno).
+  kNotEmpty,          // a directory that must be empty is not
+  kIsDirectory,       // a file operation on a directory
+  kNotDirectory,      // a directory operation on a file
+  kBusy,              // the node is in use (open for writing, being published)
+  kPermissionDenied,  // not allowed on this kind of node, whoever asks
+  kReadOnly,          // the node cannot change (a published version, drafts off)
+  kCrossDevice,       // a rename between places that cannot hold each other's nodes
+  kStale,             // the node was replaced (a draft published under its name)
+  kNameTooLong,
+  kBadHandle,         // the open file does not allow the operation (a write through O_RDONLY)
+  kNoAttribute,       // no such extended attribute
+  kOutOfRange,        // a buffer too small for the answer
 };
 
 std::string_view ErrorKindName(ErrorKind kind);
@@ -56,6 +69,18 @@ class [[nodiscard]] Status {
     return {ErrorKind::kResourceExhausted, std::move(m)};
   }
   static Status Unsupported(std::string m) { return {ErrorKind::kUnsupported, std::move(m)}; }
+  static Status NotEmpty(std::string m) { return {ErrorKind::kNotEmpty, std::move(m)}; }
+  static Status IsDirectory(std::string m) { return {ErrorKind::kIsDirectory, std::move(m)}; }
+  static Status NotDirectory(std::string m) { return {ErrorKind::kNotDirectory, std::move(m)}; }
+  static Status Busy(std::string m) { return {ErrorKind::kBusy, std::move(m)}; }
+  static Status PermissionDenied(std::string m) { return {ErrorKind::kPermissionDenied, std::move(m)}; }
+  static Status ReadOnly(std::string m) { return {ErrorKind::kReadOnly, std::move(m)}; }
+  static Status CrossDevice(std::string m) { return {ErrorKind::kCrossDevice, std::move(m)}; }
+  static Status Stale(std::string m) { return {ErrorKind::kStale, std::move(m)}; }
+  static Status NameTooLong(std::string m) { return {ErrorKind::kNameTooLong, std::move(m)}; }
+  static Status BadHandle(std::string m) { return {ErrorKind::kBadHandle, std::move(m)}; }
+  static Status NoAttribute(std::string m) { return {ErrorKind::kNoAttribute, std::move(m)}; }
+  static Status OutOfRange(std::string m) { return {ErrorKind::kOutOfRange, std::move(m)}; }
 
   bool ok() const { return kind_ == ErrorKind::kOk; }
   ErrorKind kind() const { return kind_; }

@@ -150,31 +150,31 @@ using Impl = FuseServer::Impl;
 
 Impl& Server(fuse_req_t req) { return *static_cast<Impl*>(fuse_req_userdata(req)); }
 
-// Runs a request body that returns 0 once it has replied, or an errno to reply with. The body
-// replies only as its last step, so an exception always arrives before any reply was sent.
+// Runs a request body that returns OK once it has replied, or the Status to reply with: its
+// errno is StatusToErrno's, in `context` (what the request is about; fs/status_errno.h). The
+// body replies only as its last step, so an exception always arrives before any reply was
+// sent; it is served as a failure to produce data (out of memory: ENOMEM, else EIO).
 template <typename Body>
-void Serve(fuse_req_t req, const char* op, Body&& body) {
-  int err = 0;
+void Serve(fuse_req_t req, const char* op, ErrnoContext context, Body&& body) {
+  Status st;
   try {
-    err = body();
-  } catch (const std::bad_alloc&) {
-    spdlog::error("{}: out of memory", op);
-    err = ENOMEM;
-  } catch (const std::exception& e) {
-    spdlog::error("{}: {}", op, e.what());
-    err = EIO;
+    st = body();
   } catch (...) {
-    spdlog::error("{}: unknown exception", op);
-    err = EIO;
+    st = StatusOfCurrentException(op);
+    context = ErrnoContext::kData;
   }
-  if (err != 0) fuse_reply_err(req, err);
+  if (!st.ok()) fuse_reply_err(req, StatusToErrno(st, context, op));
 }
 
 // Every request that would change the tree or a file ends here: published versions are
-// immutable. (Drafts, a later issue, route the writes of draft directories to staging here.)
-int WriteDenied(const char* op, fuse_ino_t ino) {
-  spdlog::debug("{} on inode {}: read-only file system", op, ino);
-  return EROFS;
+// immutable; drafts (fs/drafts/) take the writes of draft directories.
+Status WriteDenied(const char* op, fuse_ino_t ino) {
+  return Status::ReadOnly(std::string(op) + " on inode " + std::to_string(ino) + ": published versions do not change");
+}
+
+Status NameTooLong(const char* name) {
+  return Status::NameTooLong(std::string("a name of ") + std::to_string(std::strlen(name)) + " bytes (the most is " +
+                             std::to_string(kNameMax) + ")");
 }
 
 fuse_entry_param EntryOf(const NodeAttr& a) {
@@ -212,9 +212,9 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 // ---- names and attributes ---------------------------------------------------------------------
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  Serve(req, "lookup", [&] {
+  Serve(req, "lookup", ErrnoContext::kName, [&]() -> Status {
     Impl& s = Server(req);
-    if (TooLong(name)) return ENAMETOOLONG;
+    if (TooLong(name)) return NameTooLong(name);
     // The hidden .patch directory of a published version, and everything in it.
     std::optional<std::pair<std::string, std::string>> version;
     if (s.patches && !Drafts::Owns(parent) &&
@@ -227,45 +227,44 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
         if (real.ok()) {
           fuse_entry_param e = EntryOf(*real);
           fuse_reply_entry(req, &e);
-          return 0;
+          return Status::Ok();
         }
       }
-      const int err = version ? s.patches->LookupRoot(parent, version->first, version->second, &pa)
-                              : s.patches->Lookup(parent, name, &pa);
-      if (err != 0) return err;
+      WFS_TRY(version ? s.patches->LookupRoot(parent, version->first, version->second, &pa)
+                      : s.patches->Lookup(parent, name, &pa));
       fuse_entry_param e = EntryOf(pa);
       fuse_reply_entry(req, &e);
-      return 0;
+      return Status::Ok();
     }
     if (s.drafts) {
       NodeAttr da;
-      int err = ENOENT;
+      bool found = false;
       std::optional<std::string> dir;
       if (Drafts::Owns(parent)) {
-        err = s.drafts->Lookup(parent, name, &da);
-        if (err != 0) return err;
+        WFS_TRY(s.drafts->Lookup(parent, name, &da));
+        found = true;
       } else if ((dir = s.names.DirPath(parent)) && std::strchr(name, '@')) {
-        err = s.drafts->LookupIn(*dir, name, &da);  // a draft shadows a version of its name
+        found = s.drafts->LookupIn(*dir, name, &da).ok();  // a draft shadows a version of its name
       }
-      if (err == 0) {
+      if (found) {
         fuse_entry_param e = EntryOf(da);
         fuse_reply_entry(req, &e);
-        return 0;
+        return Status::Ok();
       }
       if (dir && !std::strchr(name, '@')) {
         Expected<NodeAttr> a = s.names.Lookup(parent, name);
-        if (!a.ok() && a.status().kind() == ErrorKind::kNotFound && s.drafts->LookupIn(*dir, name, &da) == 0) {
+        if (!a.ok() && a.status().kind() == ErrorKind::kNotFound && s.drafts->LookupIn(*dir, name, &da).ok()) {
           fuse_entry_param e = EntryOf(da);
           fuse_reply_entry(req, &e);
-          return 0;
+          return Status::Ok();
         }
       }
     }
     Expected<NodeAttr> a = s.names.Lookup(parent, name);
-    if (!a.ok()) return StatusToErrno(a.status(), ErrnoContext::kName, std::string("lookup ") + name);
+    if (!a.ok()) return a.status();
     fuse_entry_param e = EntryOf(*a);
     fuse_reply_entry(req, &e);
-    return 0;
+    return Status::Ok();
   });
 }
 
@@ -274,49 +273,49 @@ void OpForget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
 void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
 
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
-  Serve(req, "getattr", [&] {
+  Serve(req, "getattr", ErrnoContext::kName, [&]() -> Status {
     Impl& s = Server(req);
     if (s.Owned(ino)) {
       NodeAttr da;
-      if (int err = s.drafts->GetAttr(ino, &da); err != 0) return err;
+      WFS_TRY(s.drafts->GetAttr(ino, &da));
       fuse_reply_attr(req, &da.st, da.timeout_s);
-      return 0;
+      return Status::Ok();
     }
     if (s.Patch(ino)) {
       NodeAttr pa;
-      if (int err = s.patches->GetAttr(ino, &pa); err != 0) return err;
+      WFS_TRY(s.patches->GetAttr(ino, &pa));
       fuse_reply_attr(req, &pa.st, pa.timeout_s);
-      return 0;
+      return Status::Ok();
     }
     Expected<NodeAttr> a = Server(req).names.GetAttr(ino);
-    if (!a.ok()) return StatusToErrno(a.status(), ErrnoContext::kName, "getattr");
+    if (!a.ok()) return a.status();
     fuse_reply_attr(req, &a->st, a->timeout_s);
-    return 0;
+    return Status::Ok();
   });
 }
 
 void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
-  Serve(req, "readlink", [&] {
+  Serve(req, "readlink", ErrnoContext::kName, [&]() -> Status {
     Expected<std::string> target = Server(req).names.ReadLink(ino);
-    if (!target.ok()) return StatusToErrno(target.status(), ErrnoContext::kName, "readlink");
+    if (!target.ok()) return target.status();
     fuse_reply_readlink(req, target->c_str());
-    return 0;
+    return Status::Ok();
   });
 }
 
 void OpAccess(fuse_req_t req, fuse_ino_t ino, int mask) {
-  Serve(req, "access", [&] {
+  Serve(req, "access", ErrnoContext::kName, [&]() -> Status {
     Impl& s = Server(req);
     if ((mask & W_OK) && !(s.drafts && (Drafts::Owns(ino) || s.DirPath(ino)))) {
       return WriteDenied("access(W_OK)", ino);
     }
     fuse_reply_err(req, 0);
-    return 0;
+    return Status::Ok();
   });
 }
 
 void OpStatfs(fuse_req_t req, fuse_ino_t) {
-  Serve(req, "statfs", [&] {
+  Serve(req, "statfs", ErrnoContext::kName, [&]() -> Status {
     Impl& s = Server(req);
     struct statvfs st {};
     // Space is the local cache's: what materializing more of the mount can use.
@@ -329,25 +328,25 @@ void OpStatfs(fuse_req_t req, fuse_ino_t) {
     st.f_favail = 0;
     st.f_namemax = 255;
     fuse_reply_statfs(req, &st);
-    return 0;
+    return Status::Ok();
   });
 }
 
 // ---- directories ------------------------------------------------------------------------------
 
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  Serve(req, "opendir", [&] {
+  Serve(req, "opendir", ErrnoContext::kName, [&]() -> Status {
     Impl& s = Server(req);
     auto dir = std::make_unique<OpenDir>();
     bool immutable = false;
     if (s.Owned(ino)) {
-      if (int err = s.drafts->ReadDir(ino, &dir->entries); err != 0) return err;
+      WFS_TRY(s.drafts->ReadDir(ino, &dir->entries));
     } else if (s.Patch(ino)) {
-      if (int err = s.patches->ReadDir(ino, &dir->entries); err != 0) return err;
+      WFS_TRY(s.patches->ReadDir(ino, &dir->entries));
       immutable = true;
     } else {
       Expected<std::vector<DirEntry>> entries = s.names.ReadDir(ino);
-      if (!entries.ok()) return StatusToErrno(entries.status(), ErrnoContext::kName, "opendir");
+      if (!entries.ok()) return entries.status();
       dir->entries = std::move(entries).value();
       std::optional<std::string> path;
       if (s.drafts && (path = s.names.DirPath(ino))) {
@@ -370,12 +369,12 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fi->cache_readdir = immutable;
     fi->keep_cache = immutable;
     if (fuse_reply_open(req, fi) == 0) dir.release();  // else the kernel never saw the handle
-    return 0;
+    return Status::Ok();
   });
 }
 
 void OpReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
-  Serve(req, "readdir", [&] {
+  Serve(req, "readdir", ErrnoContext::kName, [&]() -> Status {
     const OpenDir& dir = *reinterpret_cast<OpenDir*>(fi->fh);
     std::vector<char> buf(size);
     size_t used = 0;
@@ -389,12 +388,12 @@ void OpReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_inf
       used += n;
     }
     fuse_reply_buf(req, buf.data(), used);
-    return 0;
+    return Status::Ok();
   });
 }
 
 void OpReaddirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
-  Serve(req, "readdirplus", [&] {
+  Serve(req, "readdirplus", ErrnoContext::kName, [&]() -> Status {
     Impl& s = Server(req);
     const OpenDir& dir = *reinterpret_cast<OpenDir*>(fi->fh);
     // Which entries fit, then their attributes in one go (manifests are read in parallel).
@@ -425,11 +424,11 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file
     for (uint64_t i : patch_inos) {
       // A patch file's attributes cost its generation: left to its lookup (a plain entry).
       NodeAttr a;
-      if (!s.patches->IsFile(i) && s.patches->GetAttr(i, &a) == 0) attrs.push_back(a);
+      if (!s.patches->IsFile(i) && s.patches->GetAttr(i, &a).ok()) attrs.push_back(a);
     }
     for (uint64_t i : draft_inos) {
       NodeAttr a;
-      if (s.drafts->GetAttr(i, &a) == 0) attrs.push_back(a);
+      if (s.drafts->GetAttr(i, &a).ok()) attrs.push_back(a);
     }
     std::unordered_map<uint64_t, const NodeAttr*> by_ino;
     for (const NodeAttr& a : attrs) by_ino[a.ino] = &a;
@@ -451,7 +450,7 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file
                                      static_cast<off_t>(i + 1));
     }
     fuse_reply_buf(req, buf.data(), used);
-    return 0;
+    return Status::Ok();
   });
 }
 
@@ -463,11 +462,11 @@ void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 // ---- files ------------------------------------------------------------------------------------
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  Serve(req, "open", [&] {
+  Serve(req, "open", ErrnoContext::kChange, [&]() -> Status {
     Impl& s = Server(req);
     if (s.Owned(ino)) {
       auto file = std::make_unique<OpenFile>();
-      if (int err = s.drafts->Open(ino, fi->flags, &file->draft); err != 0) return err;
+      WFS_TRY(s.drafts->Open(ino, fi->flags, &file->draft));
       fi->fh = reinterpret_cast<uint64_t>(file.get());
       fi->keep_cache = 0;  // a draft's file changes
       fi->direct_io = 0;
@@ -476,38 +475,38 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       } else {
         s.drafts->Release(std::move(file->draft));
       }
-      return 0;
+      return Status::Ok();
     }
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return WriteDenied("open for writing", ino);
     if (s.Patch(ino)) {
       auto file = std::make_unique<OpenFile>();
-      if (int err = s.patches->Open(ino, &file->patch_fd); err != 0) return err;
+      WFS_TRY(s.patches->Open(ino, &file->patch_fd));
       fi->fh = reinterpret_cast<uint64_t>(file.get());
       fi->keep_cache = 1;
       fi->direct_io = 0;
       if (fuse_reply_open(req, fi) == 0) file.release();
-      return 0;
+      return Status::Ok();
     }
     Expected<VersionFile> f = s.names.Open(ino);
-    if (!f.ok()) return StatusToErrno(f.status(), ErrnoContext::kName, "open");
+    if (!f.ok()) return f.status();
     auto file = std::make_unique<OpenFile>();
     file->file = std::move(f).value();
     fi->fh = reinterpret_cast<uint64_t>(file.get());
     fi->keep_cache = 1;  // immutable: the page cache stays valid across opens
     fi->direct_io = 0;
     if (fuse_reply_open(req, fi) == 0) file.release();
-    return 0;
+    return Status::Ok();
   });
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
-  Serve(req, "read", [&] {
+  Serve(req, "read", ErrnoContext::kData, [&]() -> Status {
     OpenFile& f = *reinterpret_cast<OpenFile*>(fi->fh);
     if (f.draft) {
       std::vector<uint8_t> buf;
-      if (int err = Server(req).drafts->Read(*f.draft, static_cast<uint64_t>(off), size, &buf); err != 0) return err;
+      WFS_TRY(Server(req).drafts->Read(*f.draft, static_cast<uint64_t>(off), size, &buf));
       fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), buf.size());
-      return 0;
+      return Status::Ok();
     }
     if (f.patch_fd >= 0) {
       std::vector<char> buf(size);
@@ -516,22 +515,21 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
         ssize_t n = ::pread(f.patch_fd, buf.data() + got, size - got, off + static_cast<off_t>(got));
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) {
-          spdlog::error("read of a patch file at {}+{}: {}", off, size, std::strerror(errno));
-          return EIO;
+          return Status::IOError("read of a patch file at " + std::to_string(off) + "+" + std::to_string(size) + ": " +
+                                 std::strerror(errno));
         }
         if (n == 0) break;
         got += static_cast<size_t>(n);
       }
       fuse_reply_buf(req, buf.data(), got);
-      return 0;
+      return Status::Ok();
     }
     const Manifest& m = *f.file.manifest;
     Expected<ReadResult> r =
         Server(req).reader.Read(f.file.manifest, *f.file.file, static_cast<uint64_t>(off), size, &f.stream);
     if (!r.ok()) {
-      return StatusToErrno(r.status(), ErrnoContext::kData,
-                           "read " + m.model + "@" + m.version + "/" + f.file.file->path + " at " +
-                               std::to_string(off) + "+" + std::to_string(size));
+      return r.status().WithContext("read " + m.model + "@" + m.version + "/" + f.file.file->path + " at " +
+                                    std::to_string(off) + "+" + std::to_string(size));
     }
     // The reply points into the chunk buffers, which `r` keeps alive until it is sent.
     if (r->iov.empty()) {
@@ -539,7 +537,7 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
     } else {
       fuse_reply_iov(req, r->iov.data(), static_cast<int>(r->iov.size()));
     }
-    return 0;
+    return Status::Ok();
   });
 }
 
@@ -557,11 +555,11 @@ void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 
 void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
 void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
-  Serve(req, "fsync", [&] {
+  Serve(req, "fsync", ErrnoContext::kChange, [&]() -> Status {
     OpenFile& f = *reinterpret_cast<OpenFile*>(fi->fh);
-    const int err = f.draft ? Server(req).drafts->Fsync(*f.draft) : 0;
-    fuse_reply_err(req, err);
-    return 0;
+    if (f.draft) WFS_TRY(Server(req).drafts->Fsync(*f.draft));
+    fuse_reply_err(req, 0);
+    return Status::Ok();
   });
 }
 
@@ -648,20 +646,21 @@ std::string StatsJsonOf(const Impl& s) {
 
 // ---- extended attributes ----------------------------------------------------------------------
 
-// The size-probe protocol: size 0 asks for the length; a buffer too small is ERANGE.
-int ReplyXattrValue(fuse_req_t req, const std::string& value, size_t size) {
+// The size-probe protocol: size 0 asks for the length; a buffer too small is OutOfRange (ERANGE).
+Status ReplyXattrValue(fuse_req_t req, const std::string& value, size_t size) {
   if (size == 0) {
     fuse_reply_xattr(req, value.size());
   } else if (size < value.size()) {
-    return ERANGE;
+    return Status::OutOfRange("an xattr value of " + std::to_string(value.size()) + " bytes, a buffer of " +
+                              std::to_string(size));
   } else {
     fuse_reply_buf(req, value.data(), value.size());
   }
-  return 0;
+  return Status::Ok();
 }
 
 void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
-  Serve(req, "getxattr", [&] {
+  Serve(req, "getxattr", ErrnoContext::kName, [&]() -> Status {
     Impl& s = Server(req);
     const std::string n(name);
     if (ino == Namespace::kRootIno && n == kXattrPid) {
@@ -675,37 +674,38 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
     }
     if (s.Owned(ino)) {
       std::string v;
-      if (int err = s.drafts->GetXattr(ino, n, &v); err != 0) return err;
+      WFS_TRY(s.drafts->GetXattr(ino, n, &v));
       return ReplyXattrValue(req, v, size);
     }
-    if (s.Patch(ino)) return ENODATA;
+    if (s.Patch(ino)) return Status::NoAttribute(n);
     if (n == kXattrNewest) {
       Expected<std::string> newest = s.names.NewestVersion(ino);
       if (!newest.ok()) {
-        if (newest.status().kind() == ErrorKind::kInvalidArgument) return ENODATA;  // not a version
-        return StatusToErrno(newest.status(), ErrnoContext::kName, "getxattr " + n);
+        if (newest.status().kind() == ErrorKind::kInvalidArgument) return Status::NoAttribute(n);  // not a version
+        return newest.status();
       }
       return ReplyXattrValue(req, *newest, size);
     }
     Expected<std::string> v = s.names.GetXattr(ino, n);
-    if (!v.ok()) return StatusToErrno(v.status(), ErrnoContext::kXattr, "getxattr " + n);
+    if (!v.ok() && v.status().kind() == ErrorKind::kNotFound) return Status::NoAttribute(v.status().message());
+    if (!v.ok()) return v.status();
     return ReplyXattrValue(req, *v, size);
   });
 }
 
 void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
-  Serve(req, "listxattr", [&] {
+  Serve(req, "listxattr", ErrnoContext::kName, [&]() -> Status {
     Impl& s = Server(req);
     if (s.Owned(ino)) {
       std::vector<std::string> names;
-      if (int err = s.drafts->ListXattr(ino, &names); err != 0) return err;
+      WFS_TRY(s.drafts->ListXattr(ino, &names));
       std::string list;
       for (const std::string& n : names) list.append(n).push_back('\0');
       return ReplyXattrValue(req, list, size);
     }
     if (s.Patch(ino)) return ReplyXattrValue(req, "", size);
     Expected<std::vector<std::string>> names = s.names.ListXattr(ino);
-    if (!names.ok()) return StatusToErrno(names.status(), ErrnoContext::kName, "listxattr");
+    if (!names.ok()) return names.status();
     if (ino == Namespace::kRootIno) {
       names->push_back(kXattrPid);
       names->push_back(kXattrStats);
@@ -719,22 +719,13 @@ void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 
 // ---- changes: drafts, else refused --------------------------------------------------------------
 
-void ReplyEntryOrErr(fuse_req_t req, int err, const NodeAttr& a) {
-  if (err != 0) {
-    fuse_reply_err(req, err);
-    return;
-  }
-  fuse_entry_param e = EntryOf(a);
-  fuse_reply_entry(req, &e);
-}
-
 Caller CallerOf(fuse_req_t req) {
   const fuse_ctx* ctx = fuse_req_ctx(req);
   return Caller{ctx->uid, ctx->gid};
 }
 
 void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
-  Serve(req, "setattr", [&] {
+  Serve(req, "setattr", ErrnoContext::kChange, [&]() -> Status {
     Impl& s = Server(req);
     if (!s.Owned(ino)) return WriteDenied("setattr", ino);
     AttrChange c;
@@ -757,18 +748,24 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
     }
     NodeAttr a;
     DraftHandle* handle = fi ? reinterpret_cast<OpenFile*>(fi->fh)->draft.get() : nullptr;
-    if (int err = s.drafts->SetAttr(ino, c, handle, &a); err != 0) return err;
+    WFS_TRY(s.drafts->SetAttr(ino, c, handle, &a));
     fuse_reply_attr(req, &a.st, a.timeout_s);
-    return 0;
+    return Status::Ok();
   });
 }
+// A request no draft takes (mknod, symlink, link, removexattr, fallocate, copy_file_range):
+// published versions refuse it as read-only; a draft's node by `refusal`.
+void Refuse(fuse_req_t req, const char* op, fuse_ino_t ino, Status refusal) {
+  Serve(req, op, ErrnoContext::kChange, [&] { return Server(req).Owned(ino) ? refusal : WriteDenied(op, ino); });
+}
+
 void OpMknod(fuse_req_t req, fuse_ino_t parent, const char*, mode_t, dev_t) {
-  fuse_reply_err(req, Server(req).Owned(parent) ? EPERM : WriteDenied("mknod", parent));
+  Refuse(req, "mknod", parent, Status::PermissionDenied("a draft holds regular files and directories only"));
 }
 void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
-  Serve(req, "mkdir", [&] {
+  Serve(req, "mkdir", ErrnoContext::kChange, [&]() -> Status {
     Impl& s = Server(req);
-    if (TooLong(name)) return ENAMETOOLONG;
+    if (TooLong(name)) return NameTooLong(name);
     if (!s.drafts) {
       if (s.parts.bucket->derived()) {
         spdlog::warn("mkdir {}: the bucket's versions are derived from another layout (a TRL delta-sync "
@@ -778,114 +775,119 @@ void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
       return WriteDenied("mkdir", parent);
     }
     NodeAttr a;
-    int err;
     if (Drafts::Owns(parent)) {
-      err = s.drafts->Mkdir(parent, name, mode, CallerOf(req), &a);
+      WFS_TRY(s.drafts->Mkdir(parent, name, mode, CallerOf(req), &a));
     } else if (std::optional<std::string> dir = s.names.DirPath(parent)) {
-      if (s.names.Lookup(parent, name).ok()) return EEXIST;
-      err = s.drafts->MkdirIn(*dir, name, mode, CallerOf(req), &a);
+      if (s.names.Lookup(parent, name).ok()) return Status::Conflict(std::string(name) + " exists already");
+      WFS_TRY(s.drafts->MkdirIn(*dir, name, mode, CallerOf(req), &a));
     } else {
       return WriteDenied("mkdir", parent);
     }
-    ReplyEntryOrErr(req, err, a);
-    return 0;
+    fuse_entry_param e = EntryOf(a);
+    fuse_reply_entry(req, &e);
+    return Status::Ok();
   });
 }
 void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  Serve(req, "unlink", [&] {
+  Serve(req, "unlink", ErrnoContext::kChange, [&]() -> Status {
     Impl& s = Server(req);
     if (!s.Owned(parent)) return WriteDenied("unlink", parent);
-    fuse_reply_err(req, s.drafts->Unlink(parent, name));
-    return 0;
+    WFS_TRY(s.drafts->Unlink(parent, name));
+    fuse_reply_err(req, 0);
+    return Status::Ok();
   });
 }
 void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  Serve(req, "rmdir", [&] {
+  Serve(req, "rmdir", ErrnoContext::kChange, [&]() -> Status {
     Impl& s = Server(req);
     if (!s.drafts) return WriteDenied("rmdir", parent);
     if (Drafts::Owns(parent)) {
-      fuse_reply_err(req, s.drafts->Rmdir(parent, name));
+      WFS_TRY(s.drafts->Rmdir(parent, name));
     } else if (std::optional<std::string> dir = s.names.DirPath(parent)) {
       NodeAttr a;
       if (!std::strchr(name, '@') && s.names.Lookup(parent, name).ok()) return WriteDenied("rmdir", parent);
-      if (std::strchr(name, '@') && s.drafts->LookupIn(*dir, name, &a) != 0) return WriteDenied("rmdir", parent);
-      fuse_reply_err(req, s.drafts->RmdirIn(*dir, name));
+      if (std::strchr(name, '@') && !s.drafts->LookupIn(*dir, name, &a).ok()) return WriteDenied("rmdir", parent);
+      WFS_TRY(s.drafts->RmdirIn(*dir, name));
     } else {
       return WriteDenied("rmdir", parent);
     }
-    return 0;
+    fuse_reply_err(req, 0);
+    return Status::Ok();
   });
 }
 void OpSymlink(fuse_req_t req, const char*, fuse_ino_t parent, const char*) {
-  fuse_reply_err(req, Server(req).Owned(parent) ? EPERM : WriteDenied("symlink", parent));
+  Refuse(req, "symlink", parent, Status::PermissionDenied("a draft holds no symbolic links"));
 }
 void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent,
               const char* new_name, unsigned flags) {
-  Serve(req, "rename", [&] {
+  Serve(req, "rename", ErrnoContext::kChange, [&]() -> Status {
     Impl& s = Server(req);
     if (!s.Owned(parent) && !s.Owned(new_parent)) return WriteDenied("rename", parent);
-    if (TooLong(new_name)) return ENAMETOOLONG;
-    if (!s.Owned(parent) || !s.Owned(new_parent)) return EXDEV;
-    fuse_reply_err(req, s.drafts->Rename(parent, name, new_parent, new_name, flags));
-    return 0;
+    if (TooLong(new_name)) return NameTooLong(new_name);
+    if (!s.Owned(parent) || !s.Owned(new_parent)) return Status::CrossDevice("a rename between a draft and a version");
+    WFS_TRY(s.drafts->Rename(parent, name, new_parent, new_name, flags));
+    fuse_reply_err(req, 0);
+    return Status::Ok();
   });
 }
 void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t, const char*) {
-  fuse_reply_err(req, Server(req).Owned(ino) ? EPERM : WriteDenied("link", ino));
+  Refuse(req, "link", ino, Status::PermissionDenied("a draft holds no hard links"));
 }
 void OpWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
-  Serve(req, "write", [&] {
+  Serve(req, "write", ErrnoContext::kChange, [&]() -> Status {
     OpenFile& f = *reinterpret_cast<OpenFile*>(fi->fh);
     if (!f.draft) return WriteDenied("write", ino);
-    const int err = Server(req).drafts->Write(
-        *f.draft, static_cast<uint64_t>(off), std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(buf), size));
-    if (err != 0) return err;
+    WFS_TRY(Server(req).drafts->Write(*f.draft, static_cast<uint64_t>(off),
+                                      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(buf), size)));
     fuse_reply_write(req, size);
-    return 0;
+    return Status::Ok();
   });
 }
 void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int) {
-  Serve(req, "setxattr", [&] {
+  Serve(req, "setxattr", ErrnoContext::kChange, [&]() -> Status {
     Impl& s = Server(req);
     const std::string n(name);
     const std::string v(value, size);
     if (ino == Namespace::kRootIno && n == kXattrCommitAll) {
+      // Any failure is EIO: `weightfs commit --all` reads the reasons in the status xattr.
       Status st = s.drafts ? s.drafts->CommitAll() : Status::Ok();
-      fuse_reply_err(req, st.ok() ? 0 : EIO);
-      return 0;
+      if (!st.ok()) return Status::IOError(st.ToString());
+      fuse_reply_err(req, 0);
+      return Status::Ok();
     }
     if (ino == Namespace::kRootIno && n == kXattrKeepDrafts) {
       s.publish_at_exit = false;
       spdlog::info("the drafts stay staged at unmount (weightfs unmount --keep-drafts)");
       fuse_reply_err(req, 0);
-      return 0;
+      return Status::Ok();
     }
     if (!s.Owned(ino)) return WriteDenied("setxattr", ino);
     if (n == kXattrDiscard) {
-      fuse_reply_err(req, s.drafts->Discard(ino));
-      return 0;
+      WFS_TRY(s.drafts->Discard(ino));
+    } else if (n == kXattrCommit) {
+      // (Its own context: a refusal to publish as things stand is EBUSY, not EINVAL.)
+      if (int err = StatusToErrno(s.drafts->Commit(ino, v), ErrnoContext::kCommit, "commit"); err != 0) {
+        fuse_reply_err(req, err);
+        return Status::Ok();
+      }
+    } else {
+      WFS_TRY(s.drafts->SetXattr(ino, n, v));
     }
-    if (n == kXattrCommit) {
-      fuse_reply_err(req, StatusToErrno(s.drafts->Commit(ino, v), ErrnoContext::kCommit, "commit"));
-      return 0;
-    }
-    fuse_reply_err(req, s.drafts->SetXattr(ino, n, v));
-    return 0;
+    fuse_reply_err(req, 0);
+    return Status::Ok();
   });
 }
 void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char*) {
-  fuse_reply_err(req, Server(req).Owned(ino) ? ENOTSUP : WriteDenied("removexattr", ino));
+  Refuse(req, "removexattr", ino, Status::Unsupported("a draft's attributes cannot be removed"));
 }
 void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
-  Serve(req, "create", [&] {
+  Serve(req, "create", ErrnoContext::kChange, [&]() -> Status {
     Impl& s = Server(req);
     if (!s.Owned(parent)) return WriteDenied("create", parent);
     auto file = std::make_unique<OpenFile>();
     NodeAttr a;
-    if (TooLong(name)) return ENAMETOOLONG;
-    if (int err = s.drafts->Create(parent, name, mode, fi->flags, CallerOf(req), &a, &file->draft); err != 0) {
-      return err;
-    }
+    if (TooLong(name)) return NameTooLong(name);
+    WFS_TRY(s.drafts->Create(parent, name, mode, fi->flags, CallerOf(req), &a, &file->draft));
     fi->fh = reinterpret_cast<uint64_t>(file.get());
     fi->keep_cache = 0;
     fi->direct_io = 0;
@@ -895,16 +897,16 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
     } else {
       s.drafts->Release(std::move(file->draft));
     }
-    return 0;
+    return Status::Ok();
   });
 }
 void OpFallocate(fuse_req_t req, fuse_ino_t ino, int, off_t, off_t, fuse_file_info*) {
-  fuse_reply_err(req, Server(req).Owned(ino) ? EOPNOTSUPP : WriteDenied("fallocate", ino));
+  Refuse(req, "fallocate", ino, Status::Unsupported("fallocate"));
 }
 void OpCopyFileRange(fuse_req_t req, fuse_ino_t, off_t, fuse_file_info*, fuse_ino_t ino_out, off_t,
                      fuse_file_info*, size_t, int) {
-  // ENOSYS-like: the kernel falls back to read + write.
-  fuse_reply_err(req, Server(req).Owned(ino_out) ? EOPNOTSUPP : WriteDenied("copy_file_range", ino_out));
+  // EOPNOTSUPP (= ENOTSUP on Linux): the kernel falls back to read + write.
+  Refuse(req, "copy_file_range", ino_out, Status::Unsupported("copy_file_range"));
 }
 
 fuse_lowlevel_ops MakeOps() {

@@ -2,11 +2,13 @@
 // low-level API and its multi-threaded loop.
 //
 // The kernel protocol lives here and nowhere else: requests are answered from the Namespace
-// (lookup, getattr, readdir[plus], readlink, xattrs) and the ChunkReader (read); every Status
-// becomes an errno through StatusToErrno; no exception escapes a callback (std::bad_alloc ->
-// ENOMEM, anything else -> EIO). Every request that would change something is refused with
-// EROFS in one place (WriteDenied in the .cc) unless it is about a draft (fs/drafts.h): new
-// version directories and everything in them, and `mkdir` in directories above the versions.
+// (lookup, getattr, readdir[plus], readlink, xattrs), the ChunkReader (read), the drafts and the
+// .patch view, which all return a Status: each request's body returns one, and it becomes the
+// reply's errno through StatusToErrno (fs/status_errno.h) and nowhere else; no exception escapes
+// a callback (std::bad_alloc -> ENOMEM, anything else -> EIO). Every request that would change
+// something is refused as ReadOnly (EROFS) in one place (WriteDenied in the .cc) unless it is
+// about a draft (fs/drafts/drafts.h): new version directories and everything in them, and
+// `mkdir` in directories above the versions.
 //
 // Control through extended attributes (the `weightfs commit/status/unmount` commands use them):
 // setting user.weightfs.commit on a draft directory publishes it (the value: another version
@@ -43,7 +45,7 @@
 #include "engine/chunk_cache.h"
 #include "engine/materializer.h"
 #include "fs/chunk_reader.h"
-#include "fs/drafts.h"
+#include "fs/drafts/drafts.h"
 #include "fs/namespace.h"
 #include "store/store_wrapper.h"
 

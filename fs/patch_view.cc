@@ -18,7 +18,6 @@
 #include "core/hash.h"
 #include "core/safetensors.h"
 #include "engine/weight_patcher.h"
-#include "fs/status_errno.h"
 
 namespace weightfs {
 namespace {
@@ -121,93 +120,93 @@ void PatchView::Fill(const Node& n, uint64_t size, NodeAttr* out) const {
   st.st_atim = st.st_ctim = st.st_mtim;
 }
 
-int PatchView::Manifest(const std::string& model, const std::string& version,
+Status PatchView::Manifest(const std::string& model, const std::string& version,
                         std::shared_ptr<const weightfs::Manifest>* out) {
   Expected<std::shared_ptr<const weightfs::Manifest>> m = bucket_->ReadManifest(model, version);
-  if (!m.ok()) return StatusToErrno(m.status(), ErrnoContext::kName, "patch view: manifest " + model + "@" + version);
+  if (!m.ok()) return m.status().WithContext("patch view: manifest " + model + "@" + version);
   *out = std::move(m).value();
-  return 0;
+  return Status::Ok();
 }
 
-int PatchView::Ancestors(const Node& root, std::vector<std::string>* listed) {
+Status PatchView::Ancestors(const Node& root, std::vector<std::string>* listed) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = ancestors_.find(root.ino);
     if (it != ancestors_.end()) {
       *listed = it->second;
-      return 0;
+      return Status::Ok();
     }
   }
   std::vector<std::string> names;
   std::shared_ptr<const weightfs::Manifest> m;
-  if (int err = Manifest(root.model, root.to, &m); err != 0) return err;
+  WFS_TRY(Manifest(root.model, root.to, &m));
   std::set<std::string> seen{root.to};
   while (m->parent && names.size() < options_.list_ancestors && seen.insert(*m->parent).second) {
     names.push_back(*m->parent);
     std::shared_ptr<const weightfs::Manifest> p;
-    if (Manifest(root.model, *m->parent, &p) != 0) break;  // the chain ends where manifests do
+    if (!Manifest(root.model, *m->parent, &p).ok()) break;  // the chain ends where manifests do
     m = std::move(p);
   }
   std::lock_guard<std::mutex> lock(mu_);
   ancestors_[root.ino] = names;
   *listed = std::move(names);
-  return 0;
+  return Status::Ok();
 }
 
-int PatchView::IsAncestor(const Node& root, const std::string& from, bool* yes) {
+Status PatchView::IsAncestor(const Node& root, const std::string& from, bool* yes) {
   *yes = false;
   std::vector<std::string> near;
-  if (int err = Ancestors(root, &near); err != 0) return err;
+  WFS_TRY(Ancestors(root, &near));
   if (std::find(near.begin(), near.end(), from) != near.end()) {
     *yes = true;
-    return 0;
+    return Status::Ok();
   }
-  if (near.size() < options_.list_ancestors) return 0;  // the whole chain is listed
+  if (near.size() < options_.list_ancestors) return Status::Ok();  // the whole chain is listed
   // Beyond the listed ones: walk on from the last.
   std::set<std::string> seen(near.begin(), near.end());
   std::shared_ptr<const weightfs::Manifest> m;
-  if (int err = Manifest(root.model, near.back(), &m); err != 0) return err;
+  WFS_TRY(Manifest(root.model, near.back(), &m));
   for (size_t i = 0; i < kMaxWalk && m->parent && seen.insert(*m->parent).second; ++i) {
     if (*m->parent == from) {
       *yes = true;
-      return 0;
+      return Status::Ok();
     }
     std::shared_ptr<const weightfs::Manifest> p;
-    if (Manifest(root.model, *m->parent, &p) != 0) return 0;
+    if (!Manifest(root.model, *m->parent, &p).ok()) return Status::Ok();
     m = std::move(p);
   }
-  return 0;
+  return Status::Ok();
 }
 
-int PatchView::LookupRoot(uint64_t version_ino, const std::string& model, const std::string& version,
+Status PatchView::LookupRoot(uint64_t version_ino, const std::string& model, const std::string& version,
                           NodeAttr* out) {
   std::shared_ptr<const weightfs::Manifest> m;
-  if (int err = Manifest(model, version, &m); err != 0) return err;
+  WFS_TRY(Manifest(model, version, &m));
   uint64_t ino = NodeFor(Kind::kRoot, version_ino, model, version, "", "", m->created_ms);
   std::lock_guard<std::mutex> lock(mu_);
   Fill(*NodeOf(ino), 0, out);
-  return 0;
+  return Status::Ok();
 }
 
-int PatchView::Lookup(uint64_t parent, std::string_view name_view, NodeAttr* out) {
+Status PatchView::Lookup(uint64_t parent, std::string_view name_view, NodeAttr* out) {
   const std::string name(name_view);
   const std::optional<Node> copy = CopyOf(parent);
-  if (!copy) return ENOENT;
+  if (!copy) return Status::NotFound("no such patch view node");
   const Node& p = *copy;
-  if (p.kind == Kind::kFile) return ENOTDIR;
-  if (name == "." || name == ".." || name.empty()) return ENOENT;
+  if (p.kind == Kind::kFile) return Status::NotDirectory(p.path + " is a patch file");
+  if (name == "." || name == ".." || name.empty()) return Status::NotFound("no entry '" + name + "'");
   if (p.kind == Kind::kRoot) {
     bool yes = false;
-    if (int err = IsAncestor(p, name, &yes); err != 0) return err;
-    if (!yes) return ENOENT;
+    WFS_TRY(IsAncestor(p, name, &yes));
+    if (!yes) return Status::NotFound(name + " is not an ancestor of " + p.model + "@" + p.to);
     uint64_t ino = NodeFor(Kind::kFrom, p.ino, p.model, p.to, name, "", p.mtime_ms);
     std::lock_guard<std::mutex> lock(mu_);
     Fill(*NodeOf(ino), 0, out);
-    return 0;
+    return Status::Ok();
   }
   // kFrom / kDir: NEW's safetensors files under p.path.
   std::shared_ptr<const weightfs::Manifest> m;
-  if (int err = Manifest(p.model, p.to, &m); err != 0) return err;
+  WFS_TRY(Manifest(p.model, p.to, &m));
   const std::string full = p.path.empty() ? name : p.path + "/" + name;
   bool is_dir = false, is_file = false;
   for (const ManifestFile& f : m->files) {
@@ -222,51 +221,51 @@ int PatchView::Lookup(uint64_t parent, std::string_view name_view, NodeAttr* out
     const Node n = *CopyOf(ino);
     std::string file;
     uint64_t size = 0;
-    if (int err = Ensure(n, &file, &size); err != 0) return err;
+    WFS_TRY(Ensure(n, &file, &size));
     Fill(n, size, out);
-    return 0;
+    return Status::Ok();
   }
   if (is_dir) {
     uint64_t ino = NodeFor(Kind::kDir, p.ino, p.model, p.to, p.from, full, p.mtime_ms);
     std::lock_guard<std::mutex> lock(mu_);
     Fill(*NodeOf(ino), 0, out);
-    return 0;
+    return Status::Ok();
   }
-  return ENOENT;
+  return Status::NotFound(full + ": no such safetensors file or directory in " + p.model + "@" + p.to);
 }
 
-int PatchView::GetAttr(uint64_t ino, NodeAttr* out) {
+Status PatchView::GetAttr(uint64_t ino, NodeAttr* out) {
   const std::optional<Node> copy = CopyOf(ino);
-  if (!copy) return ENOENT;
+  if (!copy) return Status::NotFound("no such patch view node");
   const Node& n = *copy;
   uint64_t size = 0;
   if (n.kind == Kind::kFile) {
     std::string file;
-    if (int err = Ensure(n, &file, &size); err != 0) return err;
+    WFS_TRY(Ensure(n, &file, &size));
   }
   Fill(n, size, out);
-  return 0;
+  return Status::Ok();
 }
 
-int PatchView::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
+Status PatchView::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
   const std::optional<Node> copy = CopyOf(ino);
-  if (!copy) return ENOENT;
+  if (!copy) return Status::NotFound("no such patch view node");
   const Node& p = *copy;
-  if (p.kind == Kind::kFile) return ENOTDIR;
+  if (p.kind == Kind::kFile) return Status::NotDirectory(p.path + " is a patch file");
   out->clear();
   out->push_back({".", p.ino, S_IFDIR});
   out->push_back({"..", p.parent, S_IFDIR});
   if (p.kind == Kind::kRoot) {
     std::vector<std::string> names;
-    if (int err = Ancestors(p, &names); err != 0) return err;
+    WFS_TRY(Ancestors(p, &names));
     std::sort(names.begin(), names.end());
     for (const std::string& a : names) {
       out->push_back({a, NodeFor(Kind::kFrom, p.ino, p.model, p.to, a, "", p.mtime_ms), S_IFDIR});
     }
-    return 0;
+    return Status::Ok();
   }
   std::shared_ptr<const weightfs::Manifest> m;
-  if (int err = Manifest(p.model, p.to, &m); err != 0) return err;
+  WFS_TRY(Manifest(p.model, p.to, &m));
   const std::string prefix = p.path.empty() ? "" : p.path + "/";
   std::map<std::string, bool> entries;  // name -> is a directory
   for (const ManifestFile& f : m->files) {
@@ -284,25 +283,24 @@ int PatchView::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
     out->push_back({name, NodeFor(k, p.ino, p.model, p.to, p.from, prefix + name, p.mtime_ms),
                     static_cast<mode_t>(dir ? S_IFDIR : S_IFREG)});
   }
-  return 0;
+  return Status::Ok();
 }
 
-int PatchView::Open(uint64_t ino, int* fd) {
+Status PatchView::Open(uint64_t ino, int* fd) {
   const std::optional<Node> copy = CopyOf(ino);
-  if (!copy) return ENOENT;
+  if (!copy) return Status::NotFound("no such patch view node");
   const Node& n = *copy;
-  if (n.kind != Kind::kFile) return EISDIR;
+  if (n.kind != Kind::kFile) return Status::IsDirectory(n.path + " is a directory");
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::string file;
     uint64_t size = 0;
-    if (int err = Ensure(n, &file, &size); err != 0) return err;
+    WFS_TRY(Ensure(n, &file, &size));
     *fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (*fd >= 0) return 0;
+    if (*fd >= 0) return Status::Ok();
     if (errno != ENOENT) break;  // evicted in between: once more
   }
-  spdlog::error("patch view: cannot open the patch of {}@{}/{} from {}: {}", n.model, n.to, n.path, n.from,
-                std::strerror(errno));
-  return EIO;
+  return Status::IOError("patch view: cannot open the patch of " + n.model + "@" + n.to + "/" + n.path + " from " +
+                         n.from + ": " + std::strerror(errno));
 }
 
 bool PatchView::Valid(const Node& n, const std::string& file, uint64_t* size) const {
@@ -335,7 +333,7 @@ bool PatchView::Valid(const Node& n, const std::string& file, uint64_t* size) co
   return ok;
 }
 
-int PatchView::Ensure(const Node& n, std::string* file, uint64_t* size) {
+Status PatchView::Ensure(const Node& n, std::string* file, uint64_t* size) {
   const std::string key = n.model + '\0' + n.from + '\0' + n.to + '\0' + n.path;
   *file = options_.dir + "/" +
           HashChunk(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(key.data()), key.size())).ToHex() +
@@ -348,12 +346,11 @@ int PatchView::Ensure(const Node& n, std::string* file, uint64_t* size) {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.reused;
       }
-      return 0;
+      return Status::Ok();
     }
     if (generated) {
-      spdlog::error("patch view: the patch of {}@{}/{} from {} just written to {} does not check", n.model, n.to,
-                    n.path, n.from, *file);
-      return EIO;
+      return Status::IOError("patch view: the patch of " + n.model + "@" + n.to + "/" + n.path + " from " + n.from +
+                             " just written to " + *file + " does not check");
     }
     std::shared_ptr<Flight> flight;
     bool mine = false;
@@ -363,7 +360,7 @@ int PatchView::Ensure(const Node& n, std::string* file, uint64_t* size) {
       if (it != flights_.end()) {
         flight = it->second;
         flight_done_.wait(lock, [&] { return flight->done; });
-        if (flight->err != 0) return flight->err;
+        if (!flight->status.ok()) return flight->status;
         generated = true;  // someone else's: check it, but do not loop
         continue;
       }
@@ -372,31 +369,28 @@ int PatchView::Ensure(const Node& n, std::string* file, uint64_t* size) {
       mine = true;
     }
     (void)mine;
-    int err = Generate(n, *file);
+    Status st = Generate(n, *file);
     {
       std::lock_guard<std::mutex> lock(mu_);
       flight->done = true;
-      flight->err = err;
+      flight->status = st;
       flights_.erase(*file);
-      if (err == 0) {
+      if (st.ok()) {
         ++stats_.generated;
       } else {
         ++stats_.failures;
       }
     }
     flight_done_.notify_all();
-    if (err != 0) return err;
+    WFS_TRY(st);
     generated = true;
   }
 }
 
-int PatchView::Generate(const Node& n, const std::string& file) {
+Status PatchView::Generate(const Node& n, const std::string& file) {
   std::lock_guard<std::mutex> g(gen_mu_);
   const std::string what = n.model + "@" + n.to + "/.patch/" + n.from + "/" + n.path;
-  auto fail = [&](const std::string& why) {
-    spdlog::error("patch view: cannot generate {}: {}", what, why);
-    return EIO;
-  };
+  auto fail = [&](const std::string& why) { return Status::IOError("patch view: cannot generate " + what + ": " + why); };
   PatchOptions po;
   po.cache = cache_;
   po.spill_dir = options_.dir;
@@ -431,7 +425,7 @@ int PatchView::Generate(const Node& n, const std::string& file) {
   spdlog::info("patch view: {} ({} bytes, {} of {} elements changed)", what, stats.patch_bytes,
                stats.elements_changed, stats.elements);
   Evict(file);
-  return 0;
+  return Status::Ok();
 }
 
 void PatchView::Evict(const std::string& keep) {

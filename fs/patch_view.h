@@ -59,13 +59,12 @@ class PatchView {
   ~PatchView();
 
   // The `.patch` directory of version directory `version_ino` (model@version).
-  int LookupRoot(uint64_t version_ino, const std::string& model, const std::string& version, NodeAttr* out);
-  // These return 0 or an errno.
-  int Lookup(uint64_t parent, std::string_view name, NodeAttr* out);
-  int GetAttr(uint64_t ino, NodeAttr* out);
-  int ReadDir(uint64_t ino, std::vector<DirEntry>* out);
+  Status LookupRoot(uint64_t version_ino, const std::string& model, const std::string& version, NodeAttr* out);
+  Status Lookup(uint64_t parent, std::string_view name, NodeAttr* out);
+  Status GetAttr(uint64_t ino, NodeAttr* out);
+  Status ReadDir(uint64_t ino, std::vector<DirEntry>* out);
   // An fd open for reading on the patch file (the caller closes it).
-  int Open(uint64_t ino, int* fd);
+  Status Open(uint64_t ino, int* fd);
   // True for patch files (whose attributes cost a generation).
   bool IsFile(uint64_t ino) const;
 
@@ -89,7 +88,7 @@ class PatchView {
   };
   struct Flight {
     bool done = false;
-    int err = 0;
+    Status status;
   };
 
   const Node* NodeOf(uint64_t ino) const;  // REQUIRES mu_ (nodes_ may grow and move)
@@ -98,14 +97,14 @@ class PatchView {
   uint64_t NodeFor(Kind kind, uint64_t parent, const std::string& model, const std::string& to,
                    const std::string& from, const std::string& path, int64_t mtime_ms);
   void Fill(const Node& n, uint64_t size, NodeAttr* out) const;
-  // NEW's manifest (NotFound etc. as errno).
-  int Manifest(const std::string& model, const std::string& version, std::shared_ptr<const weightfs::Manifest>* out);
+  // NEW's manifest.
+  Status Manifest(const std::string& model, const std::string& version, std::shared_ptr<const weightfs::Manifest>* out);
   // Is `from` an ancestor of model@to? `listed`: the nearest ones, for readdir.
-  int Ancestors(const Node& root, std::vector<std::string>* listed);
-  int IsAncestor(const Node& root, const std::string& from, bool* yes);
+  Status Ancestors(const Node& root, std::vector<std::string>* listed);
+  Status IsAncestor(const Node& root, const std::string& from, bool* yes);
   // The patch file of `n` (a kFile), generated if needed; its path and size.
-  int Ensure(const Node& n, std::string* file, uint64_t* size);
-  int Generate(const Node& n, const std::string& file);
+  Status Ensure(const Node& n, std::string* file, uint64_t* size);
+  Status Generate(const Node& n, const std::string& file);
   bool Valid(const Node& n, const std::string& file, uint64_t* size) const;
   void Evict(const std::string& keep);
 

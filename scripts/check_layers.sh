@@ -11,11 +11,14 @@ allowed() {  # the folders a file in folder $1 may include from
     core) echo "core" ;;
     store) echo "core store" ;;
     engine) echo "core store engine" ;;
-    fs) echo "core store engine fs" ;;
+    fs) echo "core store engine fs fs/drafts" ;;
+    # The drafts are the write path inside the FUSE layer (one library): they use its read path
+    # (chunk_reader.h) and node types (namespace.h); the server calls them.
+    fs/drafts) echo "core store engine fs fs/drafts" ;;
     sources/hf) echo "core store engine sources/hf" ;;
     sources/trl) echo "core store engine sources/trl" ;;
     sources) echo "core store engine sources sources/hf sources/trl" ;;
-    tools) echo "core store engine fs sources sources/hf sources/trl tools" ;;
+    tools) echo "core store engine fs fs/drafts sources sources/hf sources/trl tools" ;;
     *) return 1 ;;
   esac
 }

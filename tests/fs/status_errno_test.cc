@@ -2,6 +2,7 @@
 #include "fs/status_errno.h"
 
 #include <cerrno>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -29,6 +30,30 @@ TEST(StatusErrnoTest, ReadsAndCommitsMapTheSameKindsTheirOwnWay) {
   for (ErrorKind k : {ErrorKind::kCorruption, ErrorKind::kIOError, ErrorKind::kTimeout, ErrorKind::kAuth}) {
     EXPECT_EQ(Errno(k, ErrnoContext::kData), EIO);
     EXPECT_EQ(Errno(k, ErrnoContext::kCommit), EIO);
+  }
+}
+
+TEST(StatusErrnoTest, ChangesRunOutOfDiskNotMemory) {
+  EXPECT_EQ(Errno(ErrorKind::kResourceExhausted, ErrnoContext::kChange), ENOSPC);
+  EXPECT_EQ(Errno(ErrorKind::kNotFound, ErrnoContext::kChange), ENOENT);
+  EXPECT_EQ(Errno(ErrorKind::kInvalidArgument, ErrnoContext::kChange), EINVAL);
+}
+
+TEST(StatusErrnoTest, FileSystemKindsMapToTheirErrnoInEveryContext) {
+  const std::pair<ErrorKind, int> kinds[] = {
+      {ErrorKind::kNotEmpty, ENOTEMPTY},     {ErrorKind::kIsDirectory, EISDIR},
+      {ErrorKind::kNotDirectory, ENOTDIR},   {ErrorKind::kBusy, EBUSY},
+      {ErrorKind::kPermissionDenied, EPERM}, {ErrorKind::kReadOnly, EROFS},
+      {ErrorKind::kCrossDevice, EXDEV},      {ErrorKind::kStale, ESTALE},
+      {ErrorKind::kNameTooLong, ENAMETOOLONG}, {ErrorKind::kBadHandle, EBADF},
+      {ErrorKind::kNoAttribute, ENODATA},    {ErrorKind::kOutOfRange, ERANGE},
+      {ErrorKind::kConflict, EEXIST},        {ErrorKind::kUnsupported, ENOTSUP},
+  };
+  for (auto [kind, err] : kinds) {
+    for (ErrnoContext c : {ErrnoContext::kName, ErrnoContext::kData, ErrnoContext::kXattr, ErrnoContext::kChange,
+                           ErrnoContext::kCommit}) {
+      EXPECT_EQ(Errno(kind, c), err) << ErrorKindName(kind);
+    }
   }
 }
 

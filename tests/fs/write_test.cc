@@ -1,4 +1,4 @@
-// The write path of real mounts (drafts, fs/drafts.h): the weightfs binary mounts a bucket
+// The write path of real mounts (drafts, fs/drafts/drafts.h): the weightfs binary mounts a bucket
 // through /dev/fuse and the tests write new versions the way users do — cp into a draft
 // (mkdir MODEL@VERSION), Python writing a safetensors file, an in-place edit of one tensor,
 // renames, unlinks, truncates — then `weightfs commit` / `weightfs unmount` publish, and a

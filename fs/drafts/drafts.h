@@ -25,8 +25,9 @@
 // when the file is encoded (its SHA-256 needs every byte).
 //
 // Inode numbers are >= kFirstIno (the Namespace's are small); each node keeps its number for
-// the life of the mount. Operations return 0 or an errno (and log the reason); commit returns a
-// Status whose message the `weightfs commit` command prints. Thread-safe; bucket I/O, encoding
+// the life of the mount. Operations return a Status (NotFound, Conflict, NotEmpty, IsDirectory,
+// Busy, CrossDevice, ...): the FUSE adapter turns it into the reply's errno with StatusToErrno
+// (fs/status_errno.h); commit's message is what the `weightfs commit` command prints. Thread-safe; bucket I/O, encoding
 // and staging I/O never run under the metadata lock.
 #pragma once
 
@@ -102,7 +103,7 @@ class Drafts {
 
   // Takes the state directory's lock and loads the drafts an earlier mount left; queues the
   // encoding of staged files not yet encoded and resumes commits that were requested. If
-  // another mount holds the lock, drafts are disabled here (mkdir gets EROFS) and the reason
+  // another mount holds the lock, drafts are disabled here (mkdir gets ReadOnly: EROFS) and the reason
   // is returned for the log.
   Status Load();
   bool enabled() const;
@@ -111,44 +112,44 @@ class Drafts {
 
   // ---- directories above the versions ("" = the root, "acme", ...) -----------------------
   // Drafts and new (not yet published) model directories shown in `dir_path`.
-  int LookupIn(const std::string& dir_path, std::string_view name, NodeAttr* out);
+  Status LookupIn(const std::string& dir_path, std::string_view name, NodeAttr* out);
   std::vector<DirEntry> EntriesIn(const std::string& dir_path);
   // "leaf@version": a new draft (owned by `who`, with `mode`); any other name: a new
   // directory for models to come.
-  int MkdirIn(const std::string& dir_path, std::string_view name, mode_t mode, const Caller& who,
+  Status MkdirIn(const std::string& dir_path, std::string_view name, mode_t mode, const Caller& who,
               NodeAttr* out);
   // Removes an empty draft (all files deleted) or an empty new directory.
-  int RmdirIn(const std::string& dir_path, std::string_view name);
+  Status RmdirIn(const std::string& dir_path, std::string_view name);
 
   // ---- nodes this class owns -------------------------------------------------------------
-  int GetAttr(uint64_t ino, NodeAttr* out);
-  int Lookup(uint64_t parent, std::string_view name, NodeAttr* out);
-  int ReadDir(uint64_t ino, std::vector<DirEntry>* out);
+  Status GetAttr(uint64_t ino, NodeAttr* out);
+  Status Lookup(uint64_t parent, std::string_view name, NodeAttr* out);
+  Status ReadDir(uint64_t ino, std::vector<DirEntry>* out);
   // The path of a new model directory (for DirPath-like routing), else nullopt.
   std::optional<std::string> DirPath(uint64_t ino) const;
-  int Mkdir(uint64_t parent, std::string_view name, mode_t mode, const Caller& who, NodeAttr* out);
-  int Rmdir(uint64_t parent, std::string_view name);
-  int Unlink(uint64_t parent, std::string_view name);
-  int Rename(uint64_t parent, std::string_view name, uint64_t new_parent, std::string_view new_name,
+  Status Mkdir(uint64_t parent, std::string_view name, mode_t mode, const Caller& who, NodeAttr* out);
+  Status Rmdir(uint64_t parent, std::string_view name);
+  Status Unlink(uint64_t parent, std::string_view name);
+  Status Rename(uint64_t parent, std::string_view name, uint64_t new_parent, std::string_view new_name,
              unsigned flags);
-  int Create(uint64_t parent, std::string_view name, mode_t mode, int flags, const Caller& who,
+  Status Create(uint64_t parent, std::string_view name, mode_t mode, int flags, const Caller& who,
              NodeAttr* out, std::unique_ptr<DraftHandle>* handle);
-  int Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle);
+  Status Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handle);
   // Files: size, owner, mode, times. A draft's directories: owner, mode, times. The
   // directories above the versions: EPERM (they are the mount's).
   // `handle`: the open file setattr came with (ftruncate, fchmod), which may have been renamed
   // or unlinked since; null: by inode.
-  int SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* handle, NodeAttr* out);
-  int Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8_t>* out);
-  int Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data);
-  int Fsync(DraftHandle& h);
+  Status SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* handle, NodeAttr* out);
+  Status Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<uint8_t>* out);
+  Status Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> data);
+  Status Fsync(DraftHandle& h);
   // Closing the last writer queues the file's encoding.
   void Release(std::unique_ptr<DraftHandle> h);
 
   // user.weightfs.parent (settable on an unchanged draft), .state, .error on draft dirs.
-  int GetXattr(uint64_t ino, std::string_view name, std::string* out);
-  int SetXattr(uint64_t ino, std::string_view name, std::string_view value);
-  int ListXattr(uint64_t ino, std::vector<std::string>* out);
+  Status GetXattr(uint64_t ino, std::string_view name, std::string* out);
+  Status SetXattr(uint64_t ino, std::string_view name, std::string_view value);
+  Status ListXattr(uint64_t ino, std::vector<std::string>* out);
 
   // ---- publishing --------------------------------------------------------------------------
   // Waits until every file of the draft is encoded and uploaded, then publishes the manifest
@@ -158,7 +159,7 @@ class Drafts {
   Status CommitAll();
   // Abandons a draft: forgets it and deletes its staging files (`weightfs discard`). EBUSY
   // while it is committed or a file of it is open for writing.
-  int Discard(uint64_t draft_ino);
+  Status Discard(uint64_t draft_ino);
   // Drafts, pending encodes, bytes to go, errors (JSON object) for `weightfs status`.
   std::string StatusJson();
   // Files whose encoding is queued, not started (a queue depth for the metrics).

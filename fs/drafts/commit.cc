@@ -1,0 +1,353 @@
+// Publishing a draft (commit: every file encoded, the packs checked, the manifest written
+// create-if-absent) and removing one (rmdir of an empty draft, discard).
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/safetensors.h"
+#include "engine/lease.h"
+#include "engine/mapped_file.h"
+#include "fs/drafts/posix_io.h"
+#include "fs/drafts/state.h"
+
+namespace weightfs {
+
+// Tensor elements and other bytes of an unchanged file, as push counts them: a safetensors
+// file's header chunk is parsed for its tensors (it is small and usually cached).
+Expected<std::pair<uint64_t, uint64_t>> Drafts::State::ElementsOf(const Manifest& pm, const ManifestFile& pf) {
+  if (pf.chunks.empty() || pf.chunks[0].key.tensor != kHeaderChunkName) return std::pair<uint64_t, uint64_t>{0, pf.size};
+  WFS_ASSIGN_OR_RETURN(ByteBuffer header, materializer->Chunk(pm, pf, 0));
+  WFS_ASSIGN_OR_RETURN(SafetensorsHeader h, ParseSafetensorsHeader(header, pf.size));
+  uint64_t elements = 0;
+  for (const TensorInfo& t : h.tensors) elements += t.size() / std::max<size_t>(1, DTypeSize(t.dtype));
+  return std::pair<uint64_t, uint64_t>{elements, pf.chunks[0].length};
+}
+
+// Whether the published manifest of m's name has exactly m's parent and files (the same
+// recipes): then it is this draft's own, published by a commit that was cut short.
+bool Drafts::State::IsOurs(const Manifest& m) {
+  Expected<std::shared_ptr<const Manifest>> there = bucket->ReadFullManifest(m.model, m.version);
+  if (!there.ok() || (*there)->parent != m.parent || (*there)->files.size() != m.files.size()) return false;
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    const ManifestFile& a = m.files[i];
+    const ManifestFile& b = (*there)->files[i];
+    if (a.path != b.path || a.size != b.size || a.sha256 != b.sha256 || a.chunks.size() != b.chunks.size()) return false;
+    for (size_t c = 0; c < a.chunks.size(); ++c) {
+      const ManifestChunk& x = a.chunks[c];
+      const ManifestChunk& y = b.chunks[c];
+      if (x.hash != y.hash || x.ref.length != y.ref.length || x.is_external() != y.is_external()) return false;
+      const bool same_place = x.is_external() ? m.sources[x.ref.pack] == (*there)->sources[y.ref.pack]
+                                              : m.packs[x.ref.pack] == (*there)->packs[y.ref.pack];
+      if (!same_place) return false;
+    }
+  }
+  return true;
+}
+
+Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::string& as_in) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string as = as_in.empty() ? d->version : as_in;
+  WFS_TRY(ValidateVersionName(as));
+  if (as == "latest") return Status::InvalidArgument("'latest' is reserved for the newest version's link");
+  std::vector<std::string> paths;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    if (d->committing) return Status::InvalidArgument("draft " + d->name() + " is being committed already");
+    // The kernel sends RELEASE after close() has returned: a commit that follows a close at
+    // once may still see the writer. Give those a moment.
+    auto writing = [&] {
+      for (auto& [path, f] : d->files) {
+        std::lock_guard<std::mutex> flock(f->mu);
+        if (f->writers > 0) return true;
+      }
+      return false;
+    };
+    encoded_cv.wait_for(lock, std::chrono::seconds(2), [&] { return !writing(); });
+    for (auto& [path, f] : d->files) {
+      std::lock_guard<std::mutex> flock(f->mu);
+      if (f->writers > 0) {
+        return Status::InvalidArgument(d->name() + "/" + path +
+                                       " is still open for writing; close it, then commit");
+      }
+      if (!f->write_error.empty()) {
+        return Status::InvalidArgument("a write to " + d->name() + "/" + path + " failed (" + f->write_error +
+                                       "); write the file again or remove it, then commit");
+      }
+      if (f->id != 0 || f->parent_path != path) paths.push_back(path);
+    }
+    if (d->files.empty()) return Status::InvalidArgument("draft " + d->name() + " has no files");
+    d->committing = true;
+    d->commit_requested = true;
+    d->commit_as = as_in;
+  }
+  struct Done {
+    State* s;
+    Draft* d;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(s->mu);
+      d->committing = false;
+    }
+  } done{this, d.get()};
+  WFS_TRY(SaveJournal(*d));
+
+  // A renamed inherited file is materialized under its new path (its recipes name the old one).
+  for (const std::string& path : paths) {
+    std::shared_ptr<DraftFile> f;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = d->files.find(path);
+      if (it == d->files.end()) continue;
+      f = it->second;
+      std::lock_guard<std::mutex> flock(f->mu);
+      if (f->id == 0) {
+        WFS_TRY(StageLocked(*d, *f, /*backed=*/true).WithContext("staging " + path));
+        f->generation++;
+      }
+    }
+  }
+  std::shared_ptr<const Manifest> published_manifest;
+  for (int attempt = 0;; ++attempt) {
+    for (const std::string& path : paths) WFS_TRY(EnsureEncoded(d, path));
+    // The parts, and a check that their packs are still in the bucket (a draft left alone
+    // longer than its lease may have lost them to gc).
+    std::map<std::string, Manifest> parts;
+    Manifest m;
+    {
+      std::vector<std::pair<std::string, std::string>> part_files;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        for (auto& [path, f] : d->files) {
+          std::lock_guard<std::mutex> flock(f->mu);
+          if (f->id == 0) continue;
+          if (!f->Encoded(path)) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
+          part_files.emplace_back(path, f->encoded);
+        }
+      }
+      for (auto& [path, part] : part_files) {
+        Expected<std::string> text = ReadWholeFile(d->PartPath(part));
+        if (!text.ok()) return text.status();
+        Expected<Manifest> pm = ParseManifest(std::span<const uint8_t>(
+            reinterpret_cast<const uint8_t*>(text->data()), text->size()));
+        if (!pm.ok()) return pm.status().WithContext("the encoded part of " + path);
+        parts.emplace(path, std::move(pm).value());
+      }
+    }
+    std::vector<std::string> lost;
+    for (auto& [path, pm] : parts) {
+      std::set<uint32_t> own;
+      for (const ManifestChunk& c : pm.files[0].chunks) {
+        if (c.origin == 0 && !c.is_external()) own.insert(c.ref.pack);
+      }
+      for (uint32_t p : own) {
+        Expected<ObjectInfo> h = bucket->store().Head(Bucket::PackKey(pm.packs[p]));
+        if (h.ok()) continue;
+        if (h.status().kind() != ErrorKind::kNotFound) return h.status().WithContext("checking the draft's packs");
+        lost.push_back(path);
+        break;
+      }
+    }
+    if (!lost.empty()) {
+      if (attempt > 0) return Status::IOError("packs of " + lost[0] + " vanished from the bucket twice");
+      std::lock_guard<std::mutex> lock(mu);
+      for (const std::string& path : lost) {
+        spdlog::warn("draft {}: the packs of {} are gone from the bucket (gc?); encoding it again", d->name(), path);
+        if (auto it = d->files.find(path); it != d->files.end()) {
+          std::lock_guard<std::mutex> flock(it->second->mu);
+          it->second->encoded.clear();
+        }
+      }
+      continue;
+    }
+
+    m.model = d->model;
+    m.version = as;
+    m.versions = {as};
+    m.parent = d->parent;
+    m.chunk_bytes = options.push.chunk_bytes;
+    std::array<uint64_t, 4> tally{};  // as DraftFile::tally, summed over the version
+    std::vector<const ManifestFile*> inherited;
+    // The rows of the files the version inherits (read from the parent's table first).
+    {
+      std::vector<std::shared_ptr<DraftFile>> unchanged;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        for (auto& [path, f] : d->files) {
+          std::lock_guard<std::mutex> flock(f->mu);
+          if (f->id == 0) unchanged.push_back(f);
+        }
+      }
+      for (const std::shared_ptr<DraftFile>& f : unchanged) WFS_TRY(EnsureRows(*d, *f));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [path, f] : d->files) {
+        std::lock_guard<std::mutex> flock(f->mu);
+        if (f->id == 0) {
+          if (!f->rows) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
+          AppendFileFrom(*d->parent_manifest, *f->rows, &m, /*src_is_dst=*/false);
+          m.stats.logical_bytes += f->rows->size;
+          inherited.push_back(f->rows);
+          continue;
+        }
+        for (size_t i = 0; i < 4; ++i) tally[i] += f->tally[i];
+        auto part = parts.find(path);
+        if (part == parts.end()) {
+          return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
+        }
+        const Manifest& pm = part->second;
+        AppendFileFrom(pm, pm.files[0], &m, /*src_is_dst=*/true);
+        m.stats.logical_bytes += pm.stats.logical_bytes;
+        m.stats.stored_bytes += pm.stats.stored_bytes;
+      }
+    }
+    // Inherited files count as unchanged, with the elements push would count for them.
+    for (const ManifestFile* pf : inherited) {
+      Expected<std::pair<uint64_t, uint64_t>> e = ElementsOf(*d->parent_manifest, *pf);
+      if (!e.ok()) return e.status().WithContext("counting the elements of " + pf->path);
+      tally[0] += e->first;
+      tally[2] += e->second;
+    }
+    const bool tensors = tally[0] > 0;
+    m.stats.elements = tensors ? tally[0] : tally[2];
+    m.stats.changed_elements = tensors ? tally[1] : tally[3];
+    m.chunk_bytes = parts.empty() ? (d->parent_manifest ? d->parent_manifest->chunk_bytes : m.chunk_bytes)
+                                  : parts.begin()->second.chunk_bytes;
+    m.created = FormatUtc(NowMs());
+    Status published = bucket->PublishManifest(m);
+    if (published.kind() == ErrorKind::kConflict && IsOurs(m)) {
+      spdlog::info("draft {}: {}@{} is already published with exactly its files (a commit interrupted "
+                   "after publishing); finishing it", d->name(), d->model, as);
+      published = Status::Ok();
+    }
+    if (published.kind() == ErrorKind::kConflict) {
+      return Status::Conflict("version " + d->model + "@" + as + " already exists in " + bucket->Describe() +
+                              " (another writer published it); the draft is kept: commit it under another "
+                              "name with `weightfs commit --as NEWNAME`");
+    }
+    WFS_TRY(published);
+    Expected<std::shared_ptr<const Manifest>> back = bucket->ReadManifest(d->model, as);
+    if (!back.ok()) return back.status().WithContext("reading back the published manifest");
+    published_manifest = *back;
+    break;
+  }
+  // The mount shows the version before the draft that held its name goes.
+  if (options.on_published) options.on_published(published_manifest);
+
+  // Published: the draft becomes history; its staging files stay as the cache's source for
+  // the next draft of this model, until a newer one is published from here.
+  std::vector<std::string> retire;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    drafts.erase(d->name());
+    published_names.insert(d->name());
+    auto& older = published_dirs[d->model];
+    retire = std::move(older);
+    older = {d->dir};
+    d->error.clear();
+    d->encode_error.clear();
+  }
+  (void)SaveJournal(*d, /*published=*/true);
+  d->lease.reset();
+  for (const std::string& dir : retire) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("published draft {} as {}@{} in {:.2f} s", d->name(), d->model, as, secs);
+  return Status::Ok();
+}
+
+Status Drafts::State::RemoveDraft(const std::shared_ptr<Draft>& d) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (d->committing) return Status::Busy("the draft is being committed");
+    if (DraftLocked(d->name()) != d) return Status::NotFound("no such file or directory");
+    drafts.erase(d->name());
+    RetireDraftLocked(d->name());
+  }
+  // Queued encodes of it find no draft and do nothing; one running holds its own references.
+  std::error_code ec;
+  std::filesystem::remove_all(d->dir, ec);
+  if (ec) spdlog::warn("draft {}: cannot remove its staging directory {}: {}", d->name(), d->dir, ec.message());
+  spdlog::info("draft {} removed (nothing of it was published)", d->name());
+  return Status::Ok();
+}
+
+Status Drafts::Discard(uint64_t draft_ino) {
+  State& s = *state_;
+  std::shared_ptr<Draft> d;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    const State::Ref* r = s.RefLocked(draft_ino);
+    if (!r || r->type != State::Type::kDraftDir) return Status::Unsupported("not a draft directory");
+    d = s.DraftLocked(r->a);
+    if (!d) return s.GoneLocked(r->a);
+    for (auto& [path, f] : d->files) {
+      std::lock_guard<std::mutex> flock(f->mu);
+      if (f->writers > 0) {
+        spdlog::warn("discard {}: {} is open for writing; close it first", d->name(), path);
+        return Status::Busy(d->name() + "/" + path + " is open for writing");
+      }
+    }
+  }
+  return s.RemoveDraft(d);
+}
+
+Status Drafts::Commit(uint64_t draft_ino, const std::string& as) {
+  State& s = *state_;
+  std::shared_ptr<Draft> d;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    const State::Ref* r = s.RefLocked(draft_ino);
+    if (!r || r->type != State::Type::kDraftDir) return Status::InvalidArgument("not a draft directory");
+    d = s.DraftLocked(r->a);
+  }
+  if (!d) return Status::NotFound("the draft is gone (published or removed)");
+  Status st = s.CommitDraft(d, as);
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    d->error = st.ToString();
+    spdlog::error("commit of draft {}: {}", d->name(), st.ToString());
+  }
+  return st;
+}
+
+Status Drafts::CommitAll() {
+  State& s = *state_;
+  std::vector<std::shared_ptr<Draft>> all;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (auto& [name, d] : s.drafts) all.push_back(d);
+  }
+  Status first;
+  for (auto& d : all) {
+    bool empty;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      empty = d->files.empty();
+    }
+    if (empty) {
+      spdlog::info("draft {} has no files: not published", d->name());
+      continue;
+    }
+    Status st = s.CommitDraft(d, d->commit_as);
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      d->error = st.ToString();
+      spdlog::error("publishing draft {}: {} (its data stays staged; the next mount resumes it)", d->name(), st.ToString());
+      if (first.ok()) first = st.WithContext("publishing " + d->name());
+    }
+  }
+  return first;
+}
+
+}  // namespace weightfs

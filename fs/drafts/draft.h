@@ -1,0 +1,201 @@
+// The draft model: a draft (a version being written), its files and directories, and who owns
+// them. Plain data: Drafts::State (state.h) holds the drafts and says which lock guards what.
+#pragma once
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/manifest.h"
+#include "core/status.h"
+#include "engine/lease.h"
+
+namespace weightfs {
+
+inline int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+inline std::string ParentPath(std::string_view path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string_view::npos ? std::string() : std::string(path.substr(0, slash));
+}
+
+inline std::string Join(const std::string& dir, std::string_view name) {
+  return dir.empty() ? std::string(name) : dir + "/" + std::string(name);
+}
+
+// Rows a file of a manifest has, loaded or not (a format 2 head knows the count).
+inline size_t RowCount(const ManifestFile& f) { return f.rows_loaded ? f.chunks.size() : f.section.rows; }
+
+// A failure to produce the parent's bytes of a file (its rows, a chunk), while reading it or
+// copying it up for a write, as the request's Status: the file exists, so a pack or table the
+// bucket lost is an I/O error, not "no such file".
+inline Status ParentBytes(const Status& st, const std::string& what) {
+  if (st.ok()) return st;
+  const Status io = st.kind() == ErrorKind::kNotFound ? Status::IOError(st.message()) : st;
+  return io.WithContext(what);
+}
+
+// Who owns a node of a draft (its directories and files), its permission bits and times: what
+// stat shows and what the kernel checks (the mount runs with default_permissions).
+struct NodeMeta {
+  mode_t mode = 0755;  // permission bits (07777)
+  uid_t uid = 0;
+  gid_t gid = 0;
+  int64_t atime_ns = 0, mtime_ns = 0, ctime_ns = 0;
+
+  static NodeMeta At(mode_t mode, uid_t uid, gid_t gid, int64_t time_ns) {
+    return NodeMeta{static_cast<mode_t>(mode & 07777), uid, gid, time_ns, time_ns, time_ns};
+  }
+  nlohmann::json ToJson() const {
+    return {{"mode", mode & 07777}, {"uid", uid}, {"gid", gid},
+            {"atime_ns", atime_ns}, {"mtime_ns", mtime_ns}, {"ctime_ns", ctime_ns}};
+  }
+  // Fields a journal of an older weightfs lacks keep `defaults`'.
+  static NodeMeta FromJson(const nlohmann::json& j, NodeMeta m) {
+    m.mode = static_cast<mode_t>(j.value("mode", static_cast<unsigned>(m.mode)) & 07777);
+    m.uid = j.value("uid", m.uid);
+    m.gid = j.value("gid", m.gid);
+    m.mtime_ns = j.value("mtime_ns", m.mtime_ns);
+    m.atime_ns = j.value("atime_ns", m.mtime_ns);
+    m.ctime_ns = j.value("ctime_ns", m.mtime_ns);
+    return m;
+  }
+  void Touch(int64_t now_ns) { mtime_ns = ctime_ns = now_ns; }
+  void Fill(struct stat* st) const {
+    st->st_uid = uid;
+    st->st_gid = gid;
+    st->st_atim = {static_cast<time_t>(atime_ns / 1000000000), static_cast<long>(atime_ns % 1000000000)};
+    st->st_mtim = {static_cast<time_t>(mtime_ns / 1000000000), static_cast<long>(mtime_ns % 1000000000)};
+    st->st_ctim = {static_cast<time_t>(ctime_ns / 1000000000), static_cast<long>(ctime_ns % 1000000000)};
+  }
+};
+
+// A file of a draft. Inherited (id 0): its bytes are the parent's file `parent_path`. Staged:
+// its bytes are the staging file, except — while `backed` — the parent chunks not `present`
+// below `backing_limit`, which are still the parent's.
+struct DraftFile {
+  std::mutex mu;  // guards everything below, and orders copy-up against writes
+  NodeMeta meta;
+  uint64_t id = 0;
+  std::string staging;
+  int fd = -1;
+  uint64_t size = 0;
+  std::string parent_path;                  // inherited or backed: the parent's file
+  const ManifestFile* parent_file = nullptr;  // in the draft's parent manifest (its head)
+  // The parent's file with its rows (format 2 keeps them in the parent's table: read when first
+  // needed, State::EnsureRows). Set once, then never changes.
+  std::shared_ptr<const ManifestFile> rows_holder;
+  const ManifestFile* rows = nullptr;
+  bool backed = false;
+  std::vector<char> present;
+  uint64_t backing_limit = 0;
+  int writers = 0;
+  uint64_t generation = 0;  // bumped by every change of the bytes
+  bool encoding = false;
+  int mapped = 0;  // encodes holding a map of the staging file: it must not shrink in place
+  std::string encoded;       // part file name; "" = not encoded
+  std::string encoded_path;  // the path it was encoded as
+  uint64_t encoded_generation = 0;
+  bool journal_dirty = false;  // `present` changed since the journal was written
+  // A write failed (disk full...): the file is not what its writer meant; commit refuses it
+  // until it is truncated to zero, rewritten with O_TRUNC or removed.
+  std::string write_error;
+  // The encoded part's element tallies (PushResult's), for the version's changed fraction.
+  std::array<uint64_t, 4> tally{};  // tensor elements, tensor changed, other elements, other changed
+
+  ~DraftFile() {
+    if (fd >= 0) ::close(fd);
+  }
+  // Whether parent chunk `c` is still the parent's, to be copied up: the file is backed, the
+  // chunk not copied or overwritten, and it starts below the backing limit. A copy-up fetches
+  // the chunk without the lock and checks again with it before writing: in between a
+  // truncate may have cut the file below the chunk (writing it would grow the staging file
+  // back past its end with the parent's bytes, and the next encode would publish them), an
+  // O_TRUNC open may have dropped the parent, or another copy-up (a write's, Fill) done it.
+  // REQUIRES mu; `rows` loaded.
+  bool StillBackedAt(size_t c) const {
+    return backed && c < present.size() && present[c] == '0' && rows->chunks[c].offset < backing_limit;
+  }
+  bool Encoded(const std::string& path) const {
+    return id == 0 || (!encoded.empty() && encoded_generation == generation && encoded_path == path);
+  }
+};
+
+struct Draft {
+  std::string id, model, version;
+  std::optional<std::string> parent;
+  std::shared_ptr<const Manifest> parent_manifest;
+  int64_t created_ms = 0;
+  uint64_t next_id = 1;
+  NodeMeta root;  // the draft's directory
+  std::map<std::string, std::shared_ptr<DraftFile>> files;
+  std::map<std::string, NodeMeta> dirs;
+  bool commit_requested = false;
+  std::string commit_as;
+  bool committing = false;
+  std::string error;         // the last commit's or set-parent's failure (user.weightfs.error)
+  std::string encode_error;  // the last background encode's failure
+  std::unique_ptr<Lease> lease;
+  std::string dir;
+  // Journal writes: built under State::mu, written in sequence order under journal_mu.
+  std::mutex journal_mu;
+  uint64_t journal_seq = 0, journal_written = 0;
+
+  std::string name() const { return model + "@" + version; }
+  // The draft lists exactly the parent's files, unchanged (a new draft, or a new parent);
+  // they and their directories belong to `uid`/`gid` (the mount's owner).
+  void InheritAll(std::shared_ptr<const Manifest> manifest, uid_t uid, gid_t gid) {
+    parent_manifest = std::move(manifest);
+    parent = parent_manifest->version;
+    files.clear();
+    dirs.clear();
+    const int64_t t = parent_manifest->created_ms * 1000000;
+    for (const ManifestFile& pf : parent_manifest->files) {
+      auto f = std::make_shared<DraftFile>();
+      f->meta = NodeMeta::At(0644, uid, gid, t);
+      f->parent_path = pf.path;
+      f->parent_file = &pf;
+      for (std::string p = ParentPath(pf.path); !p.empty(); p = ParentPath(p)) {
+        dirs.emplace(p, NodeMeta::At(0755, uid, gid, t));
+      }
+      files.emplace(pf.path, std::move(f));
+    }
+  }
+  // Whether a file or directory lies inside directory `path`.
+  bool HasEntriesUnder(const std::string& path) const {
+    const std::string prefix = path + "/";
+    auto under = [&](const auto& e) { return e.first.starts_with(prefix); };
+    return std::any_of(files.begin(), files.end(), under) || std::any_of(dirs.begin(), dirs.end(), under);
+  }
+  // The owner and times of directory `path` ("" = the draft's own); null if there is none.
+  NodeMeta* DirMeta(const std::string& path) {
+    if (path.empty()) return &root;
+    auto it = dirs.find(path);
+    return it == dirs.end() ? nullptr : &it->second;
+  }
+  // Directory `path`'s entries changed: its mtime and ctime are now.
+  void TouchDir(const std::string& path) {
+    if (NodeMeta* m = DirMeta(path)) m->Touch(NowNs());
+  }
+  std::string StagingPath(uint64_t id_) const { return dir + "/files/" + std::to_string(id_); }
+  std::string PartPath(const std::string& part) const { return dir + "/parts/" + part; }
+};
+
+}  // namespace weightfs

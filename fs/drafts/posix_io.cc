@@ -1,0 +1,133 @@
+#include "fs/drafts/posix_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+namespace weightfs {
+
+Status ErrnoStatus(std::string_view what, int err) {
+  std::string m = std::string(what) + ": " + std::strerror(err);
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT: return Status::ResourceExhausted(std::move(m));
+    case ENOENT: return Status::NotFound(std::move(m));
+    default: return Status::IOError(std::move(m));
+  }
+}
+
+Status LastErrnoStatus(std::string_view what) { return ErrnoStatus(what, errno); }
+
+Status WriteAtomically(const std::string& path, std::string_view bytes) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return LastErrnoStatus("cannot write " + tmp);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n == 0 ? EIO : errno;
+      ::close(fd);
+      return ErrnoStatus("writing " + tmp, err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus("fsync " + tmp, err);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return LastErrnoStatus("rename to " + path);
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
+  return Status::Ok();
+}
+
+Expected<std::string> ReadWholeFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::NotFound("cannot read " + path + ": " + std::strerror(errno));
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::IOError("reading " + path + ": " + std::strerror(err));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+Status PwriteAll(int fd, const uint8_t* p, size_t n, uint64_t off, std::string_view what) {
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return LastErrnoStatus(std::string("writing ") + std::string(what));
+    if (w == 0) return ErrnoStatus(std::string("writing ") + std::string(what), EIO);
+    p += w;
+    n -= static_cast<size_t>(w);
+    off += static_cast<uint64_t>(w);
+  }
+  return Status::Ok();
+}
+
+Status PreadAll(int fd, uint8_t* p, size_t n, uint64_t off, std::string_view what) {
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return LastErrnoStatus(std::string("reading ") + std::string(what));
+    if (r == 0) {
+      std::memset(p, 0, n);
+      return Status::Ok();
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status DataSync(int fd, std::string_view what) {
+  if (::fdatasync(fd) != 0) return LastErrnoStatus(std::string("fsync ") + std::string(what));
+  return Status::Ok();
+}
+
+Status CopyPrefix(int from, int to, uint64_t size, std::string_view what) {
+  loff_t in = 0, out = 0;
+  while (static_cast<uint64_t>(in) < size) {
+    ssize_t n = ::copy_file_range(from, &in, to, &out, size - static_cast<uint64_t>(in), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
+      std::vector<uint8_t> buf(1 << 20);
+      while (static_cast<uint64_t>(in) < size) {
+        const size_t want = std::min<uint64_t>(buf.size(), size - static_cast<uint64_t>(in));
+        WFS_TRY(PreadAll(from, buf.data(), want, static_cast<uint64_t>(in), what));
+        WFS_TRY(PwriteAll(to, buf.data(), want, static_cast<uint64_t>(in), what));
+        in += static_cast<loff_t>(want);
+      }
+      break;
+    }
+    if (n < 0) return LastErrnoStatus(std::string("copying ") + std::string(what));
+    if (n == 0) break;  // `from` is shorter than `size`: the rest reads as zeros
+  }
+  if (::ftruncate(to, static_cast<off_t>(size)) != 0) return LastErrnoStatus(std::string("resizing ") + std::string(what));
+  return Status::Ok();
+}
+
+}  // namespace weightfs

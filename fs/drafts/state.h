@@ -1,0 +1,175 @@
+// Drafts::State: everything a mount's drafts share, and the operations the parts of
+// fs/drafts/ call on each other. Private to fs/drafts/.
+//
+// Locks, in the order they may be taken (never the other way):
+//   encode_mu              one encode at a time (EncodeNow); taken with no other lock held
+//   State::mu              the drafts, their trees, the inode table (the *Locked functions)
+//   DraftFile::mu          one file's bytes, size, copy-up map, encode state
+//   Draft::journal_mu      the order of journal writes (SaveJournal; never with mu held)
+//   queue_mu               the background queue (a leaf)
+// No bucket I/O, encoding or staging-file I/O of a whole file runs under State::mu.
+//
+// Files: inodes.cc (numbers and attributes), journal.cc (the journal, loading drafts),
+// staging.cc (staging files, copy-up), encode.cc (the background encoder), commit.cc
+// (publishing, removing), tree.cc (names), file_io.cc (open files), xattrs.cc, drafts.cc (the
+// lifecycle and status).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/thread_pool.h"
+#include "fs/drafts/draft.h"
+#include "fs/drafts/drafts.h"
+
+namespace weightfs {
+
+struct Drafts::State {
+  Bucket* bucket;
+  ChunkCache* cache;
+  Materializer* materializer;
+  ChunkReader* reader;
+  DraftsOptions options;
+  ThreadPool pool;
+  int lock_fd = -1;
+  std::string disabled_reason;  // non-empty: another mount owns the drafts
+  std::atomic<bool> loaded{false};
+
+  mutable std::mutex mu;  // guards what follows; a leaf except for DraftFile::mu taken under it
+  std::map<std::string, std::shared_ptr<Draft>> drafts;  // by "model@version"
+  std::set<std::string> new_dirs;                         // made by mkdir, above versions
+  std::map<std::string, std::vector<std::string>> published_dirs;  // model -> retired state dirs
+  std::set<std::string> published_names;  // drafts published by this mount, by "model@version"
+  enum class Type : char { kNewDir = 'n', kDraftDir = 'd', kItem = 'i' };
+  struct Ref {
+    Type type;
+    std::string a;  // kNewDir: its path; kDraftDir, kItem: the draft's name
+    std::string b;  // kItem: the path inside the draft
+    // An item removed (unlink, rmdir, renamed over): its number never names the path again;
+    // a file still open answers getattr through `removed_file` (nlink 0), else ENOENT.
+    bool removed = false;
+    std::weak_ptr<DraftFile> removed_file;
+  };
+  std::map<std::string, uint64_t> inos;
+  std::unordered_map<uint64_t, Ref> refs;
+  uint64_t next_ino = kFirstIno;
+
+  // Background work: encode (draft, path) or commit (draft, "").
+  std::mutex queue_mu;
+  std::condition_variable queue_cv;
+  std::deque<std::pair<std::string, std::string>> queue;
+  bool stopping = false;
+  std::thread worker;
+  std::condition_variable encoded_cv;  // DraftFile::encoding cleared (with mu)
+  std::mutex encode_mu;                // one encode at a time (they share the pool)
+
+  State(Bucket* b, ChunkCache* c, Materializer* m, ChunkReader* r, DraftsOptions o)
+      : bucket(b), cache(c), materializer(m), reader(r), options(std::move(o)), pool(options.encode_threads) {}
+
+  // ---- inodes (REQUIRES mu) ----
+  static std::string Key(Type t, const std::string& a, const std::string& b) {
+    return std::string(1, static_cast<char>(t)) + a + '\0' + b;
+  }
+  uint64_t InoLocked(Type t, const std::string& a, const std::string& b = {});
+  const Ref* RefLocked(uint64_t ino) const {
+    auto it = refs.find(ino);
+    return it == refs.end() || it->second.removed ? nullptr : &it->second;
+  }
+  // Item `path` of draft `name` is gone: a new node at the path gets a new number (the kernel
+  // must not take it for the old one, which an open file may still hold).
+  void RetireLocked(const std::string& name, const std::string& path, std::weak_ptr<DraftFile> file);
+  // Moves the inodes of `from` (and everything under it) to `to` inside draft `name`.
+  void RekeyLocked(const std::string& name, const std::string& from, const std::string& to);
+
+  // Every node of draft `name` (removed, or published and replaced by a new draft of the same
+  // name): their numbers never name anything again.
+  void RetireDraftLocked(const std::string& name);
+
+  std::shared_ptr<Draft> DraftLocked(const std::string& name) const {
+    auto it = drafts.find(name);
+    return it == drafts.end() ? nullptr : it->second;
+  }
+  // The Status for a node of draft `name`, which is gone: Stale (ESTALE) if it was published
+  // (the kernel then walks the path again and finds the published version: a lookup that
+  // raced the commit retries instead of failing), else NotFound.
+  Status GoneLocked(const std::string& name) const;
+
+  // The model path of draft directories listed in `dir_path` ("leaf@version" there).
+  static std::string ModelDir(const std::string& model) { return ParentPath(model); }
+  static std::string Leaf(const std::string& model) {
+    const size_t slash = model.rfind('/');
+    return slash == std::string::npos ? model : model.substr(slash + 1);
+  }
+  // Resolves a directory node inside a draft: the draft and the path ("" = the draft's root).
+  // PermissionDenied for a directory above the versions (files live in versions).
+  Status DirOfLocked(uint64_t ino, std::shared_ptr<Draft>* d, std::string* path) const;
+  // New directories shown in `dir_path`: made by mkdir, or above a draft of a new model.
+  std::set<std::string> NewDirsInLocked(const std::string& dir_path) const;
+
+  // ---- attributes (REQUIRES mu) ----
+  void DirAttr(uint64_t ino, const NodeMeta& meta, NodeAttr* out) const;
+  void FileAttr(uint64_t ino, DraftFile& f, NodeAttr* out) const;
+  Status AttrLocked(uint64_t ino, NodeAttr* out);
+
+  // ---- journal ----
+  nlohmann::json JournalLocked(Draft& d, bool published = false);
+
+  // Writes the draft's journal as it is now. REQUIRES mu not held.
+  Status SaveJournal(Draft& d, bool published = false);
+
+  // ---- staging (REQUIRES mu and f.mu) ----
+  Status StageLocked(Draft& d, DraftFile& f, bool backed);
+
+  // Sets a staged file's length to `size`. A file that an encode has mapped must not shrink
+  // in place (the encoder would fault on the pages cut off): it moves to a new staging file,
+  // numbered `spare_id` (allocated by the caller under mu), holding the bytes that stay; the
+  // map keeps the old one's pages until it goes. The old file's path is returned in
+  // *unlink_after: the caller removes it once the journal names the new one (a crash before
+  // leaves the old, consistent state). REQUIRES f.mu.
+  Status ResizeLocked(Draft& d, DraftFile& f, uint64_t size, uint64_t spare_id, std::string* unlink_after);
+
+  void Enqueue(const std::string& draft, const std::string& path);
+
+  // Loads the rows of f's parent file (once). REQUIRES no lock held (it may read the bucket).
+  Status EnsureRows(Draft& d, DraftFile& f);
+  // Copies up every parent chunk a backed file has not copied yet. REQUIRES no lock held.
+  Status Fill(Draft& d, DraftFile& f);
+
+  // Encodes the staged file at `path` unless it is encoded already. Waits for an encode of
+  // the same file in progress. InvalidArgument while the file is open for writing or a write
+  // to it failed (commit maps it to EBUSY).
+  Status EnsureEncoded(const std::shared_ptr<Draft>& d, const std::string& path);
+
+  // Encodes f (Fill first) unless it changes meanwhile (its generation): the part manifest is
+  // written to the draft's parts/ and the journal names it. REQUIRES no lock held.
+  Status EncodeNow(const std::shared_ptr<Draft>& d, const std::shared_ptr<DraftFile>& f, const std::string& path,
+                   uint64_t generation);
+
+  // Tensor elements and other bytes of an unchanged file, as push counts them: a safetensors
+  // file's header chunk is parsed for its tensors (it is small and usually cached).
+  Expected<std::pair<uint64_t, uint64_t>> ElementsOf(const Manifest& pm, const ManifestFile& pf);
+
+  // Whether the published manifest of m's name has exactly m's parent and files (the same
+  // recipes): then it is this draft's own, published by a commit that was cut short.
+  bool IsOurs(const Manifest& m);
+
+  Status CommitDraft(const std::shared_ptr<Draft>& d, const std::string& as_in);
+  // Forgets draft `d` and deletes its staging directory. Busy while it is committed.
+  Status RemoveDraft(const std::shared_ptr<Draft>& d);
+  void WorkerMain();
+  Status LoadDraft(const std::string& dir, const nlohmann::json& j);
+};
+
+}  // namespace weightfs
