@@ -1,4 +1,4 @@
-// OpenBucketAnyLayout: the Bucket for a store in any layout weightfs reads — a weightfs bucket
+// OpenBucketUrl: a bucket from a URL (any source). OpenBucketAnyLayout: the Bucket for a store in any layout weightfs reads — a weightfs bucket
 // (weightfs.json), or else a TRL delta-sync bucket (sources/trl/trl_bucket.h) shown read-only as the
 // versions MODEL@step-N of one model.
 //
@@ -13,10 +13,28 @@
 #include <string_view>
 
 #include "engine/bucket.h"
+#include "sources/open_store.h"
 #include "sources/trl/trl_bucket.h"
 #include "store/store.h"
 
 namespace weightfs {
+
+struct OpenedBucket {
+  OpenedStore store;
+  std::unique_ptr<Bucket> bucket;
+};
+
+// The one entry point from a URL: the bucket at `url` for reading and, when it is a weightfs
+// bucket, writing:
+//   - hf://ORG/REPO[@REVISION]: the model repo revision as one read-only version REPO@REVISION
+//     (Hugging Face conventions: HF_ENDPOINT, HF_TOKEN / token file, HF_HUB_CACHE);
+//   - any other URL (sources/open_store.h): a weightfs bucket, or with `any_layout` also a TRL
+//     delta-sync bucket shown read-only (OpenBucketAnyLayout), its model named `trl_model` or
+//     after the URL.
+// Recipes that read a base model from a Hugging Face repo (engine/external_source.h) read it
+// through the same client, from the local Hugging Face cache when the file is there.
+Expected<OpenedBucket> OpenBucketUrl(const std::string& url, const StoreOptions& options, bool any_layout,
+                                     const std::string& trl_model = "");
 
 Expected<std::unique_ptr<Bucket>> OpenBucketAnyLayout(std::shared_ptr<Store> store, std::string_view url,
                                                       std::string_view trl_model = {},
