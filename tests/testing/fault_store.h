@@ -146,7 +146,8 @@ class FaultStore : public StoreWrapper {
     bool hold = false, fail = false, throw_bad_alloc = false;
     Status status;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      // One critical section from the decision to the wait, so a Release between them is not missed.
+      std::unique_lock<std::mutex> lock(mu_);
       calls_.emplace_back(op, std::string(key));
       for (Rule& r : rules_) {
         if ((r.match.op != StoreOp::kAny && r.match.op != op) || !key.starts_with(r.match.key_prefix)) continue;
@@ -170,14 +171,13 @@ class FaultStore : public StoreWrapper {
             break;
         }
       }
-    }
-    if (hold) {
-      std::unique_lock<std::mutex> lock(mu_);
-      const uint64_t generation = release_generation_;
-      ++held_;
-      cv_.notify_all();
-      cv_.wait(lock, [&] { return release_generation_ != generation; });
-      --held_;
+      if (hold) {
+        const uint64_t generation = release_generation_;
+        ++held_;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return release_generation_ != generation; });
+        --held_;
+      }
     }
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
     if (throw_bad_alloc) throw std::bad_alloc();

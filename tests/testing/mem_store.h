@@ -2,8 +2,9 @@
 // that need a bucket without a disk or a server. It validates keys, honours PutMode
 // (create-if-absent is a Conflict when the key exists), clips ranges, paginates listings by the
 // last key, and passes the store conformance suite (tests/store/mem_store_conformance_test.cc).
-// It can also record the byte ranges its Gets served (SetRecordReads, TakeReads), and hands out an object's bytes
-// for a test to inspect or damage in place (Object). Thread-safe, except Object's reference.
+// It can also record the byte ranges its Gets served (SetRecordReads, TakeReads), and hands out
+// an object's bytes for a test to inspect or damage in place (Object). Thread-safe, except
+// Object's reference.
 // Header-only, without GoogleTest (the fuzz targets use it).
 #pragma once
 
