@@ -53,6 +53,7 @@ class SafetensorsBuilder {
     tensors_.push_back({TensorSpec(std::move(name), dtype, std::move(shape)), std::nullopt});
     return *this;
   }
+  // The same for a TensorInfo (its begin and end are ignored: the writer assigns them).
   SafetensorsBuilder& Add(const TensorInfo& t) { return Add(t.name, t.dtype, t.shape); }
   SafetensorsBuilder& Add(const std::vector<TensorInfo>& ts) {
     for (const TensorInfo& t : ts) Add(t);
