@@ -23,6 +23,7 @@
 #include "core/chunk_codec.h"
 #include "core/manifest.h"
 #include "core/safetensors.h"
+#include "tests/testing/safetensors_builder.h"
 
 namespace weightfs {
 namespace {
@@ -144,9 +145,7 @@ TEST_F(AddressSpaceLimitTest, LargeInflatedManifestStreamsThroughASmallAddressSp
 // A header within the 100 MB cap whose one string cannot be held in the margin.
 TEST_F(AddressSpaceLimitTest, SafetensorsHeaderTooBigForMemoryIsAnError) {
   const std::string json = R"({"__metadata__":{"k":")" + std::string(40u << 20, 'v') + R"("}})";
-  std::vector<uint8_t> prefix(8);
-  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<uint8_t>(json.size() >> (8 * i));
-  prefix.insert(prefix.end(), json.begin(), json.end());
+  const std::vector<uint8_t> prefix = test::SafetensorsBuilder().RawHeader(json).Header();
   EXPECT_EQ(RunWithAddressSpaceMargin(24ull << 20, [&] {
               return Expect(ParseSafetensorsHeader(prefix, prefix.size()).status(), ErrorKind::kResourceExhausted);
             }),

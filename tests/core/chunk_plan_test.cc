@@ -11,27 +11,24 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "tests/core/test_util.h"
+#include "tests/testing/safetensors_builder.h"
 
 namespace weightfs {
 namespace {
 
-using testing_util::Tensor;
+using test::TensorSpec;
 
-// A safetensors file: the prefix BuildSafetensorsHeader writes, then the data section (filled
-// with a byte pattern; the plan only looks at sizes).
+
+// A safetensors file from the test kit's builder (its data section a byte pattern; the plan
+// only looks at sizes), and its parsed header.
 struct File {
   std::vector<uint8_t> bytes;
   SafetensorsHeader header;
 };
 
-File MakeFile(std::vector<TensorInfo> tensors, const std::map<std::string, std::string>& metadata = {}) {
+File MakeFile(const std::vector<TensorInfo>& tensors, const std::map<std::string, std::string>& metadata = {}) {
   File f;
-  f.bytes = BuildSafetensorsHeader(tensors, metadata);
-  const uint64_t data_size = tensors.empty() ? 0 : tensors.back().end;
-  const size_t prefix = f.bytes.size();
-  f.bytes.resize(prefix + data_size);
-  for (size_t i = prefix; i < f.bytes.size(); ++i) f.bytes[i] = static_cast<uint8_t>(i * 7);
+  f.bytes = test::SafetensorsBuilder().Add(tensors).Metadata(metadata).Build();
   auto parsed = ParseSafetensorsHeader(f.bytes, f.bytes.size());
   EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
   if (parsed.ok()) f.header = *parsed;
@@ -61,8 +58,8 @@ void ExpectWellFormed(const ChunkPlan& plan, uint64_t chunk_bytes) {
 }
 
 TEST(ChunkPlanTest, HeaderChunkThenElementAlignedTensorChunks) {
-  File f = MakeFile({Tensor("a", DType::kBF16, {1000}), Tensor("b", DType::kF32, {3, 333}),
-                     Tensor("c", DType::kI64, {7}), Tensor("d", DType::kU8, {5})});
+  File f = MakeFile({TensorSpec("a", DType::kBF16, {1000}), TensorSpec("b", DType::kF32, {3, 333}),
+                     TensorSpec("c", DType::kI64, {7}), TensorSpec("d", DType::kU8, {5})});
   const ChunkPlan plan = PlanFile(f.bytes, f.bytes.size(), 1000);
   ASSERT_TRUE(plan.safetensors);
   EXPECT_EQ(plan.file_size, f.bytes.size());
@@ -99,7 +96,7 @@ TEST(ChunkPlanTest, HeaderChunkThenElementAlignedTensorChunks) {
 }
 
 TEST(ChunkPlanTest, ChunkSizeRoundsDownToWholeElements) {
-  File f = MakeFile({Tensor("w", DType::kF64, {100})});  // 800 bytes
+  File f = MakeFile({TensorSpec("w", DType::kF64, {100})});  // 800 bytes
   const ChunkPlan plan = PlanFile(f.bytes, f.bytes.size(), 100);  // 12.5 elements
   ExpectWellFormed(plan, 100);
   ASSERT_EQ(plan.chunks.size(), 1 + 9u);  // 8 chunks of 96 bytes, one of 32
@@ -118,7 +115,7 @@ TEST(ChunkPlanTest, ChunksTileRandomFilesExactly) {
       std::vector<uint64_t> shape;
       const int rank = static_cast<int>(rng() % 3);
       for (int d = 0; d < rank; ++d) shape.push_back(rng() % 40);
-      tensors.push_back(Tensor("t" + std::to_string(t), dtypes[rng() % std::size(dtypes)], shape));
+      tensors.push_back(TensorSpec("t" + std::to_string(t), dtypes[rng() % std::size(dtypes)], shape));
     }
     File f = MakeFile(tensors);
     const uint64_t chunk_bytes = 1 + rng() % 300;
@@ -142,8 +139,8 @@ TEST(ChunkPlanTest, ChunksTileRandomFilesExactly) {
 }
 
 TEST(ChunkPlanTest, ZeroSizeTensorsProduceNoChunk) {
-  File f = MakeFile({Tensor("empty0", DType::kBF16, {0}), Tensor("x", DType::kF32, {4}),
-                     Tensor("empty1", DType::kF32, {3, 0, 5}), Tensor("scalar", DType::kI32, {})});
+  File f = MakeFile({TensorSpec("empty0", DType::kBF16, {0}), TensorSpec("x", DType::kF32, {4}),
+                     TensorSpec("empty1", DType::kF32, {3, 0, 5}), TensorSpec("scalar", DType::kI32, {})});
   const ChunkPlan plan = PlanFile(f.bytes, f.bytes.size(), 1024);
   ExpectWellFormed(plan, 1024);
   ASSERT_EQ(plan.chunks.size(), 3u);
@@ -184,7 +181,7 @@ TEST(ChunkPlanTest, OpaqueFilesGetFixedSizeChunks) {
 TEST(ChunkPlanTest, ChunkBytesIsClamped) {
   // Below one element: one element per chunk (and one byte for opaque files), never zero.
   EXPECT_EQ(PlanChunks(std::nullopt, 5, 0).chunks.size(), 5u);
-  File f = MakeFile({Tensor("w", DType::kF64, {3})});
+  File f = MakeFile({TensorSpec("w", DType::kF64, {3})});
   for (uint64_t tiny : {0, 1, 7}) {
     const ChunkPlan plan = PlanFile(f.bytes, f.bytes.size(), tiny);
     ExpectWellFormed(plan, tiny);
@@ -199,9 +196,10 @@ TEST(ChunkPlanTest, ChunkBytesIsClamped) {
   EXPECT_EQ(opaque.chunks[0].length, kMaxChunkBytes);
   EXPECT_EQ(opaque.chunks[2].length, 1u);
 
-  std::vector<TensorInfo> tensors = {Tensor("huge", DType::kBF16, {kMaxChunkBytes + 8})};
-  std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {});
-  auto header = ParseSafetensorsHeader(prefix, prefix.size() + tensors[0].end);
+  test::SafetensorsBuilder file;
+  file.Add("huge", DType::kBF16, {kMaxChunkBytes + 8});
+  const std::vector<uint8_t> prefix = file.Header();
+  auto header = ParseSafetensorsHeader(prefix, prefix.size() + file.Tensors()[0].end);
   ASSERT_TRUE(header.ok()) << header.status().ToString();
   const ChunkPlan plan = PlanChunks(*header, header->file_size, 1ull << 40);
   ExpectWellFormed(plan, kMaxChunkBytes);
@@ -212,9 +210,10 @@ TEST(ChunkPlanTest, ChunkBytesIsClamped) {
 }
 
 TEST(ChunkPlanTest, DefaultChunkSizeIsFourMiB) {
-  std::vector<TensorInfo> tensors = {Tensor("w", DType::kBF16, {5u << 20})};  // 10 MiB
-  std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {});
-  auto header = ParseSafetensorsHeader(prefix, prefix.size() + tensors[0].end);
+  test::SafetensorsBuilder file;
+  file.Add("w", DType::kBF16, {5u << 20});  // 10 MiB
+  const std::vector<uint8_t> prefix = file.Header();
+  auto header = ParseSafetensorsHeader(prefix, prefix.size() + file.Tensors()[0].end);
   ASSERT_TRUE(header.ok());
   const ChunkPlan plan = PlanChunks(*header, header->file_size);
   ASSERT_EQ(plan.chunks.size(), 1 + 3u);
@@ -223,7 +222,7 @@ TEST(ChunkPlanTest, DefaultChunkSizeIsFourMiB) {
 }
 
 TEST(ChunkPlanTest, NonSafetensorsFilesAreOpaque) {
-  File good = MakeFile({Tensor("w", DType::kF32, {16})});
+  File good = MakeFile({TensorSpec("w", DType::kF32, {16})});
 
   std::vector<std::vector<uint8_t>> files;
   files.push_back({});                                   // empty
@@ -264,12 +263,12 @@ TEST(ChunkPlanTest, NonSafetensorsFilesAreOpaque) {
 // The chunk key is what pairs a chunk with its parent: a header that grows (metadata added, a
 // tensor appended) shifts every data offset but must not change any existing key.
 TEST(ChunkPlanTest, KeysStableWhenHeaderGrows) {
-  const std::vector<TensorInfo> base = {Tensor("embed", DType::kBF16, {300, 7}),
-                                        Tensor("norm", DType::kF32, {33}),
-                                        Tensor("ids", DType::kI64, {10})};
+  const std::vector<TensorInfo> base = {TensorSpec("embed", DType::kBF16, {300, 7}),
+                                        TensorSpec("norm", DType::kF32, {33}),
+                                        TensorSpec("ids", DType::kI64, {10})};
   File v1 = MakeFile(base);
   std::vector<TensorInfo> grown = base;
-  grown.push_back(Tensor("new.extra_tensor_with_a_long_name", DType::kF16, {64}));
+  grown.push_back(TensorSpec("new.extra_tensor_with_a_long_name", DType::kF16, {64}));
   File v2 = MakeFile(grown, {{"format", "pt"}, {"note", std::string(500, 'n')}});
   ASSERT_GT(v2.header.data_offset, v1.header.data_offset);
   const uint64_t shift = v2.header.data_offset - v1.header.data_offset;

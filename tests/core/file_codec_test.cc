@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "tests/core/test_util.h"
+#include "tests/testing/safetensors_builder.h"
 
 namespace weightfs {
 namespace {
 
 constexpr uint64_t kChunkBytes = 16 << 10;
 
-using testing_util::Tensor;
+using test::TensorSpec;
 
 uint16_t Bf16(float f) {
   uint32_t u;
@@ -36,7 +36,7 @@ struct Model {
   std::map<std::string, std::string> metadata;
 
   void Add(std::string name, DType dtype, std::vector<uint64_t> shape, uint64_t seed) {
-    TensorInfo t = Tensor(name, dtype, std::move(shape));
+    TensorInfo t = TensorSpec(name, dtype, std::move(shape));
     uint64_t elems = 1;
     for (uint64_t d : t.shape) elems *= d;
     std::vector<uint8_t> bytes(elems * DTypeSize(dtype));
@@ -69,13 +69,9 @@ struct Model {
   }
 
   std::vector<uint8_t> Bytes() const {
-    std::vector<TensorInfo> layout = tensors;
-    std::vector<uint8_t> out = BuildSafetensorsHeader(layout, metadata);
-    for (const TensorInfo& t : layout) {
-      const std::vector<uint8_t>& d = data.at(t.name);
-      out.insert(out.end(), d.begin(), d.end());
-    }
-    return out;
+    test::SafetensorsBuilder b;
+    for (const TensorInfo& t : tensors) b.Add(t.name, t.dtype, t.shape, data.at(t.name));
+    return b.Metadata(metadata).Build();
   }
 
   // Moves `fraction` of the bf16 elements of `name` by one ulp.

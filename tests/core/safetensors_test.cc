@@ -1,5 +1,5 @@
 #include "core/safetensors.h"
-#include "tests/core/test_util.h"
+#include "tests/testing/safetensors_builder.h"
 
 #include <gtest/gtest.h>
 
@@ -15,19 +15,9 @@ namespace weightfs {
 namespace {
 
 // The first 8 + N bytes of a file whose header JSON is `json` (N = json.size(), no padding).
-std::vector<uint8_t> Prefix(std::string_view json) {
-  std::vector<uint8_t> out(8);
-  uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
-  out.insert(out.end(), json.begin(), json.end());
-  return out;
-}
+std::vector<uint8_t> Prefix(std::string_view json) { return test::SafetensorsBuilder().RawHeader(json).Header(); }
 
-std::vector<uint8_t> LengthOnly(uint64_t n) {
-  std::vector<uint8_t> out(8);
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
-  return out;
-}
+std::vector<uint8_t> LengthOnly(uint64_t n) { return test::SafetensorsLengthPrefix(n); }
 
 // Parses a file made of Prefix(json) followed by `data_size` data bytes (never materialized:
 // the parser only needs the prefix and the file size).
@@ -43,7 +33,7 @@ Expected<SafetensorsHeader> ParseBuilt(const std::vector<uint8_t>& prefix,
   return ParseSafetensorsHeader(prefix, prefix.size() + data_size);
 }
 
-using testing_util::Tensor;
+using test::TensorSpec;
 
 void ExpectSameTensors(const std::vector<TensorInfo>& got, const std::vector<TensorInfo>& want) {
   ASSERT_EQ(got.size(), want.size());
@@ -96,7 +86,7 @@ TEST(SafetensorsRoundTrip, EveryDTypeOnItsOwn) {
   for (int i = 1; i < kDTypeCount; ++i) {
     const DType dt = static_cast<DType>(i);
     SCOPED_TRACE(std::string(DTypeName(dt)));
-    std::vector<TensorInfo> tensors = {Tensor("w", dt, {2, 3})};
+    std::vector<TensorInfo> tensors = {TensorSpec("w", dt, {2, 3})};
     const std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {});
     EXPECT_EQ(tensors[0].begin, 0u);
     EXPECT_EQ(tensors[0].end, 6 * DTypeSize(dt));
@@ -113,7 +103,7 @@ TEST(SafetensorsRoundTrip, AllDTypesInOneFileKeepFileOrder) {
   // Names deliberately not in alphabetical order: the file order is the order given to Build.
   for (int i = kDTypeCount - 1; i >= 1; --i) {
     const DType dt = static_cast<DType>(i);
-    tensors.push_back(Tensor("t" + std::to_string(i), dt, {static_cast<uint64_t>(i), 5}));
+    tensors.push_back(TensorSpec("t" + std::to_string(i), dt, {static_cast<uint64_t>(i), 5}));
   }
   const std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {{"format", "pt"}});
   auto parsed = ParseBuilt(prefix, tensors);
@@ -123,9 +113,9 @@ TEST(SafetensorsRoundTrip, AllDTypesInOneFileKeepFileOrder) {
 }
 
 TEST(SafetensorsRoundTrip, ScalarsHaveEmptyShapeAndOneElement) {
-  std::vector<TensorInfo> tensors = {Tensor("step", DType::kI64, {}),
-                                     Tensor("lr", DType::kF32, {}),
-                                     Tensor("flag", DType::kBool, {})};
+  std::vector<TensorInfo> tensors = {TensorSpec("step", DType::kI64, {}),
+                                     TensorSpec("lr", DType::kF32, {}),
+                                     TensorSpec("flag", DType::kBool, {})};
   const std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {});
   EXPECT_EQ(tensors[2].end, 8u + 4u + 1u);
   auto parsed = ParseBuilt(prefix, tensors);
@@ -136,9 +126,9 @@ TEST(SafetensorsRoundTrip, ScalarsHaveEmptyShapeAndOneElement) {
 
 TEST(SafetensorsRoundTrip, ZeroSizeTensorsAnywhere) {
   std::vector<TensorInfo> tensors = {
-      Tensor("empty_first", DType::kF32, {0}),       Tensor("a", DType::kF16, {4}),
-      Tensor("z2", DType::kBF16, {3, 0, 7}),         Tensor("z1", DType::kU8, {0}),
-      Tensor("b", DType::kI32, {2}),                 Tensor("empty_last", DType::kF64, {0, 0}),
+      TensorSpec("empty_first", DType::kF32, {0}),       TensorSpec("a", DType::kF16, {4}),
+      TensorSpec("z2", DType::kBF16, {3, 0, 7}),         TensorSpec("z1", DType::kU8, {0}),
+      TensorSpec("b", DType::kI32, {2}),                 TensorSpec("empty_last", DType::kF64, {0, 0}),
   };
   const std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {});
   auto parsed = ParseBuilt(prefix, tensors);
@@ -153,7 +143,7 @@ TEST(SafetensorsRoundTrip, ZeroSizeTensorsAnywhere) {
 }
 
 TEST(SafetensorsRoundTrip, OnlyZeroSizeTensorsAndEmptyDataSection) {
-  std::vector<TensorInfo> tensors = {Tensor("b", DType::kF32, {0}), Tensor("a", DType::kI8, {0})};
+  std::vector<TensorInfo> tensors = {TensorSpec("b", DType::kF32, {0}), TensorSpec("a", DType::kI8, {0})};
   const std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {});
   auto parsed = ParseSafetensorsHeader(prefix, prefix.size());
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
@@ -179,7 +169,7 @@ TEST(SafetensorsRoundTrip, MetadataKeptVerbatim) {
       {"unicode", "h\xC3\xA9llo \xE2\x9C\x93"},
       {"control", std::string("a\0b\n\t", 5)},
   };
-  std::vector<TensorInfo> tensors = {Tensor("x", DType::kU16, {3})};
+  std::vector<TensorInfo> tensors = {TensorSpec("x", DType::kU16, {3})};
   const std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, metadata);
   auto parsed = ParseBuilt(prefix, tensors);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
@@ -189,10 +179,10 @@ TEST(SafetensorsRoundTrip, MetadataKeptVerbatim) {
 
 TEST(SafetensorsRoundTrip, UnusualTensorNames) {
   std::vector<TensorInfo> tensors = {
-      Tensor("model.layers.0.self_attn.q_proj.weight", DType::kBF16, {4, 4}),
-      Tensor("with \"quotes\" and \\ backslash", DType::kF32, {1}),
-      Tensor("caf\xC3\xA9/\xF0\x9F\x98\x80", DType::kU8, {3}),
-      Tensor(std::string(1000, 'n'), DType::kI16, {2}),
+      TensorSpec("model.layers.0.self_attn.q_proj.weight", DType::kBF16, {4, 4}),
+      TensorSpec("with \"quotes\" and \\ backslash", DType::kF32, {1}),
+      TensorSpec("caf\xC3\xA9/\xF0\x9F\x98\x80", DType::kU8, {3}),
+      TensorSpec(std::string(1000, 'n'), DType::kI16, {2}),
   };
   const std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {});
   auto parsed = ParseBuilt(prefix, tensors);
@@ -202,7 +192,7 @@ TEST(SafetensorsRoundTrip, UnusualTensorNames) {
 
 TEST(SafetensorsBuild, PadsWithSpacesToEightBytesAndWritesCompactJson) {
   for (size_t len = 1; len <= 16; ++len) {
-    std::vector<TensorInfo> tensors = {Tensor(std::string(len, 'x'), DType::kF32, {len})};
+    std::vector<TensorInfo> tensors = {TensorSpec(std::string(len, 'x'), DType::kF32, {len})};
     const std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {});
     ASSERT_EQ(prefix.size() % 8, 0u);
     auto n = SafetensorsPrefixLength(prefix);
@@ -218,7 +208,7 @@ TEST(SafetensorsBuild, PadsWithSpacesToEightBytesAndWritesCompactJson) {
 }
 
 TEST(SafetensorsBuild, MetadataComesFirstAndOmittedWhenEmpty) {
-  std::vector<TensorInfo> tensors = {Tensor("a", DType::kF32, {1})};
+  std::vector<TensorInfo> tensors = {TensorSpec("a", DType::kF32, {1})};
   std::vector<uint8_t> prefix = BuildSafetensorsHeader(tensors, {{"format", "pt"}});
   std::string json(prefix.begin() + 8, prefix.end());
   EXPECT_EQ(json.rfind(R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[1],)"
@@ -232,7 +222,7 @@ TEST(SafetensorsBuild, MetadataComesFirstAndOmittedWhenEmpty) {
 }
 
 TEST(SafetensorsBuild, RewritesOffsetsContiguouslyInGivenOrder) {
-  std::vector<TensorInfo> tensors = {Tensor("b", DType::kF32, {2}), Tensor("a", DType::kU8, {3})};
+  std::vector<TensorInfo> tensors = {TensorSpec("b", DType::kF32, {2}), TensorSpec("a", DType::kU8, {3})};
   tensors[0].begin = 100;
   tensors[0].end = 7;
   tensors[1].begin = 5;
@@ -600,7 +590,7 @@ std::vector<TensorInfo> ManyTensors(size_t n) {
   std::vector<TensorInfo> tensors;
   tensors.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    tensors.push_back(Tensor("layers." + std::to_string(i / 256) + ".experts." + std::to_string(i % 256),
+    tensors.push_back(TensorSpec("layers." + std::to_string(i / 256) + ".experts." + std::to_string(i % 256),
                              DType::kBF16, {1 + i % 3}));
   }
   return tensors;
@@ -639,9 +629,9 @@ TEST(SafetensorsParse, RepeatedKeyAmongManyTensorsIsFound) {
 
 TEST(SafetensorsParse, SurvivesRandomMutations) {
   std::vector<TensorInfo> tensors = {
-      Tensor("model.embed", DType::kBF16, {8, 4}), Tensor("z", DType::kF32, {0}),
-      Tensor("scale", DType::kF32, {}),            Tensor("ids", DType::kI64, {3}),
-      Tensor("mask", DType::kBool, {5}),
+      TensorSpec("model.embed", DType::kBF16, {8, 4}), TensorSpec("z", DType::kF32, {0}),
+      TensorSpec("scale", DType::kF32, {}),            TensorSpec("ids", DType::kI64, {3}),
+      TensorSpec("mask", DType::kBool, {5}),
   };
   const std::vector<uint8_t> valid = BuildSafetensorsHeader(tensors, {{"format", "pt"}});
   const uint64_t data_size = tensors.back().end;

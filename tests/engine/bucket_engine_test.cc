@@ -27,7 +27,9 @@
 #include "engine/version_writer.h"
 #include "store/local_store.h"
 #include "store/store_wrapper.h"
+#include "tests/testing/fault_store.h"
 #include "tests/testing/log_capture.h"
+#include "tests/testing/safetensors_builder.h"
 
 namespace weightfs {
 namespace {
@@ -82,34 +84,12 @@ struct Model {
     }
   }
   std::vector<uint8_t> Bytes() {
-    std::vector<TensorInfo> ts = tensors;
-    std::vector<uint8_t> out = BuildSafetensorsHeader(ts, {});
-    for (auto& v : values) {
-      const uint8_t* p = reinterpret_cast<const uint8_t*>(v.data());
-      out.insert(out.end(), p, p + v.size() * 2);
+    test::SafetensorsBuilder b;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const uint8_t* p = reinterpret_cast<const uint8_t*>(values[i].data());
+      b.Add(tensors[i].name, tensors[i].dtype, tensors[i].shape, std::vector<uint8_t>(p, p + values[i].size() * 2));
     }
-    return out;
-  }
-};
-
-// Lets a test fail Puts, or make reads and writes of packs throw std::bad_alloc (an allocation
-// failing inside the store, e.g. while a response body grows).
-class FaultyStore : public StoreWrapper {
- public:
-  using StoreWrapper::StoreWrapper;
-  std::atomic<int> fail_puts_after{-1};  // -1: never
-  std::atomic<bool> pack_gets_throw{false};
-  std::atomic<bool> pack_puts_throw{false};
-  Status Put(std::string_view key, std::span<const uint8_t> data, PutMode mode) override {
-    if (pack_puts_throw && key.starts_with("packs/")) throw std::bad_alloc();
-    int n = fail_puts_after.load();
-    if (n == 0) return Status::IOError("injected: bucket refuses writes");
-    if (n > 0) fail_puts_after--;
-    return inner_->Put(key, data, mode);
-  }
-  Expected<std::vector<uint8_t>> Get(std::string_view key, std::optional<ByteRange> range) override {
-    if (pack_gets_throw && key.starts_with("packs/")) throw std::bad_alloc();
-    return inner_->Get(key, range);
+    return b.Build();
   }
 };
 
@@ -122,7 +102,7 @@ class BucketEngineTest : public ::testing::Test {
     fs::create_directories(root_ / "bucket");
     auto local = LocalStore::Open((root_ / "bucket").string());
     ASSERT_TRUE(local.ok());
-    faulty_ = std::make_shared<FaultyStore>(std::shared_ptr<Store>(std::move(local).value()));
+    faulty_ = std::make_shared<test::FaultStore>(std::shared_ptr<Store>(std::move(local).value()));
     store_ = std::make_shared<CountingStore>(faulty_);
     ASSERT_TRUE(Bucket::Init(*store_).ok());
     auto b = Bucket::Open(store_);
@@ -179,7 +159,7 @@ class BucketEngineTest : public ::testing::Test {
   }
 
   fs::path root_;
-  std::shared_ptr<FaultyStore> faulty_;
+  std::shared_ptr<test::FaultStore> faulty_;  // lets a test fail Puts, or make pack reads and writes throw
   std::shared_ptr<CountingStore> store_;
   std::unique_ptr<Bucket> bucket_;
   ThreadPool pool_{4};
@@ -260,12 +240,12 @@ TEST_F(BucketEngineTest, PushAndPullRecordOneReferenceIndexPerFile) {
   EXPECT_GT(chunks, 10u);
 
   // The next push reads its parent's chunks from v0's files: a pack read would throw.
-  faulty_->pack_gets_throw = true;
+  faulty_->ThrowBadAlloc(test::FaultStore::On(test::StoreOp::kGet, "packs/"));
   model_.Step(101, 0.01);
   auto v1 = Push(1, again.get(), v0->manifest);
   ASSERT_TRUE(v1.ok()) << v1.status().ToString();
   EXPECT_GT(v1->delta_chunks, 0u);
-  faulty_->pack_gets_throw = false;
+  faulty_->Clear();
 
   // pull: one more index file per pulled file.
   Materializer mat(bucket_.get(), cache.get());
@@ -422,11 +402,12 @@ TEST_F(BucketEngineTest, ConcurrentPushesOfOneVersionHaveOneWinner) {
 TEST_F(BucketEngineTest, FailedUploadPublishesNothing) {
   auto chain = PushChain(1, nullptr);
   model_.Step(5, 0.01);
-  faulty_->fail_puts_after = 1;  // the lease goes through, the first pack fails
+  // The lease goes through, the first pack fails.
+  faulty_->Fail(test::FaultStore::On(test::StoreOp::kPut).After(1), Status::IOError("injected: bucket refuses writes"));
   auto r = Push(1, nullptr, chain[0]);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(bucket_->ReadManifest("acme/m", "v1").status().kind(), ErrorKind::kNotFound);
-  faulty_->fail_puts_after = -1;
+  faulty_->Clear();
   auto again = Push(1, nullptr, chain[0]);
   EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
@@ -540,13 +521,13 @@ TEST_F(BucketEngineTest, AllocationFailureFetchingAPayloadFailsOnlyThatChunk) {
   }
   ASSERT_LT(deep, file.chunks.size()) << "no chunk with a chain of two deltas";
   Materializer mat(bucket_.get(), nullptr);
-  faulty_->pack_gets_throw = true;
+  faulty_->ThrowBadAlloc(test::FaultStore::On(test::StoreOp::kGet, "packs/"));
   Expected<ByteBuffer> got = mat.Chunk(*chain[2], file, deep);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().kind(), ErrorKind::kResourceExhausted) << got.status().ToString();
   EXPECT_NE(got.status().message().find("out of memory"), std::string::npos) << got.status().ToString();
   EXPECT_NE(got.status().message().find("acme/m@v"), std::string::npos) << got.status().ToString();
-  faulty_->pack_gets_throw = false;
+  faulty_->Clear();
   got = mat.Chunk(*chain[2], file, deep);  // the materializer and its threads carry on
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(HashChunk(*got), file.chunks[deep].hash);
@@ -555,12 +536,12 @@ TEST_F(BucketEngineTest, AllocationFailureFetchingAPayloadFailsOnlyThatChunk) {
 // Packs are uploaded on PackWriter's threads: an allocation failing there fails the push,
 // which publishes nothing.
 TEST_F(BucketEngineTest, AllocationFailureUploadingAPackFailsThePush) {
-  faulty_->pack_puts_throw = true;
+  faulty_->ThrowBadAlloc(test::FaultStore::On(test::StoreOp::kPut, "packs/"));
   auto r = Push(0, nullptr, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().kind(), ErrorKind::kResourceExhausted) << r.status().ToString();
   EXPECT_EQ(bucket_->ReadManifest("acme/m", "v0").status().kind(), ErrorKind::kNotFound);
-  faulty_->pack_puts_throw = false;
+  faulty_->Clear();
   r = Push(0, nullptr, nullptr);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
 }

@@ -25,6 +25,7 @@
 #include "engine/version_writer.h"
 #include "store/local_store.h"
 #include "store/store_wrapper.h"
+#include "tests/testing/safetensors_builder.h"
 
 namespace weightfs {
 namespace {
@@ -44,17 +45,9 @@ struct Weights {
   std::map<std::string, std::string> metadata;
 
   std::vector<uint8_t> Bytes() const {
-    std::vector<TensorInfo> infos;
-    for (const auto& [name, t] : tensors) {
-      TensorInfo i;
-      i.name = name;
-      i.dtype = t.dtype;
-      i.shape = t.shape;
-      infos.push_back(i);
-    }
-    std::vector<uint8_t> out = BuildSafetensorsHeader(infos, metadata);
-    for (const auto& [name, t] : tensors) out.insert(out.end(), t.bytes.begin(), t.bytes.end());
-    return out;
+    test::SafetensorsBuilder b;
+    for (const auto& [name, t] : tensors) b.Add(name, t.dtype, t.shape, t.bytes);
+    return b.Metadata(metadata).Build();
   }
 };
 

@@ -15,6 +15,7 @@
 #include "core/safetensors.h"
 #include "engine/chunk_cache.h"
 #include "tests/fs/test_bucket.h"
+#include "tests/testing/safetensors_builder.h"
 
 namespace weightfs {
 namespace {
@@ -71,7 +72,8 @@ TEST_F(ChunkReaderTest, RandomRangesMatchTheSource) {
 
 TEST_F(ChunkReaderTest, ConcurrentReadersOfOneChunkShareOneMaterialization) {
   ChunkReader reader(&materializer_, {.readahead_bytes = 0});
-  bucket_.faults().delay_ms = 100;  // every reader arrives while the first fetch is in flight
+  // Every reader arrives while the first fetch is in flight.
+  bucket_.faults().Delay(test::FaultStore::On(test::StoreOp::kGet, "packs/"), std::chrono::milliseconds(100));
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
   for (int t = 0; t < 8; ++t) {
@@ -82,7 +84,7 @@ TEST_F(ChunkReaderTest, ConcurrentReadersOfOneChunkShareOneMaterialization) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 8);
-  EXPECT_EQ(bucket_.faults().pack_gets.load(), 1u);
+  EXPECT_EQ(bucket_.faults().Calls(test::StoreOp::kGet, "packs/"), 1u);
   EXPECT_EQ(reader.stats().materializations.load(), 1u);
   EXPECT_EQ(reader.stats().shared_waits.load() + reader.stats().memory_hits.load(), 7u);
 }
@@ -101,9 +103,9 @@ TEST_F(ChunkReaderTest, MemoryStaysWithinTheLimit) {
   }
   EXPECT_GT(reader.stats().evictions.load(), 0u);
   // The most recent chunks are still there: re-reading the last one costs no fetch.
-  uint64_t gets = bucket_.faults().pack_gets;
+  uint64_t gets = bucket_.faults().Calls(test::StoreOp::kGet, "packs/");
   ASSERT_TRUE(reader.Read(manifest_, *file_, data_.size() - 10, 10, nullptr).ok());
-  EXPECT_EQ(bucket_.faults().pack_gets.load(), gets);
+  EXPECT_EQ(bucket_.faults().Calls(test::StoreOp::kGet, "packs/"), gets);
 }
 
 // Readers of different chunks wait for a build slot rather than each holding a build's memory:
@@ -171,13 +173,13 @@ TEST_F(ChunkReaderTest, RandomReadersGetNoReadahead) {
 
 TEST_F(ChunkReaderTest, FailuresNameTheChunkAndAreNotCached) {
   ChunkReader reader(&materializer_, {.readahead_bytes = 0});
-  bucket_.faults().fail_packs = true;
+  bucket_.faults().Fail(test::FaultStore::On(test::StoreOp::kGet, "packs/"), Status::IOError("injected failure reading a pack"));
   auto r = reader.Read(manifest_, *file_, 3 * kChunk + 5, 10, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().kind(), ErrorKind::kIOError);
   EXPECT_NE(r.status().message().find("acme/m@v0 data.bin"), std::string::npos) << r.status().ToString();
   EXPECT_NE(r.status().message().find("chunk 3"), std::string::npos) << r.status().ToString();
-  bucket_.faults().fail_packs = false;
+  bucket_.faults().Clear();
   auto again = reader.Read(manifest_, *file_, 3 * kChunk + 5, 10, nullptr);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(Gather(*again), std::vector<uint8_t>(data_.begin() + 3 * kChunk + 5, data_.begin() + 3 * kChunk + 15));
@@ -208,12 +210,12 @@ TEST_F(ChunkReaderTest, WithADiskCacheChunksArePrivateCopiesOfCacheFiles) {
     ChunkReader reader(&m, {.readahead_bytes = 0});
     read_all(reader);
   }
-  const uint64_t gets = bucket_.faults().pack_gets;
+  const uint64_t gets = bucket_.faults().Calls(test::StoreOp::kGet, "packs/");
   {
     Materializer m(&bucket_.bucket(), cache->get());
     ChunkReader reader(&m, {.readahead_bytes = 0});
     read_all(reader);
-    EXPECT_EQ(bucket_.faults().pack_gets.load(), gets);
+    EXPECT_EQ(bucket_.faults().Calls(test::StoreOp::kGet, "packs/"), gets);
     EXPECT_EQ(m.stats().cache_hits.load(), file_->chunks.size());
     auto copy = reader.Chunk(manifest_, *file_, 2);
     ASSERT_TRUE(copy.ok());
@@ -228,7 +230,7 @@ TEST_F(ChunkReaderTest, WithADiskCacheChunksArePrivateCopiesOfCacheFiles) {
     }
     std::filesystem::resize_file(entry_of(1), 100);
     read_all(reader);
-    EXPECT_EQ(bucket_.faults().pack_gets.load(), gets);  // served from memory
+    EXPECT_EQ(bucket_.faults().Calls(test::StoreOp::kGet, "packs/"), gets);  // served from memory
   }
   // A new reader finds every file corrupt: it drops them and materializes the chunks again.
   {
@@ -237,9 +239,9 @@ TEST_F(ChunkReaderTest, WithADiskCacheChunksArePrivateCopiesOfCacheFiles) {
     read_all(reader);
     EXPECT_EQ((*cache)->stats().corrupt.load(), file_->chunks.size());
     EXPECT_EQ(m.stats().cache_hits.load(), 0u);
-    EXPECT_GT(bucket_.faults().pack_gets.load(), gets);
+    EXPECT_GT(bucket_.faults().Calls(test::StoreOp::kGet, "packs/"), gets);
   }
-  const uint64_t rebuilt = bucket_.faults().pack_gets;
+  const uint64_t rebuilt = bucket_.faults().Calls(test::StoreOp::kGet, "packs/");
   // Corrupt chunk 3's (new) cache file: a new reader drops it and materializes the chunk again.
   const std::string entry = entry_of(3);
   {
@@ -254,7 +256,7 @@ TEST_F(ChunkReaderTest, WithADiskCacheChunksArePrivateCopiesOfCacheFiles) {
     read_all(reader);  // chunk 3 built again
     EXPECT_EQ((*cache)->stats().corrupt.load(), file_->chunks.size() + 1);
     EXPECT_EQ(m.stats().cache_hits.load(), file_->chunks.size() - 1);
-    EXPECT_GT(bucket_.faults().pack_gets.load(), rebuilt);
+    EXPECT_GT(bucket_.faults().Calls(test::StoreOp::kGet, "packs/"), rebuilt);
   }
   std::filesystem::remove_all(dir);
 }
@@ -273,20 +275,16 @@ TEST_F(ChunkReaderTest, ReadsPastTheEndAreEmpty) {
 TEST(ChunkReaderTensorTest, ReadaheadStaysInsideTheTensorUntilTheReaderCrossesTensors) {
   TestBucket bucket("tensor-readahead");
   constexpr uint64_t kSmall = 1 << 20;  // chunks; the readahead heuristics work in MiB
-  std::vector<TensorInfo> tensors;
-  for (const char* name : {"a", "b", "c"}) {
-    TensorInfo t;
-    t.name = name;
-    t.dtype = DType::kBF16;
-    t.shape = {5 * kSmall / 2};  // five chunks each
-    t.begin = 0;
-    t.end = 5 * kSmall;
-    tensors.push_back(t);
+  const std::vector<uint8_t> values = RandomBytes(15 * kSmall, 3);
+  test::SafetensorsBuilder st;
+  for (uint64_t i = 0; i < 3; ++i) {  // a, b, c: five chunks each
+    st.Add(std::string(1, static_cast<char>('a' + i)), DType::kBF16, {5 * kSmall / 2},
+           std::vector<uint8_t>(values.begin() + static_cast<ptrdiff_t>(i * 5 * kSmall),
+                                values.begin() + static_cast<ptrdiff_t>((i + 1) * 5 * kSmall)));
   }
-  std::vector<uint8_t> bytes = BuildSafetensorsHeader(tensors, {});
-  const uint64_t data_offset = bytes.size();
-  std::vector<uint8_t> values = RandomBytes(15 * kSmall, 3);
-  bytes.insert(bytes.end(), values.begin(), values.end());
+  const std::vector<uint8_t> bytes = st.Build();
+  const uint64_t data_offset = st.DataOffset();
+  const std::vector<TensorInfo> tensors = st.Tensors();
   auto manifest = bucket.Push("acme/t", "v0", {{"model.safetensors", bytes}}, kSmall);
   ASSERT_TRUE(manifest);
   const ManifestFile& file = *manifest->FindFile("model.safetensors");

@@ -175,18 +175,18 @@ TEST_F(NamespaceTest, ALookupOfAnUnlistedVersionChecksTheBucketForItAtOnce) {
 
 TEST_F(NamespaceTest, AFailedFirstListingIsAnErrorALaterOneKeepsThePreviousListing) {
   Namespace ns(&bucket_.bucket(), Options(std::chrono::milliseconds(0)));
-  bucket_.faults().fail_list = true;
+  bucket_.faults().Fail(test::FaultStore::On(test::StoreOp::kList), Status::IOError("injected failure listing"));
   auto failed = ns.ReadDir(Namespace::kRootIno);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().kind(), ErrorKind::kIOError);
-  bucket_.faults().fail_list = false;
+  bucket_.faults().Clear();
   auto listed = ns.ReadDir(Namespace::kRootIno);
   ASSERT_TRUE(listed.ok());
-  bucket_.faults().fail_list = true;
+  bucket_.faults().Fail(test::FaultStore::On(test::StoreOp::kList), Status::IOError("injected failure listing"));
   auto kept = ns.ReadDir(Namespace::kRootIno);
   ASSERT_TRUE(kept.ok());
   EXPECT_EQ(Names(*kept), Names(*listed));
-  bucket_.faults().fail_list = false;
+  bucket_.faults().Clear();
 }
 
 }  // namespace

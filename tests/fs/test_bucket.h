@@ -1,6 +1,6 @@
 // TestBucket: a local-directory bucket in a temporary directory, filled in-process with
-// versions of opaque files — for the fs unit tests (no FUSE). Its store can be slowed down or
-// made to fail, and counts the pack reads it serves.
+// versions of opaque files — for the fs unit tests (no FUSE). Its store is a test::FaultStore
+// (tests/testing/fault_store.h): calls can be slowed down or made to fail, and are counted.
 #pragma once
 
 #include <unistd.h>
@@ -20,31 +20,9 @@
 #include "engine/bucket.h"
 #include "engine/version_writer.h"
 #include "store/local_store.h"
-#include "store/store_wrapper.h"
+#include "tests/testing/fault_store.h"
 
 namespace weightfs::testing {
-
-// Pack reads can be delayed or failed; every pack read is counted.
-class FaultStore : public StoreWrapper {
- public:
-  using StoreWrapper::StoreWrapper;
-  Expected<std::vector<uint8_t>> Get(std::string_view key, std::optional<ByteRange> range) override {
-    if (key.starts_with("packs/")) {
-      pack_gets++;
-      if (int ms = delay_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-      if (fail_packs) return Status::IOError("injected failure reading " + std::string(key));
-    }
-    return StoreWrapper::Get(key, range);
-  }
-  Expected<ListPage> List(std::string_view prefix, std::string_view continuation, size_t max_keys) override {
-    if (fail_list) return Status::IOError("injected failure listing " + std::string(prefix));
-    return StoreWrapper::List(prefix, continuation, max_keys);
-  }
-  std::atomic<bool> fail_list{false};
-  std::atomic<int> delay_ms{0};
-  std::atomic<bool> fail_packs{false};
-  std::atomic<uint64_t> pack_gets{0};
-};
 
 inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -65,7 +43,7 @@ class TestBucket {
     std::filesystem::create_directories(root_ / "bucket");
     auto local = LocalStore::Open((root_ / "bucket").string());
     EXPECT_TRUE(local.ok());
-    faults_ = std::make_shared<FaultStore>(std::shared_ptr<Store>(std::move(local).value()));
+    faults_ = std::make_shared<test::FaultStore>(std::shared_ptr<Store>(std::move(local).value()));
     EXPECT_TRUE(Bucket::Init(*faults_).ok());
     auto b = Bucket::Open(faults_);
     EXPECT_TRUE(b.ok()) << b.status().ToString();
@@ -99,12 +77,12 @@ class TestBucket {
   }
 
   Bucket& bucket() { return *bucket_; }
-  FaultStore& faults() { return *faults_; }
+  test::FaultStore& faults() { return *faults_; }
   std::filesystem::path root() const { return root_; }
 
  private:
   std::filesystem::path root_;
-  std::shared_ptr<FaultStore> faults_;
+  std::shared_ptr<test::FaultStore> faults_;
   std::unique_ptr<Bucket> bucket_;
   ThreadPool pool_{2};
   std::map<std::string, std::shared_ptr<const Manifest>> parents_;

@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
 #include "core/safetensors.h"
+#include "tests/testing/safetensors_builder.h"
 
 namespace {
 
@@ -120,10 +122,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // few inputs would reach the tensor checks and the round trip.
   if (size >= 2) {
     const uint64_t data_size = data[0] | (uint64_t{data[1]} << 8);
-    const uint64_t n = size - 2;
-    std::vector<uint8_t> prefix(8);
-    for (int i = 0; i < 8; ++i) prefix[i] = static_cast<uint8_t>(n >> (8 * i));
-    prefix.insert(prefix.end(), data + 2, data + size);
+    const std::vector<uint8_t> prefix =
+        weightfs::test::SafetensorsBuilder()
+            .RawHeader(std::string_view(reinterpret_cast<const char*>(data) + 2, size - 2))
+            .Header();
     FuzzFile(prefix, prefix.size() + data_size);
   }
   return 0;

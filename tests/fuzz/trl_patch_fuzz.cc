@@ -18,9 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <map>
+#include <string_view>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,101 +29,44 @@
 #include "sources/trl/trl_bucket.h"
 #include "store/store.h"
 #include "tests/fuzz/fuzz_input.h"
+#include "tests/testing/mem_store.h"
+#include "tests/testing/safetensors_builder.h"
 
 namespace {
 
-using weightfs::ByteRange;
 using weightfs::DType;
 using weightfs::ErrorKind;
-using weightfs::Expected;
-using weightfs::ObjectInfo;
 using weightfs::Status;
-using weightfs::TensorInfo;
 using weightfs::fuzz::Check;
-
-// A Store over a map: the Store contract's ranged reads, one listing page.
-class MapStore final : public weightfs::Store {
- public:
-  Expected<std::vector<uint8_t>> Get(std::string_view key, std::optional<ByteRange> range) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = objects_.find(std::string(key));
-    if (it == objects_.end()) return Status::NotFound(std::string(key));
-    const std::vector<uint8_t>& b = it->second;
-    const uint64_t off = range ? range->offset : 0;
-    if (off > b.size()) return Status::InvalidArgument("offset past the end");
-    uint64_t len = b.size() - off;
-    if (range && range->length && *range->length < len) len = *range->length;
-    return std::vector<uint8_t>(b.begin() + static_cast<std::ptrdiff_t>(off),
-                                b.begin() + static_cast<std::ptrdiff_t>(off + len));
-  }
-  Status Put(std::string_view key, std::span<const uint8_t> data, weightfs::PutMode) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    objects_[std::string(key)].assign(data.begin(), data.end());
-    return Status::Ok();
-  }
-  Expected<ObjectInfo> Head(std::string_view key) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = objects_.find(std::string(key));
-    if (it == objects_.end()) return Status::NotFound(std::string(key));
-    return ObjectInfo{it->first, it->second.size()};
-  }
-  Expected<weightfs::ListPage> List(std::string_view prefix, std::string_view, size_t) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    weightfs::ListPage page;
-    for (const auto& [k, v] : objects_) {
-      if (k.starts_with(prefix)) page.objects.push_back({k, v.size()});
-    }
-    return page;
-  }
-  Status Delete(std::string_view key) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return objects_.erase(std::string(key)) ? Status::Ok() : Status::NotFound(std::string(key));
-  }
-  std::string Describe() const override { return "mem://fuzz"; }
-
- private:
-  std::mutex mu_;
-  std::map<std::string, std::vector<uint8_t>> objects_;
-};
 
 struct Tensor {
   std::string name;
   DType dtype;
   std::vector<uint64_t> shape;
-  size_t bytes;
 };
 
+// A TRL file of `tensors` (their data a pattern of `step`) with the metadata of step `step`.
 std::vector<uint8_t> Safetensors(const std::vector<Tensor>& tensors, uint64_t step) {
-  std::vector<TensorInfo> infos;
-  uint64_t off = 0;
-  for (const Tensor& t : tensors) {
-    TensorInfo i;
-    i.name = t.name;
-    i.dtype = t.dtype;
-    i.shape = t.shape;
-    i.begin = off;
-    i.end = off + t.bytes;
-    off = i.end;
-    infos.push_back(i);
-  }
-  const std::map<std::string, std::string> md = {
-      {"format", "sparse_weight_patch"}, {"sparse", "False"}, {"model_version", std::to_string(step)}};
-  std::vector<uint8_t> out = weightfs::BuildSafetensorsHeader(infos, md);
-  for (uint64_t i = 0; i < off; ++i) out.push_back(static_cast<uint8_t>(i * 37 + step));
-  return out;
+  weightfs::test::SafetensorsBuilder b;
+  for (const Tensor& t : tensors) b.Add(t.name, t.dtype, t.shape);
+  return b.Metadata("format", "sparse_weight_patch")
+      .Metadata("sparse", "False")
+      .Metadata("model_version", std::to_string(step))
+      .Seed(step)
+      .Build();
 }
 
 // Step 1's anchor: every tensor; step 5's: part of them, one redefined with another shape.
 const std::vector<uint8_t>& Anchor1() {
   static const auto* a = new std::vector<uint8_t>(Safetensors(
-      {{"model.w", DType::kBF16, {3, 5}, 30}, {"model.b", DType::kF32, {7}, 28}, {"x", DType::kU8, {9}, 9},
-       {"e", DType::kBF16, {0}, 0}},
+      {{"model.w", DType::kBF16, {3, 5}}, {"model.b", DType::kF32, {7}}, {"x", DType::kU8, {9}},
+       {"e", DType::kBF16, {0}}},
       1));
   return *a;
 }
 const std::vector<uint8_t>& Anchor5() {
   static const auto* a = new std::vector<uint8_t>(
-      Safetensors({{"model.b", DType::kF32, {2, 3}, 24}, {"y", DType::kI64, {3}, 24}}, 5));
+      Safetensors({{"model.b", DType::kF32, {2, 3}}, {"y", DType::kI64, {3}}}, 5));
   return *a;
 }
 
@@ -140,12 +82,11 @@ std::vector<uint8_t> FileFrom(std::span<const uint8_t> bytes, bool framed) {
   if (!framed) return {bytes.begin(), bytes.end()};
   weightfs::fuzz::Reader r(bytes.data(), bytes.size());
   const std::span<const uint8_t> json = r.Take(r.U16());
-  std::vector<uint8_t> out(8);
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(uint64_t{json.size()} >> (8 * i));
-  out.insert(out.end(), json.begin(), json.end());
   const std::span<const uint8_t> data = r.Rest();
-  out.insert(out.end(), data.begin(), data.end());
-  return out;
+  return weightfs::test::SafetensorsBuilder()
+      .RawHeader(std::string_view(reinterpret_cast<const char*>(json.data()), json.size()))
+      .Trailing({data.begin(), data.end()})
+      .Build();
 }
 
 bool ExpectedKind(const Status& s) {
@@ -157,7 +98,7 @@ bool ExpectedKind(const Status& s) {
 void FuzzBucket(const uint8_t* data, size_t size) {
   weightfs::fuzz::Reader in(data, size);
   const uint8_t options = in.U8();
-  auto store = std::make_shared<MapStore>();
+  auto store = std::make_shared<weightfs::test::MemStore>("mem://fuzz");
   bool anchor_fuzzed = options & 1;
   if (!anchor_fuzzed) Check(store->Put(StepKey(true, 1), Anchor1(), weightfs::PutMode::kOverwrite).ok());
   if (options & 8) Check(store->Put(StepKey(true, 5), Anchor5(), weightfs::PutMode::kOverwrite).ok());

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
@@ -20,66 +19,14 @@
 #include "engine/bucket.h"
 #include "engine/materializer.h"
 #include "sources/open_bucket.h"
+#include "tests/testing/mem_store.h"
+#include "tests/testing/safetensors_builder.h"
 
 namespace weightfs {
 namespace {
 
-// A Store in memory that records the byte ranges it served.
-class MemStore : public Store {
- public:
-  Expected<std::vector<uint8_t>> Get(std::string_view key, std::optional<ByteRange> range) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = objects_.find(std::string(key));
-    if (it == objects_.end()) return Status::NotFound(std::string(key));
-    const std::vector<uint8_t>& b = it->second;
-    uint64_t off = range ? range->offset : 0;
-    if (off > b.size()) return Status::InvalidArgument("offset past the end");
-    uint64_t len = b.size() - off;
-    if (range && range->length) len = std::min(len, *range->length);
-    reads_.push_back({std::string(key), off, off + len});
-    return std::vector<uint8_t>(b.begin() + static_cast<std::ptrdiff_t>(off),
-                                b.begin() + static_cast<std::ptrdiff_t>(off + len));
-  }
-  Status Put(std::string_view key, std::span<const uint8_t> data, PutMode) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    objects_[std::string(key)] = std::vector<uint8_t>(data.begin(), data.end());
-    return Status::Ok();
-  }
-  Expected<ObjectInfo> Head(std::string_view key) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = objects_.find(std::string(key));
-    if (it == objects_.end()) return Status::NotFound(std::string(key));
-    return ObjectInfo{it->first, it->second.size()};
-  }
-  Expected<ListPage> List(std::string_view prefix, std::string_view, size_t) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    ListPage page;
-    for (const auto& [k, v] : objects_) {
-      if (k.starts_with(prefix)) page.objects.push_back({k, v.size()});
-    }
-    return page;
-  }
-  Status Delete(std::string_view key) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return objects_.erase(std::string(key)) ? Status::Ok() : Status::NotFound(std::string(key));
-  }
-  std::string Describe() const override { return "mem://trl"; }
-
-  struct Read {
-    std::string key;
-    uint64_t begin, end;
-  };
-  std::vector<Read> TakeReads() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return std::exchange(reads_, {});
-  }
-  std::vector<uint8_t>& Object(const std::string& key) { return objects_[key]; }
-
- private:
-  std::mutex mu_;
-  std::map<std::string, std::vector<uint8_t>> objects_;
-  std::vector<Read> reads_;
-};
+// The bucket: an in-memory store that records the byte ranges it served.
+using test::MemStore;
 
 struct Tensor {
   std::string name;
@@ -89,25 +36,9 @@ struct Tensor {
 };
 
 std::vector<uint8_t> Safetensors(std::vector<Tensor> tensors, const std::map<std::string, std::string>& md) {
-  std::vector<TensorInfo> infos;
-  uint64_t off = 0;
-  for (const Tensor& t : tensors) {
-    TensorInfo i;
-    i.name = t.name;
-    i.dtype = t.dtype;
-    i.shape = t.shape;
-    i.begin = off;
-    i.end = off + t.bytes.size();
-    off = i.end;
-    infos.push_back(i);
-  }
-  std::vector<uint8_t> out = BuildSafetensorsHeader(infos, md);
-  for (const TensorInfo& i : infos) {
-    for (const Tensor& t : tensors) {
-      if (t.name == i.name) out.insert(out.end(), t.bytes.begin(), t.bytes.end());
-    }
-  }
-  return out;
+  test::SafetensorsBuilder b;
+  for (Tensor& t : tensors) b.Add(t.name, t.dtype, t.shape, std::move(t.bytes));
+  return b.Metadata(md).Build();
 }
 
 std::vector<uint8_t> U16s(const std::vector<uint64_t>& v) {
@@ -248,7 +179,8 @@ TEST(TrlIndicesTest, HostileIndicesAreCorruptionNamingTheTensor) {
 class TrlBucketTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    store_ = std::make_shared<MemStore>();
+    store_ = std::make_shared<MemStore>("mem://trl");
+    store_->SetRecordReads(true);
     // Step 1: anchor with a [4, 3] and b [5] (BF16).
     state_["a"] = Tensor{"a", DType::kBF16, {4, 3}, RandomBytes(24, 1)};
     state_["b"] = Tensor{"b", DType::kBF16, {5}, RandomBytes(10, 2)};
