@@ -7,9 +7,9 @@
 #include <cstring>
 #include <limits>
 
+#include "core/codec/sparse/sparse_coder.h"
 #include "core/element_ops.h"
 #include "core/hash.h"
-#include "core/sparse_coder.h"
 
 static_assert(std::endian::native == std::endian::little,
               "weightfs payloads are little-endian; a big-endian port needs byte swaps here");

@@ -23,9 +23,9 @@
 //          integer of a float, identity for integers), zigzag-coded, then planes + zstd as FULL.
 //   SPARSE for few changes: the changed elements' gaps (per exponent class of the parent) and
 //          differences d = ord(new) - ord(parent), entropy-coded; two body versions, told apart
-//          by the body's 8th byte (core/sparse_coder.h): 1, adaptive binary range coding, and 2,
-//          static per-chunk tables with interleaved rANS (faster to decode). A ±1-ulp step in
-//          bf16 costs ~2 bits; a position ~H(p)/p bits.
+//          by the body's 8th byte (core/codec/sparse/sparse_coder.h): 1, adaptive binary range
+//          coding, and 2, static per-chunk tables with interleaved rANS (faster to decode). A
+//          ±1-ulp step in bf16 costs ~2 bits; a position ~H(p)/p bits.
 //   PATCH  one zstd frame compressed with the parent chunk as its prefix (for bytes of unknown
 //          structure, and chunks whose length changed: headers, opaque files).
 // Decoding validates everything before use and never allocates more than raw_len (bounded by
@@ -92,11 +92,13 @@ struct EncodeOptions {
   // A sparse stream at or below this many bits per raw byte is kept without trying the dense
   // and FULL encodings; otherwise every applicable candidate is encoded and the smallest kept.
   double sparse_sufficient_bits_per_byte = 0.5;
-  // Exponent classes (core/sparse_coder.h) shrink sparse deltas by ~25% but cost decode time
-  // per change; above this changed fraction the sparse coder codes positions without them.
+  // Exponent classes (core/codec/sparse/sparse_coder.h) shrink sparse deltas by ~25% but cost
+  // decode time per change; above this changed fraction the sparse coder codes positions
+  // without them.
   double exponent_class_max_fraction = 1.0;
-  // SPARSE body layout (core/sparse_coder.h): 0 lets the encoder pick (version 2, the fast
-  // table-driven one, unless version 1 is clearly smaller), 1 or 2 forces one (tests, benches).
+  // SPARSE body layout (core/codec/sparse/sparse_coder.h): 0 lets the encoder pick (version 2,
+  // the fast table-driven one, unless version 1 is clearly smaller), 1 or 2 forces one (tests,
+  // benches).
   int sparse_body_version = 0;
   // Tests: SPARSE bodies of floats use this many exponent classes (2..16; 0 lets the encoder
   // choose among 2-8). Decoders must take any K the format allows.
@@ -140,9 +142,9 @@ class ChunkCodec {
 
   // Applies a chain of deltas to `data` in place, oldest first: the same result as
   // Decode(payload, data, data, limits) for each payload in turn, and faster: a run of SPARSE
-  // deltas shares one sweep over the chunk (core/sparse_coder.h DecodeChain), so a training
-  // run's chain of ~1% steps costs about its changes rather than a pass per step. Every payload
-  // must decode in place with raw_len == data.size() (else InvalidArgument). With
+  // deltas shares one sweep over the chunk (core/codec/sparse/sparse_coder.h DecodeChain), so a
+  // training run's chain of ~1% steps costs about its changes rather than a pass per step.
+  // Every payload must decode in place with raw_len == data.size() (else InvalidArgument). With
   // limits.verify_parent each payload is decoded on its own and checked; otherwise only the
   // final bytes are checked (against the last payload's raw_hash, when limits.verify_output).
   // On error *failed (if not null) is the index of the payload at fault (the last one for a

@@ -211,7 +211,7 @@ void Materializer::Warm(size_t builds, uint64_t chunk_bytes) {
     std::memcpy(&parent[i], &v, 2);
   }
   // ~1% of the elements one unit up, mostly the small ones (as a training step moves them:
-  // core/sparse_coder.h), so that the delta uses exponent classes and the decoder's
+  // core/codec/sparse/sparse_coder.h), so that the delta uses exponent classes and the decoder's
   // class and change buffers grow to a real delta's size here rather than on a first read.
   child = parent;
   for (size_t i = 0; i + 1 < child.size(); i += 2) {

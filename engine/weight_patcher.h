@@ -40,8 +40,8 @@
 //     (ChunkCodec::ApplyInPlace; PATCH steps are compared instead), less those whose final bits
 //     equal OLD's. The result is checked against NEW's chunk hash. OLD's bytes are needed
 //     whatever the encoding: a SPARSE body codes positions per exponent class of its parent's
-//     elements and values as differences to them (core/sparse_coder.h), so neither positions
-//     nor values can be read from a payload without its parent;
+//     elements and values as differences to them (core/codec/sparse/sparse_coder.h), so
+//     neither positions nor values can be read from a payload without its parent;
 //   - otherwise (a keyframe in between, chunking that differs, a derived version): OLD's and
 //     NEW's chunks are materialized and compared.
 // With OLD's chunks in the local cache (a node that followed training: NEW's chunks built here

@@ -2,7 +2,7 @@
 // changed fraction; the encoder picks a sensible encoding; and no damaged or hostile payload
 // crashes the decoder or decodes to wrong bytes.
 #include "core/chunk_codec.h"
-#include "core/sparse_coder.h"
+#include "core/codec/sparse/sparse_coder.h"
 
 #include <gtest/gtest.h>
 #include <zstd.h>

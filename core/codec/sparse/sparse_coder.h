@@ -1,5 +1,6 @@
 // The SPARSE body of the chunk codec (internal to core/): which elements changed and by how
 // much, coded close to their entropy given what the decoder already has, the parent chunk.
+// The implementation is split by concept across this folder (internal.h lists the files).
 //
 // Body format, version 1 (adaptive; still decoded, written when clearly smaller):
 //   u64 count       total changed elements (< 2^32, so its top byte, the version, is 0)
@@ -23,7 +24,7 @@
 //   u16 words      to the end of the body: the interleaved rANS stream; the o-th change's gap
 //                  symbol is on state 2 (o & 1), its value symbol on state 2 (o & 1) + 1
 //   The decoder checks that every state ends at 2^16 and every byte is consumed.
-//   Symbols and why: see "body version 2" in sparse_coder.cc and docs/codec.md.
+//   Symbols and why: see body_v2.cc beside this file and docs/codec.md.
 //
 // Why classes: an optimizer step moves every weight by about the same absolute amount (Adam
 // normalizes the gradient), while a float's last-place unit grows with its magnitude, so a
@@ -101,8 +102,8 @@ Status DecodeRecording(DType dtype, size_t width, std::span<const uint8_t> body,
 
 // Applies bodies[0], bodies[1], ... to data in place, oldest first: the same result as Decode
 // of each in turn with out == parent, faster. Consecutive version 2 bodies of a two-byte float
-// with the same exponent classes share one sweep over the chunk (see "chains" in
-// sparse_coder.cc; AVX-512 with GFNI and BITALG, else one by one). On error, *failed (if not
+// with the same exponent classes share one sweep over the chunk (see chain.cc beside this file;
+// AVX-512 with GFNI and BITALG, else one by one). On error, *failed (if not
 // null) is the index of the body at fault and data is unspecified.
 Status DecodeChain(DType dtype, size_t width, std::span<const std::span<const uint8_t>> bodies,
                    uint8_t* data, size_t n, Scratch* scratch, size_t* failed);
