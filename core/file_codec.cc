@@ -1,7 +1,8 @@
 #include "core/file_codec.h"
 
 #include <map>
-#include <mutex>
+
+#include "core/mutex.h"
 
 namespace weightfs {
 
@@ -80,13 +81,13 @@ Status FileDecoder::Decode(const EncodedFile& encoded, const PayloadSource& payl
   }
   codecs_.resize(pool_->size());
   auto& codecs = codecs_;
-  std::mutex mu;
-  Status first_error;  // guarded by mu
+  Mutex mu;
+  Status first_error;  // guarded by mu (a local: the analysis cannot check it); read once ParallelFor returned
   pool_->ParallelFor(encoded.chunks.size(), [&](size_t i, size_t slot) {
     if (!codecs[slot]) codecs[slot] = std::make_unique<ChunkCodec>();
     const EncodedChunk& c = encoded.chunks[i];
     auto fail = [&](const Status& s) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (first_error.ok()) first_error = s.WithContext(DescribeChunk(c.spec.key));
     };
     if (c.spec.offset > out.size() || c.spec.length > out.size() - c.spec.offset) {

@@ -8,9 +8,9 @@ struct ThreadPool::Loop {
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
   std::atomic<bool> failed{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  std::exception_ptr error;  // GUARDED_BY(mu): the first exception fn threw
+  Mutex mu;
+  CondVar cv;
+  std::exception_ptr error WFS_GUARDED_BY(mu);  // the first exception fn threw
 };
 
 ThreadPool::ThreadPool(size_t threads) {
@@ -26,10 +26,10 @@ ThreadPool::ThreadPool(size_t threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : workers_) t.join();
 }
 
@@ -40,7 +40,7 @@ void ThreadPool::RunLoop(Loop& loop, size_t slot) {
       try {
         (*loop.fn)(i, slot);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(loop.mu);
+        MutexLock lock(loop.mu);
         if (!loop.error) loop.error = std::current_exception();
         loop.failed = true;
       }
@@ -48,8 +48,8 @@ void ThreadPool::RunLoop(Loop& loop, size_t slot) {
     ++finished;
   }
   if (finished && loop.done.fetch_add(finished) + finished == loop.n) {
-    std::lock_guard<std::mutex> lock(loop.mu);
-    loop.cv.notify_all();
+    MutexLock lock(loop.mu);
+    loop.cv.NotifyAll();
   }
 }
 
@@ -57,8 +57,8 @@ void ThreadPool::WorkerMain(size_t slot) {
   for (;;) {
     std::shared_ptr<Loop> loop;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      cv_.Wait(mu_, [&]() WFS_REQUIRES(mu_) { return stop_ || !queue_.empty(); });
       if (stop_) return;
       loop = queue_.front();
       // Leave the loop queued while indices remain so other idle workers join it too.
@@ -68,7 +68,7 @@ void ThreadPool::WorkerMain(size_t slot) {
       }
     }
     RunLoop(*loop, slot);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!queue_.empty() && queue_.front() == loop) queue_.pop_front();
   }
 }
@@ -80,14 +80,14 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>
   loop->fn = &fn;
   if (!workers_.empty() && n > 1) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       queue_.push_back(loop);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   RunLoop(*loop, 0);
-  std::unique_lock<std::mutex> lock(loop->mu);
-  loop->cv.wait(lock, [&] { return loop->done.load() == n; });
+  MutexLock lock(loop->mu);
+  loop->cv.Wait(loop->mu, [&] { return loop->done.load() == n; });
   if (loop->error) std::rethrow_exception(loop->error);
 }
 

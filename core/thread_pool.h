@@ -6,15 +6,15 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace weightfs {
 
@@ -37,13 +37,13 @@ class ThreadPool {
 
  private:
   struct Loop;
-  void WorkerMain(size_t slot);
+  void WorkerMain(size_t slot) WFS_EXCLUDES(mu_);
   static void RunLoop(Loop& loop, size_t slot);
 
-  std::mutex mu_;  // guards queue_ and stop_
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Loop>> queue_;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::shared_ptr<Loop>> queue_ WFS_GUARDED_BY(mu_);
+  bool stop_ WFS_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -6,9 +6,10 @@
 #include <cstdint>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
+
+#include "core/mutex.h"
 
 namespace weightfs {
 
@@ -18,19 +19,19 @@ class ByteLru {
   explicit ByteLru(uint64_t max_bytes) : max_bytes_(max_bytes) {}
 
   std::shared_ptr<const T> Get(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = map_.find(key);
     if (it == map_.end()) return nullptr;
     order_.splice(order_.begin(), order_, it->second.pos);
     return it->second.value;
   }
   bool Contains(const std::string& key) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return map_.count(key) > 0;
   }
   // Inserts (or keeps the value already there, which it returns: racing loaders agree).
   std::shared_ptr<const T> Put(const std::string& key, std::shared_ptr<const T> value, uint64_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = map_.find(key); it != map_.end()) return it->second.value;
     if (bytes > max_bytes_) return value;  // larger than the whole cache: not kept
     order_.push_front(key);
@@ -45,7 +46,7 @@ class ByteLru {
     return value;
   }
   void Erase(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = map_.find(key);
     if (it == map_.end()) return;
     bytes_ -= it->second.bytes;
@@ -54,7 +55,7 @@ class ByteLru {
   }
   // Erases every key starting with `prefix`.
   void ErasePrefix(const std::string& prefix) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = order_.begin(); it != order_.end();) {
       if (it->starts_with(prefix)) {
         auto e = map_.find(*it);
@@ -67,7 +68,7 @@ class ByteLru {
     }
   }
   void set_max_bytes(uint64_t max_bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     max_bytes_ = max_bytes;
     while (bytes_ > max_bytes_ && !order_.empty()) {
       auto victim = map_.find(order_.back());
@@ -77,11 +78,11 @@ class ByteLru {
     }
   }
   uint64_t bytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return bytes_;
   }
   uint64_t max_bytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return max_bytes_;
   }
 
@@ -91,11 +92,11 @@ class ByteLru {
     uint64_t bytes;
     std::list<std::string>::iterator pos;
   };
-  mutable std::mutex mu_;
-  uint64_t max_bytes_;                              // GUARDED_BY(mu_)
-  uint64_t bytes_ = 0;                              // GUARDED_BY(mu_)
-  std::list<std::string> order_;                    // most recent first; GUARDED_BY(mu_)
-  std::unordered_map<std::string, Entry> map_;      // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  uint64_t max_bytes_ WFS_GUARDED_BY(mu_);
+  uint64_t bytes_ WFS_GUARDED_BY(mu_) = 0;
+  std::list<std::string> order_ WFS_GUARDED_BY(mu_);  // most recent first
+  std::unordered_map<std::string, Entry> map_ WFS_GUARDED_BY(mu_);
 };
 
 }  // namespace weightfs

@@ -193,32 +193,32 @@ struct ChunkCache::RefIndex {
     size_t operator()(const Hash128& h) const noexcept { return static_cast<size_t>(h.lo); }
   };
 
-  std::mutex scan_mu;
+  Mutex scan_mu WFS_ACQUIRED_BEFORE(mu);
   std::atomic<bool> loaded{false};  // the first scan is done
-  std::mutex mu;
-  std::unordered_map<Hash128, Loc, HashOf> rows;      // GUARDED_BY(mu)
-  std::unordered_map<uint32_t, File> files;           // GUARDED_BY(mu)
-  std::unordered_map<std::string, uint32_t> by_name;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::unordered_map<Hash128, Loc, HashOf> rows WFS_GUARDED_BY(mu);
+  std::unordered_map<uint32_t, File> files WFS_GUARDED_BY(mu);
+  std::unordered_map<std::string, uint32_t> by_name WFS_GUARDED_BY(mu);
   // Index files not loaded for the budget (name -> ino), so that rescans do not read them
   // again; cleared when memory is freed.
-  std::unordered_map<std::string, uint64_t> skipped;  // GUARDED_BY(mu)
-  uint32_t next_id = 1;                               // GUARDED_BY(mu)
-  uint64_t dead_rows = 0;   // GUARDED_BY(mu): rows of forgotten files (at most) still in `rows`
-  uint64_t file_bytes = 0;  // GUARDED_BY(mu): memory charged for `files`
-  int64_t dir_mtime = -1;   // GUARDED_BY(mu): refs/'s mtime as of the last scan; -1: rescan
-  std::chrono::steady_clock::time_point last_check;  // GUARDED_BY(mu): of refs/'s mtime
-  bool budget_logged = false;                         // GUARDED_BY(mu)
+  std::unordered_map<std::string, uint64_t> skipped WFS_GUARDED_BY(mu);
+  uint32_t next_id WFS_GUARDED_BY(mu) = 1;
+  uint64_t dead_rows WFS_GUARDED_BY(mu) = 0;   // rows of forgotten files (at most) still in `rows`
+  uint64_t file_bytes WFS_GUARDED_BY(mu) = 0;  // memory charged for `files`
+  int64_t dir_mtime WFS_GUARDED_BY(mu) = -1;   // refs/'s mtime as of the last scan; -1: rescan
+  std::chrono::steady_clock::time_point last_check WFS_GUARDED_BY(mu);  // of refs/'s mtime
+  bool budget_logged WFS_GUARDED_BY(mu) = false;
 
-  uint64_t Used() const { return rows.size() * kRowCost + file_bytes; }
+  uint64_t Used() const WFS_REQUIRES(mu) { return rows.size() * kRowCost + file_bytes; }
 
   // True if `n` more rows of a file fit in `budget`.
-  bool Fits(uint64_t n, size_t path, uint64_t budget) {
+  bool Fits(uint64_t n, size_t path, uint64_t budget) WFS_REQUIRES(mu) {
     const uint64_t cost = n * kRowCost + kFileCost + path;
     if (Used() + cost > budget && dead_rows > 0) Sweep();
     return Used() + cost <= budget;
   }
 
-  void Forget(uint32_t id) {
+  void Forget(uint32_t id) WFS_REQUIRES(mu) {
     auto it = files.find(id);
     if (it == files.end()) return;
     if (auto n = by_name.find(it->second.name); n != by_name.end() && n->second == id) by_name.erase(n);
@@ -228,14 +228,14 @@ struct ChunkCache::RefIndex {
     if (dead_rows > rows.size() / 2) Sweep();
   }
 
-  void Sweep() {
-    std::erase_if(rows, [&](const auto& kv) { return !files.contains(kv.second.file); });
+  void Sweep() WFS_REQUIRES(mu) {
+    std::erase_if(rows, [&](const auto& kv) WFS_REQUIRES(mu) { return !files.contains(kv.second.file); });
     dead_rows = 0;
   }
 
   // Adds a file's rows, replacing the file of the same name; false (and remembered in
   // `skipped`) when they do not fit in `budget`.
-  bool Add(File f, std::span<const ChunkRef> file_rows, uint64_t budget) {
+  bool Add(File f, std::span<const ChunkRef> file_rows, uint64_t budget) WFS_REQUIRES(mu) {
     if (auto n = by_name.find(f.name); n != by_name.end()) Forget(n->second);
     if (!Fits(file_rows.size(), f.path.size(), budget)) {
       skipped[f.name] = f.ino;
@@ -311,7 +311,7 @@ void ChunkCache::ScanRefs() {
   }
   std::vector<Found> load;
   {
-    std::lock_guard<std::mutex> lock(x.mu);
+    MutexLock lock(x.mu);
     std::unordered_map<std::string, size_t> present;
     for (size_t i = 0; i < found.size(); ++i) present.emplace(found[i].name, i);
     // Index files gone (evicted, dropped by another process) are forgotten.
@@ -339,7 +339,7 @@ void ChunkCache::ScanRefs() {
     const uint64_t max_rows = f.size > kReferenceIndexOverhead
                                   ? (f.size - kReferenceIndexOverhead) / kReferenceRowBytes : 0;
     {
-      std::lock_guard<std::mutex> lock(x.mu);
+      MutexLock lock(x.mu);
       if (!x.Fits(max_rows, 0, budget)) {
         x.skipped[f.name] = f.ino;
         over_budget = true;
@@ -369,7 +369,7 @@ void ChunkCache::ScanRefs() {
     }
     RefIndex::File file{f.name, std::move(index->path), index->file_size, index->mtime_ns,
                         f.dev, f.ino, f.size, 0, f.mtime_ns / 1000000000};
-    std::lock_guard<std::mutex> lock(x.mu);
+    MutexLock lock(x.mu);
     // Still the file read? Else this process's PutReferences (or another process) replaced it
     // meanwhile, and what is held, or the next scan, is newer.
     struct stat now;
@@ -386,7 +386,7 @@ void ChunkCache::ScanRefs() {
   bool log_budget = false;
   size_t rows = 0;
   {
-    std::lock_guard<std::mutex> lock(x.mu);
+    MutexLock lock(x.mu);
     // A change within the filesystem's timestamp granularity of this scan would not move the
     // mtime: one so recent is not trusted (the next miss rescans).
     struct timespec wall;
@@ -407,11 +407,11 @@ void ChunkCache::ScanRefs() {
 bool ChunkCache::FindIndexed(const Hash128& hash, bool rescan, RefHit* hit) {
   RefIndex& x = *refs_;
   if (!x.loaded.load()) {
-    std::lock_guard<std::mutex> scan(x.scan_mu);
+    MutexLock scan(x.scan_mu);
     if (!x.loaded.load()) ScanRefs();
   }
   auto lookup = [&] {
-    std::lock_guard<std::mutex> lock(x.mu);
+    MutexLock lock(x.mu);
     auto it = x.rows.find(hash);
     if (it == x.rows.end()) return false;
     auto f = x.files.find(it->second.file);
@@ -427,7 +427,7 @@ bool ChunkCache::FindIndexed(const Hash128& hash, bool rescan, RefHit* hit) {
   if (lookup()) return true;
   if (!rescan) return false;
   {
-    std::lock_guard<std::mutex> lock(x.mu);
+    MutexLock lock(x.mu);
     const auto now = std::chrono::steady_clock::now();
     if (x.last_check != std::chrono::steady_clock::time_point{} &&
         now - x.last_check < options_.rescan_interval) {
@@ -438,13 +438,14 @@ bool ChunkCache::FindIndexed(const Hash128& hash, bool rescan, RefHit* hit) {
   struct stat st;
   if (::stat(refs_dir_.c_str(), &st) != 0) return false;
   {
-    std::lock_guard<std::mutex> lock(x.mu);
+    MutexLock lock(x.mu);
     if (x.dir_mtime == MtimeNs(st)) return false;
   }
-  std::unique_lock<std::mutex> scan(x.scan_mu, std::try_to_lock);
-  if (!scan.owns_lock()) return false;  // another thread is scanning: a miss, not a wait
-  ScanRefs();
-  scan.unlock();
+  if (!x.scan_mu.TryLock()) return false;  // another thread is scanning: a miss, not a wait
+  {
+    MutexLock scan(x.scan_mu, std::adopt_lock);
+    ScanRefs();
+  }
   return lookup();
 }
 
@@ -452,7 +453,7 @@ void ChunkCache::DropStaleRefs(uint32_t id, const std::string& why) {
   RefIndex& x = *refs_;
   RefIndex::File f;
   {
-    std::lock_guard<std::mutex> lock(x.mu);
+    MutexLock lock(x.mu);
     auto it = x.files.find(id);
     if (it == x.files.end()) return;  // another thread dropped it
     f = it->second;
@@ -499,7 +500,7 @@ bool ChunkCache::GetIndexed(const Hash128& hash, const Output& output) {
   // LRU: refresh the index file's mtime at most once a minute.
   if (const int64_t now = ::time(nullptr); hit.touched < now - 60) {
     ::utimensat(AT_FDCWD, (refs_dir_ + "/" + hit.name).c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
-    std::lock_guard<std::mutex> lock(refs_->mu);
+    MutexLock lock(refs_->mu);
     if (auto it = refs_->files.find(hit.file); it != refs_->files.end()) it->second.touched = now;
   }
   return true;
@@ -538,7 +539,7 @@ Status ChunkCache::PutReferences(const std::string& path, std::span<const ChunkR
                       static_cast<uint64_t>(ist.st_ino), bytes.size(), 0, ::time(nullptr)};
   bool log_budget = false;
   {
-    std::lock_guard<std::mutex> lock(x.mu);
+    MutexLock lock(x.mu);
     if (!x.Add(std::move(file), rows, options_.reference_index_bytes) && !x.budget_logged) {
       log_budget = x.budget_logged = true;
     }
@@ -757,7 +758,7 @@ Status ChunkCache::Insert(const std::string& path, std::span<const uint8_t> byte
 
 // Lock order: evict_mu_, the flock, refs_->mu.
 Status ChunkCache::EvictTo(uint64_t target) {
-  std::lock_guard<std::mutex> lock(evict_mu_);
+  MutexLock lock(evict_mu_);
   const std::string lock_path = dir_ + "/.lock";
   int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Errno(errno, "cache lock " + lock_path);
@@ -784,7 +785,7 @@ Status ChunkCache::EvictTo(uint64_t target) {
     }
   }
   if (!index_files.empty()) {
-    std::lock_guard<std::mutex> refs_lock(refs_->mu);
+    MutexLock refs_lock(refs_->mu);
     for (const std::string& name : index_files) {
       if (auto it = refs_->by_name.find(name); it != refs_->by_name.end()) refs_->Forget(it->second);
     }

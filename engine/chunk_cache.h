@@ -69,13 +69,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/bytes.h"
 #include "core/hash.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "engine/rate_limited_log.h"
 #include "engine/reference_index.h"
@@ -169,7 +169,7 @@ class ChunkCache {
   const ChunkCacheStats& stats() const { return stats_; }
 
   // Removes least recently used entries until the total is at most `target` bytes.
-  Status EvictTo(uint64_t target);
+  Status EvictTo(uint64_t target) WFS_EXCLUDES(evict_mu_);
 
  private:
   struct RefIndex;  // the in-memory reference index (chunk_cache.cc)
@@ -190,7 +190,8 @@ class ChunkCache {
   // Finds `hash` in the index; a rescan of refs/ after a miss when `rescan`.
   bool FindIndexed(const Hash128& hash, bool rescan, RefHit* hit);
   // Reads refs/ into the index: every index file it does not hold yet (the first time, all),
-  // and forgets the ones gone. REQUIRES: refs_->scan_mu held.
+  // and forgets the ones gone. REQUIRES: refs_->scan_mu held (not an attribute: RefIndex is
+  // incomplete here).
   void ScanRefs();
   // Forgets the index file `id` (if still loaded): its file changed or is gone. Removes the index
   // file if it is still the one (dev, ino) that was loaded.
@@ -208,7 +209,7 @@ class ChunkCache {
   const ChunkCacheOptions options_;
   const std::unique_ptr<RefIndex> refs_;
   std::atomic<uint64_t> total_{0};  // this process's view; resynced by every eviction scan
-  std::mutex evict_mu_;             // one eviction at a time in this process (flock for others)
+  Mutex evict_mu_;                  // one eviction at a time in this process (flock for others)
   std::atomic<bool> direct_ok_{true};  // false once the filesystem refused O_DIRECT
   ChunkCacheStats stats_;
   RateLimitedLog failed_inserts_{"failed chunk cache inserts"};

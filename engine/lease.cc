@@ -50,9 +50,9 @@ Expected<std::unique_ptr<Lease>> Lease::Acquire(Store* store, std::string what,
 }
 
 void Lease::Heartbeat() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!cv_.wait_for(lock, ttl_ / 3, [&] { return stop_; })) {
-    lock.unlock();
+  MutexLock lock(mu_);
+  while (!cv_.WaitFor(mu_, ttl_ / 3, [&]() WFS_REQUIRES(mu_) { return stop_; })) {
+    lock.Unlock();
     Status s;
     try {  // on a thread of its own: nothing may escape
       s = Write();
@@ -60,16 +60,16 @@ void Lease::Heartbeat() {
       s = StatusOfCurrentException("writing it");
     }
     if (!s.ok()) spdlog::warn("renewing push lease {}: {}", key_, s.ToString());
-    lock.lock();
+    lock.Lock();
   }
 }
 
 Lease::~Lease() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (heartbeat_.joinable()) heartbeat_.join();
   Status s = store_->Delete(key_);
   if (!s.ok() && s.kind() != ErrorKind::kNotFound) {

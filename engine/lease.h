@@ -10,14 +10,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "store/store.h"
 
@@ -42,15 +41,15 @@ class Lease {
  private:
   Lease(Store* store, std::string key, std::string body_what, std::chrono::seconds ttl);
   Status Write();
-  void Heartbeat();
+  void Heartbeat() WFS_EXCLUDES(mu_);
 
   Store* store_;
   std::string key_;
   std::string what_;
   std::chrono::seconds ttl_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ WFS_GUARDED_BY(mu_) = false;
   std::thread heartbeat_;
 };
 

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <condition_variable>
-#include <mutex>
 #include <new>
 #include <thread>
 #include <utility>
@@ -56,15 +54,15 @@ constexpr size_t kHugePage = 2 << 20;
 
 Materializer::FetchThreads::~FetchThreads() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (std::thread& t : threads_) t.join();
 }
 
 void Materializer::FetchThreads::Run(std::function<void()> task) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (queue_.size() + 1 > idle_ && threads_.size() < 2 * kFetchParallelism) {
     try {
       threads_.emplace_back([this] { Main(); });
@@ -73,27 +71,27 @@ void Materializer::FetchThreads::Run(std::function<void()> task) {
     }
   }
   queue_.push_back(std::move(task));
-  lock.unlock();
-  cv_.notify_one();
+  lock.Unlock();
+  cv_.NotifyOne();
 }
 
 void Materializer::FetchThreads::Main() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     ++idle_;
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    cv_.Wait(mu_, [&]() WFS_REQUIRES(mu_) { return stop_ || !queue_.empty(); });
     --idle_;
     if (queue_.empty()) return;  // stopping
     std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     try {
       task();  // Build's fetch tasks do not throw; this keeps the process up if one ever does
     } catch (...) {
       spdlog::error("{}", StatusOfCurrentException("payload fetch task").ToString());
     }
     task = nullptr;
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -139,7 +137,7 @@ std::span<uint8_t> Materializer::Scratch::Resize(size_t size) {
 }
 
 Materializer::Scratch Materializer::ScratchPool::Take() {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   if (buffers.empty()) return {};
   Scratch b = std::move(buffers.back());
   buffers.pop_back();
@@ -149,7 +147,7 @@ Materializer::Scratch Materializer::ScratchPool::Take() {
 
 void Materializer::ScratchPool::Give(Scratch buffer) {
   if (buffer.capacity() == 0) return;
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   if (bytes + buffer.capacity() > max_bytes) return;  // unmapped here
   bytes += buffer.capacity();
   buffers.push_back(std::move(buffer));
@@ -161,7 +159,7 @@ void Materializer::GiveScratch(Scratch buffer) { scratch_pool_->Give(std::move(b
 
 std::unique_ptr<ChunkCodec> Materializer::TakeCodec() {
   {
-    std::lock_guard<std::mutex> lock(pool_mu_);
+    MutexLock lock(pool_mu_);
     if (!codecs_.empty()) {
       std::unique_ptr<ChunkCodec> c = std::move(codecs_.back());
       codecs_.pop_back();
@@ -172,7 +170,7 @@ std::unique_ptr<ChunkCodec> Materializer::TakeCodec() {
 }
 
 void Materializer::GiveCodec(std::unique_ptr<ChunkCodec> codec) {
-  std::lock_guard<std::mutex> lock(pool_mu_);
+  MutexLock lock(pool_mu_);
   if (codecs_.size() < max_codecs_) codecs_.push_back(std::move(codec));
 }
 
@@ -180,7 +178,7 @@ void Materializer::set_pool_limits(size_t codecs, uint64_t scratch_bytes) {
   std::vector<Scratch> freed_scratch;
   std::vector<std::unique_ptr<ChunkCodec>> freed_codecs;
   {
-    std::lock_guard<std::mutex> lock(pool_mu_);
+    MutexLock lock(pool_mu_);
     max_codecs_ = codecs;
     while (codecs_.size() > max_codecs_) {
       freed_codecs.push_back(std::move(codecs_.back()));
@@ -189,7 +187,7 @@ void Materializer::set_pool_limits(size_t codecs, uint64_t scratch_bytes) {
   }
   {
     ScratchPool& pool = *scratch_pool_;
-    std::lock_guard<std::mutex> lock(pool.mu);
+    MutexLock lock(pool.mu);
     pool.max_bytes = scratch_bytes;
     while (pool.bytes > pool.max_bytes && !pool.buffers.empty()) {
       pool.bytes -= pool.buffers.back().capacity();
@@ -415,10 +413,11 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   // Fetch the payloads, several at a time and oldest first, while this thread applies them
   // oldest first as they arrive: the keyframe is decoded while the deltas are still in flight.
   const size_t n = steps.size();
-  std::mutex mu;
-  std::condition_variable arrived;
-  std::vector<Status> fetched(n);     // GUARDED_BY(mu)
-  std::vector<char> done(n, 0);       // GUARDED_BY(mu)
+  // Locals cannot carry WFS_GUARDED_BY: "guarded by mu" below is for the reader only.
+  Mutex mu;
+  CondVar arrived;
+  std::vector<Status> fetched(n);     // guarded by mu
+  std::vector<char> done(n, 0);       // guarded by mu
   std::atomic<size_t> next{0};
   std::atomic<bool> abandon{false};   // an error: fetch nothing more
   // Never throws: it runs on a fetch thread, and the applying thread waits for done[i].
@@ -475,22 +474,22 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
       } catch (...) {
       }
     }
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     fetched[i] = std::move(st);
     done[i] = 1;
-    arrived.notify_all();
+    arrived.NotifyAll();
   };
   auto fetch = [&] {
     for (size_t k; !abandon.load() && (k = next.fetch_add(1)) < n;) fetch_one(n - 1 - k);
   };
   // Waits for step i's payload; its fetch error if it failed.
   auto wait_for = [&](size_t i) -> Status {
-    std::unique_lock<std::mutex> lock(mu);
-    arrived.wait(lock, [&] { return done[i] != 0; });
+    MutexLock lock(mu);
+    arrived.Wait(mu, [&] { return done[i] != 0; });
     return fetched[i];
   };
-  size_t running = 0;  // GUARDED_BY(mu): fetch tasks not yet finished
-  std::condition_variable finished;
+  size_t running = 0;  // guarded by mu: fetch tasks not yet finished
+  CondVar finished;
   if (n == 1) {
     fetch();
   } else {
@@ -498,25 +497,25 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
     try {
       for (size_t t = 0; t < workers; ++t) {
         {
-          std::lock_guard<std::mutex> lock(mu);
+          MutexLock lock(mu);
           ++running;
         }
         fetch_threads_.Run([&] {
           fetch();
           // Notified under the lock: the waiter cannot return (and destroy mu and finished)
           // before this task is done with them.
-          std::lock_guard<std::mutex> lock(mu);
-          if (--running == 0) finished.notify_all();
+          MutexLock lock(mu);
+          if (--running == 0) finished.NotifyAll();
         });
       }
     } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (--running == 0) throw;  // the one that failed was not queued; any queued fetch all
     }
   }
   auto join = [&] {
-    std::unique_lock<std::mutex> lock(mu);
-    finished.wait(lock, [&] { return running == 0; });
+    MutexLock lock(mu);
+    finished.Wait(mu, [&] { return running == 0; });
   };
   double fetch_wait_ms = 0;
 

@@ -28,12 +28,10 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
@@ -41,6 +39,7 @@
 #include "core/bytes.h"
 #include "core/chunk_codec.h"
 #include "core/manifest.h"
+#include "core/mutex.h"
 #include "engine/bucket.h"
 #include "engine/chunk_cache.h"
 
@@ -86,7 +85,7 @@ class Materializer {
   Bucket* bucket() const { return bucket_; }
   // Caps what the pools keep between builds (default 16 codecs, 64 MiB of scratch buffers);
   // what is pooled beyond the new caps is freed now. A mount sets them from its memory budget.
-  void set_pool_limits(size_t codecs, uint64_t scratch_bytes);
+  void set_pool_limits(size_t codecs, uint64_t scratch_bytes) WFS_EXCLUDES(pool_mu_);
 
   // Below this size Shared() uses a heap buffer rather than a pooled one: small allocations are
   // recycled by malloc, and a pooled buffer is at least 2 MiB.
@@ -133,23 +132,23 @@ class Materializer {
   // codecs (their zstd contexts and tables are warm), shared by every thread.
   Scratch TakeScratch();
   void GiveScratch(Scratch buffer);
-  std::unique_ptr<ChunkCodec> TakeCodec();
-  void GiveCodec(std::unique_ptr<ChunkCodec> codec);
+  std::unique_ptr<ChunkCodec> TakeCodec() WFS_EXCLUDES(pool_mu_);
+  void GiveCodec(std::unique_ptr<ChunkCodec> codec) WFS_EXCLUDES(pool_mu_);
   bool cache_results_ = true;
   // The buffer pool is shared with the chunks Shared() hands out, which give their buffer back
   // when the last reference goes (possibly after the Materializer).
   struct ScratchPool {
-    std::mutex mu;
-    uint64_t max_bytes = 64ull << 20;  // GUARDED_BY(mu)
-    std::vector<Scratch> buffers;      // GUARDED_BY(mu)
-    size_t bytes = 0;                  // GUARDED_BY(mu): capacity of buffers
-    Scratch Take();
-    void Give(Scratch buffer);
+    Mutex mu;
+    uint64_t max_bytes WFS_GUARDED_BY(mu) = 64ull << 20;
+    std::vector<Scratch> buffers WFS_GUARDED_BY(mu);
+    size_t bytes WFS_GUARDED_BY(mu) = 0;  // capacity of buffers
+    Scratch Take() WFS_EXCLUDES(mu);
+    void Give(Scratch buffer) WFS_EXCLUDES(mu);
   };
   std::shared_ptr<ScratchPool> scratch_pool_ = std::make_shared<ScratchPool>();
-  std::mutex pool_mu_;
-  size_t max_codecs_ = 16;                            // GUARDED_BY(pool_mu_)
-  std::vector<std::unique_ptr<ChunkCodec>> codecs_;  // GUARDED_BY(pool_mu_)
+  Mutex pool_mu_;
+  size_t max_codecs_ WFS_GUARDED_BY(pool_mu_) = 16;
+  std::vector<std::unique_ptr<ChunkCodec>> codecs_ WFS_GUARDED_BY(pool_mu_);
   Bucket* bucket_;
   ChunkCache* cache_;
   DecodeLimits limits_;
@@ -160,16 +159,16 @@ class Materializer {
   class FetchThreads {
    public:
     ~FetchThreads();
-    void Run(std::function<void()> task);  // on a pool thread; never blocks
+    void Run(std::function<void()> task) WFS_EXCLUDES(mu_);  // on a pool thread; never blocks
 
    private:
-    void Main();
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
-    size_t idle_ = 0;                          // GUARDED_BY(mu_)
-    bool stop_ = false;                        // GUARDED_BY(mu_)
-    std::vector<std::thread> threads_;         // GUARDED_BY(mu_)
+    void Main() WFS_EXCLUDES(mu_);
+    Mutex mu_;
+    CondVar cv_;
+    std::deque<std::function<void()>> queue_ WFS_GUARDED_BY(mu_);
+    size_t idle_ WFS_GUARDED_BY(mu_) = 0;
+    bool stop_ WFS_GUARDED_BY(mu_) = false;
+    std::vector<std::thread> threads_ WFS_GUARDED_BY(mu_);
   };
   FetchThreads fetch_threads_;
 };

@@ -20,29 +20,29 @@ PackWriter::PackWriter(Store* store, uint64_t target_bytes, size_t uploaders, si
 
 PackWriter::~PackWriter() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     finishing_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (std::thread& t : uploaders_) t.join();
 }
 
-void PackWriter::SealLocked(std::unique_lock<std::mutex>& lock) {
+void PackWriter::SealLocked() {
   // Backpressure: wait for room before adding another sealed pack.
-  cv_.wait(lock, [&] { return in_flight_ < max_in_flight_ || !error_.ok(); });
+  cv_.Wait(mu_, [&]() WFS_REQUIRES(mu_) { return in_flight_ < max_in_flight_ || !error_.ok(); });
   if (!error_.ok()) return;
   queue_.push_back({open_seq_++, std::move(open_)});
   hashes_.emplace_back();
   open_ = {};
   ++in_flight_;
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Expected<PackSlot> PackWriter::Add(std::span<const uint8_t> payload) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!error_.ok()) return error_;
   if (!open_.empty() && open_.size() + payload.size() > target_bytes_) {
-    SealLocked(lock);
+    SealLocked();
     if (!error_.ok()) return error_;
   }
   if (open_.empty()) open_.reserve(std::max<uint64_t>(target_bytes_, payload.size()));
@@ -52,26 +52,26 @@ Expected<PackSlot> PackWriter::Add(std::span<const uint8_t> payload) {
 }
 
 Status PackWriter::Finish() {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!open_.empty() && error_.ok()) SealLocked(lock);
-  cv_.wait(lock, [&] { return in_flight_ == 0 || !error_.ok(); });
+  MutexLock lock(mu_);
+  if (!open_.empty() && error_.ok()) SealLocked();
+  cv_.Wait(mu_, [&]() WFS_REQUIRES(mu_) { return in_flight_ == 0 || !error_.ok(); });
   // Wait for uploads already running even after an error, so none outlives the caller's view.
   return error_;
 }
 
 void PackWriter::UploaderMain() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return !queue_.empty() || finishing_; });
+    cv_.Wait(mu_, [&]() WFS_REQUIRES(mu_) { return !queue_.empty() || finishing_; });
     if (queue_.empty()) return;
     Sealed pack = std::move(queue_.front());
     queue_.pop_front();
     if (!error_.ok()) {
       --in_flight_;
-      cv_.notify_all();
+      cv_.NotifyAll();
       continue;
     }
-    lock.unlock();
+    lock.Unlock();
     const Hash128 hash = HashChunk(pack.bytes);
     Status s;
     std::string key;
@@ -85,7 +85,7 @@ void PackWriter::UploaderMain() {
     else spdlog::debug("uploaded {} ({} bytes)", key, pack.bytes.size());
     const size_t size = pack.bytes.size();
     pack.bytes = {};
-    lock.lock();
+    lock.Lock();
     if (s.ok()) {
       hashes_[pack.seq] = hash;
       bytes_uploaded_ += size;
@@ -97,7 +97,7 @@ void PackWriter::UploaderMain() {
       }
     }
     --in_flight_;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 

@@ -9,15 +9,14 @@
 // Thread-safe: Add may be called from many threads. Finish once, after the last Add.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
 
 #include "core/hash.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "store/store.h"
 
@@ -36,37 +35,46 @@ class PackWriter {
   PackWriter& operator=(const PackWriter&) = delete;
 
   // Appends a payload; fails only if an upload already failed.
-  Expected<PackSlot> Add(std::span<const uint8_t> payload);
+  Expected<PackSlot> Add(std::span<const uint8_t> payload) WFS_EXCLUDES(mu_);
   // Seals the last pack and waits for every upload. Returns the first upload error.
-  Status Finish();
+  Status Finish() WFS_EXCLUDES(mu_);
 
-  // REQUIRES: Finish() returned OK.
-  const Hash128& PackHash(size_t pack) const { return hashes_[pack]; }
-  size_t pack_count() const { return hashes_.size(); }
-  uint64_t bytes_uploaded() const { return bytes_uploaded_; }
+  // Call once Finish() returned OK.
+  Hash128 PackHash(size_t pack) const WFS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return hashes_[pack];
+  }
+  size_t pack_count() const WFS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return hashes_.size();
+  }
+  uint64_t bytes_uploaded() const WFS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return bytes_uploaded_;
+  }
 
  private:
   struct Sealed {
     size_t seq;
     std::vector<uint8_t> bytes;
   };
-  void SealLocked(std::unique_lock<std::mutex>& lock);
-  void UploaderMain();
+  void SealLocked() WFS_REQUIRES(mu_);
+  void UploaderMain() WFS_EXCLUDES(mu_);
 
   Store* store_;
   const uint64_t target_bytes_;
   const size_t max_in_flight_;
 
-  std::mutex mu_;  // guards everything below
-  std::condition_variable cv_;
-  std::vector<uint8_t> open_;  // the pack being filled
-  size_t open_seq_ = 0;
-  std::deque<Sealed> queue_;
-  size_t in_flight_ = 0;  // sealed and not yet uploaded (queued or uploading)
-  bool finishing_ = false;
-  Status error_;
-  std::vector<Hash128> hashes_;  // by sequence number
-  uint64_t bytes_uploaded_ = 0;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<uint8_t> open_ WFS_GUARDED_BY(mu_);  // the pack being filled
+  size_t open_seq_ WFS_GUARDED_BY(mu_) = 0;
+  std::deque<Sealed> queue_ WFS_GUARDED_BY(mu_);
+  size_t in_flight_ WFS_GUARDED_BY(mu_) = 0;  // sealed and not yet uploaded (queued or uploading)
+  bool finishing_ WFS_GUARDED_BY(mu_) = false;
+  Status error_ WFS_GUARDED_BY(mu_);
+  std::vector<Hash128> hashes_ WFS_GUARDED_BY(mu_);  // by sequence number
+  uint64_t bytes_uploaded_ WFS_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> uploaders_;
 };
 

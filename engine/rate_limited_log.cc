@@ -26,7 +26,7 @@ void RateLimitedLog::Log(std::string_view message) {
   uint64_t suppressed = 0;
   Clock::duration since{};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const Clock::time_point now = now_();
     if (logged_ && now - last_line_ < interval_) {
       pending_.fetch_add(1, std::memory_order_relaxed);
@@ -49,7 +49,7 @@ void RateLimitedLog::Report(bool force) {
   uint64_t suppressed = 0;
   Clock::duration since{};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const Clock::time_point now = now_();
     if (!force && now - last_line_ < interval_) return;
     suppressed = pending_.exchange(0, std::memory_order_relaxed);

@@ -20,11 +20,12 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <string_view>
 
 #include <spdlog/common.h>
+
+#include "core/mutex.h"
 
 namespace weightfs {
 
@@ -42,7 +43,7 @@ class RateLimitedLog {
   RateLimitedLog& operator=(const RateLimitedLog&) = delete;
 
   // Logs `message`, or counts it when a line was logged less than `interval` ago.
-  void Log(std::string_view message);
+  void Log(std::string_view message) WFS_EXCLUDES(mu_);
   // Logs the number of events counted since the last line, if any and if the last line is at
   // least `interval` old.
   void Flush() { Report(false); }
@@ -53,15 +54,15 @@ class RateLimitedLog {
   uint64_t total() const { return total_.load(std::memory_order_relaxed); }
 
  private:
-  void Report(bool force);
+  void Report(bool force) WFS_EXCLUDES(mu_);
 
   const std::string what_;
   const spdlog::level::level_enum level_;
   const Clock::duration interval_;
   const std::function<Clock::time_point()> now_;
-  std::mutex mu_;
-  bool logged_ = false;          // GUARDED_BY(mu_): a line was logged at last_line_
-  Clock::time_point last_line_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  bool logged_ WFS_GUARDED_BY(mu_) = false;  // a line was logged at last_line_
+  Clock::time_point last_line_ WFS_GUARDED_BY(mu_);
   std::atomic<uint64_t> pending_{0};  // written under mu_; read without it by Flush's fast path
   std::atomic<uint64_t> total_{0};
 };

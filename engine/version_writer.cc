@@ -4,12 +4,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "core/file_codec.h"
+#include "core/mutex.h"
 #include "engine/lease.h"
 #include "engine/mapped_file.h"
 #include "engine/materializer.h"
@@ -80,7 +80,9 @@ struct VersionEncoder::State {
   PackWriter packs;
   Materializer parents;
   Manifest manifest;
-  std::mutex mu;  // guards manifest tables, first_error, progress state
+  // Guards manifest tables, first_error, progress state while ParallelFor runs. Not
+  // WFS_GUARDED_BY: the single-threaded steps between the loops use them without it.
+  Mutex mu;
   Status first_error;
   uint64_t done_bytes = 0;
   // Changed fraction counts tensor elements; bytes of other data (headers, opaque files) count
@@ -118,7 +120,7 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
   const std::shared_ptr<const Manifest>& parent = st.parent;
   const PushOptions& options = st.options;
   Manifest& manifest = st.manifest;
-  std::mutex& mu = st.mu;
+  Mutex& mu = st.mu;
   std::string local_abs;
   if (!local_path.empty()) {
     std::error_code abs_ec;
@@ -159,7 +161,7 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
   std::vector<PendingChunk> pending(plan.chunks.size());
   auto encode_chunk = [&](size_t i, size_t slot) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (!st.first_error.ok()) return;
     }
     if (!st.codecs[slot]) st.codecs[slot] = std::make_unique<ChunkCodec>(options.encode);
@@ -176,7 +178,7 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     const size_t width = spec.dtype == DType::kOpaque ? 1 : std::max<size_t>(1, DTypeSize(spec.dtype));
     uint64_t elements = spec.length / width, changed = elements;
     auto fail = [&](const Status& s) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (st.first_error.ok()) st.first_error = s.WithContext(path + " " + DescribeChunk(spec.key));
     };
 
@@ -185,7 +187,7 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     bool keyframe = true;
     if (pc && pc->hash == e.hash && pc->length == e.length) {
       // Unchanged: inherit the parent's recipe, translated into this manifest's tables.
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       e.encoding = pc->encoding;
       e.ref = pc->ref;  // ref.pack indexes the parent's pack table until Finish
       e.origin = manifest.VersionIndex(parent->versions[pc->origin]);
@@ -208,7 +210,7 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
           e.depth = pc->depth + 1;
           e.chain_bytes = pc->chain_bytes + payload.size();
           e.keyframe_bytes = pc->keyframe_bytes;
-          std::lock_guard<std::mutex> lock(mu);
+          MutexLock lock(mu);
           e.base = manifest.VersionIndex(parent->version);
         } else if (enc != ChunkEncoding::kFull && enc != ChunkEncoding::kRaw) {
           codec.EncodeFull(spec.dtype, bytes, &payload);
@@ -230,7 +232,7 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
       p.slot = *slot_or;
       p.fresh = true;
     }
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (p.fresh) {
       (keyframe ? st.result.full_chunks : st.result.delta_chunks)++;
       manifest.stats.stored_bytes += e.ref.length;
@@ -250,7 +252,7 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     st.pool.ParallelFor(plan.chunks.size(), encode_chunk);
   } catch (...) {
     Status s = StatusOfCurrentException("encoding " + path);
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (st.first_error.ok()) st.first_error = std::move(s);
   }
   sha_thread.join();

@@ -7,7 +7,6 @@
 #include <charconv>
 #include <array>
 #include <cctype>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -16,6 +15,8 @@
 #include <optional>
 #include <random>
 #include <thread>
+
+#include "core/mutex.h"
 
 namespace weightfs {
 namespace {
@@ -354,11 +355,11 @@ struct HttpClient::Pool {
 
   // A handle (reset to defaults, its live connections kept), or nullptr when none is free
   // before `deadline` or curl cannot allocate one.
-  CURL* Acquire(Clock::time_point deadline) {
+  CURL* Acquire(Clock::time_point deadline) WFS_EXCLUDES(mu) {
     CURL* h = nullptr;
     {
-      std::unique_lock<std::mutex> lock(mu);
-      if (!cv.wait_until(lock, deadline, [&] { return in_use < max_in_use; })) return nullptr;
+      MutexLock lock(mu);
+      if (!cv.WaitUntil(mu, deadline, [&]() WFS_REQUIRES(mu) { return in_use < max_in_use; })) return nullptr;
       ++in_use;
       if (!idle.empty()) {
         h = idle.back();  // LIFO: the most recently used connection is the likeliest alive
@@ -374,22 +375,24 @@ struct HttpClient::Pool {
     return h;
   }
 
-  void Release(CURL* h) {
+  void Release(CURL* h) WFS_EXCLUDES(mu) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       --in_use;
       if (h != nullptr) idle.push_back(h);
     }
-    cv.notify_one();
+    cv.NotifyOne();
   }
 
   CURLSH* share = nullptr;
+  // Plain std::mutex: curl locks and unlocks them in separate callbacks, which the analysis
+  // cannot pair.
   std::array<std::mutex, CURL_LOCK_DATA_LAST> share_mu;
   const size_t max_in_use;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<CURL*> idle;  // GUARDED_BY(mu)
-  size_t in_use = 0;        // GUARDED_BY(mu): handles lent out, at most max_in_use
+  Mutex mu;
+  CondVar cv;
+  std::vector<CURL*> idle WFS_GUARDED_BY(mu);
+  size_t in_use WFS_GUARDED_BY(mu) = 0;  // handles lent out, at most max_in_use
 };
 
 HttpClient::HttpClient(HttpOptions options) : options_(std::move(options)) {

@@ -7,11 +7,11 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
-#include <mutex>
 #include <thread>
 #include <utility>
 
 #include "core/hash.h"
+#include "core/mutex.h"
 #include "store/s3_signer.h"
 #include "store/xml_text.h"
 
@@ -793,8 +793,8 @@ Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> da
   std::vector<std::string> etags(parts);
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
-  std::mutex mu;
-  Status first_error;  // GUARDED_BY(mu)
+  Mutex mu;
+  Status first_error;  // guarded by mu (a local: the analysis cannot check it); read once the threads joined
   auto worker = [&] {
     for (;;) {
       const size_t i = next.fetch_add(1);
@@ -823,7 +823,7 @@ Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> da
         s = StatusOfCurrentException("uploading a part");
       }
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         if (first_error.ok()) first_error = std::move(s);
         failed.store(true);
         return;

@@ -4,7 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
+
+#include "core/mutex.h"
 
 namespace weightfs {
 namespace {
@@ -76,8 +77,8 @@ class HfBucketStore final : public Store {
     std::shared_ptr<const std::vector<ObjectInfo>> objects;
     std::chrono::steady_clock::time_point expires;
   };
-  std::mutex mu_;       // guards snapshot_; never held across I/O
-  Snapshot snapshot_;  // GUARDED_BY(mu_)
+  Mutex mu_;  // never held across I/O
+  Snapshot snapshot_ WFS_GUARDED_BY(mu_);
 };
 
 Expected<std::vector<ObjectInfo>> HfBucketStore::ListAll(const std::string& full_prefix) const {
@@ -118,13 +119,13 @@ Expected<ListPage> HfBucketStore::List(std::string_view prefix, std::string_view
   std::shared_ptr<const std::vector<ObjectInfo>> all;
   const auto now = std::chrono::steady_clock::now();
   if (!continuation.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (snapshot_.objects && snapshot_.full_prefix == full_prefix && now < snapshot_.expires) all = snapshot_.objects;
   }
   if (!all) {
     WFS_ASSIGN_OR_RETURN(std::vector<ObjectInfo> fresh, ListAll(full_prefix));
     all = std::make_shared<const std::vector<ObjectInfo>>(std::move(fresh));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     snapshot_ = Snapshot{full_prefix, all, now + kSnapshotTtl};
   }
   auto it = all->begin();

@@ -378,7 +378,7 @@ HfApi::HfApi(HfConfig config, std::shared_ptr<HttpClient> http)
 std::string HfApi::Token() const {
   if (config_.token_file.empty()) return config_.token;
   const std::string id = FileIdentity(config_.token_file);
-  std::lock_guard<std::mutex> lock(token_mu_);
+  MutexLock lock(token_mu_);
   if (id == token_file_id_) return token_;
   token_file_id_ = id;
   std::string text;
@@ -422,7 +422,7 @@ bool HfApi::IsHubOrigin(std::string_view url) const {
 std::string HfApi::Scrub(std::string text) const {
   std::vector<std::string> tokens;
   {
-    std::lock_guard<std::mutex> lock(token_mu_);
+    MutexLock lock(token_mu_);
     tokens = past_tokens_;
   }
   for (const std::string& token : tokens) {
@@ -513,7 +513,7 @@ Expected<std::string> HfApi::ResolveTarget(const HfRequest& request, std::option
 }
 
 void HfApi::ForgetTarget(const std::string& url, const std::string& target) const {
-  std::lock_guard<std::mutex> lock(resolve_mu_);
+  MutexLock lock(resolve_mu_);
   auto it = resolved_.find(url);
   if (it != resolved_.end() && !it->second.pending && it->second.target == target) resolved_.erase(it);
 }
@@ -524,7 +524,7 @@ Expected<HttpResponse> HfApi::SendResolved(const HfRequest& request) const {
     std::string target;
     bool lead = false;
     {
-      std::unique_lock<std::mutex> lock(resolve_mu_);
+      MutexLock lock(resolve_mu_);
       for (;;) {
         auto it = resolved_.find(key);
         if (it == resolved_.end()) {
@@ -542,7 +542,7 @@ Expected<HttpResponse> HfApi::SendResolved(const HfRequest& request) const {
         Resolved& r = it->second;
         // Waits for the one resolve in flight: its Send is bounded, and it always finishes it.
         if (r.pending) {
-          resolve_cv_.wait(lock);
+          resolve_cv_.Wait(resolve_mu_);
           continue;
         }
         if (r.direct) break;
@@ -559,7 +559,7 @@ Expected<HttpResponse> HfApi::SendResolved(const HfRequest& request) const {
       std::optional<HttpResponse> final;
       Expected<std::string> resolved = ResolveTarget(request, &final);
       {
-        std::lock_guard<std::mutex> lock(resolve_mu_);
+        MutexLock lock(resolve_mu_);
         auto it = resolved_.find(key);
         if (!resolved.ok() || (final && final->status / 100 != 2)) {
           resolved_.erase(it);  // errors are not remembered: the next read asks again
@@ -572,7 +572,7 @@ Expected<HttpResponse> HfApi::SendResolved(const HfRequest& request) const {
           it->second.reuse_until = ReuseUntil(*resolved);
         }
       }
-      resolve_cv_.notify_all();
+      resolve_cv_.NotifyAll();
       if (!resolved.ok()) return resolved.status();
       if (final) return std::move(*final);
       target = std::move(resolved).value();

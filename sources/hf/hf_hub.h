@@ -48,12 +48,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -61,6 +59,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "store/aws_credentials.h"
 #include "store/http_client.h"
@@ -179,11 +178,11 @@ class HfApi {
   Expected<uint64_t> HeadSize(const std::string& url, const HfTarget& target) const;
 
   // `text` with every occurrence of any token used so far replaced by "<token>".
-  std::string Scrub(std::string text) const;
+  std::string Scrub(std::string text) const WFS_EXCLUDES(token_mu_);
 
   // The token to send now: config().token, or the token file's current content when the token
   // comes from the file (re-read when its inode, size or mtime changed). "" when anonymous.
-  std::string Token() const;
+  std::string Token() const WFS_EXCLUDES(token_mu_);
 
  private:
   // A resolve URL's redirect target. pending: a resolve is in flight (wait on resolve_cv_).
@@ -194,11 +193,11 @@ class HfApi {
     std::chrono::steady_clock::time_point reuse_until;
   };
   // Send() of `request` (a GET of a resolve URL) through the remembered target.
-  Expected<HttpResponse> SendResolved(const HfRequest& request) const;
+  Expected<HttpResponse> SendResolved(const HfRequest& request) const WFS_EXCLUDES(resolve_mu_);
   // Follows the Hub's own redirects of `url` until one leaves its origin: that target, or
   // the final non-redirect response (the Hub serving the file, or an error) in `*final`.
   Expected<std::string> ResolveTarget(const HfRequest& request, std::optional<HttpResponse>* final) const;
-  void ForgetTarget(const std::string& url, const std::string& target) const;
+  void ForgetTarget(const std::string& url, const std::string& target) const WFS_EXCLUDES(resolve_mu_);
   // Holds a Hub request back while its class's rate-limit window is exhausted.
   void WaitIfRateLimited(std::string_view url) const;
 
@@ -207,14 +206,14 @@ class HfApi {
   std::string origin_;  // "scheme://host:port" of the endpoint, lower-cased, port explicit
   mutable HfStats stats_;
 
-  mutable std::mutex resolve_mu_;                       // guards resolved_; never held across I/O
-  mutable std::condition_variable resolve_cv_;          // a pending resolve finished
-  mutable std::map<std::string, Resolved> resolved_;    // resolve URL -> target; GUARDED_BY(resolve_mu_)
+  mutable Mutex resolve_mu_;                            // never held across I/O
+  mutable CondVar resolve_cv_;                          // a pending resolve finished
+  mutable std::map<std::string, Resolved> resolved_ WFS_GUARDED_BY(resolve_mu_);  // resolve URL -> target
 
-  mutable std::mutex token_mu_;                         // guards the three below; no I/O but a small file read
-  mutable std::string token_;                           // GUARDED_BY(token_mu_)
-  mutable std::string token_file_id_;                   // "ino:size:mtime" of the file read; GUARDED_BY(token_mu_)
-  mutable std::vector<std::string> past_tokens_;        // for Scrub; GUARDED_BY(token_mu_)
+  mutable Mutex token_mu_;                              // no I/O under it but a small file read
+  mutable std::string token_ WFS_GUARDED_BY(token_mu_);
+  mutable std::string token_file_id_ WFS_GUARDED_BY(token_mu_);  // "ino:size:mtime" of the file read
+  mutable std::vector<std::string> past_tokens_ WFS_GUARDED_BY(token_mu_);  // for Scrub
 
   // steady_clock ms until which resolver / API requests hold back (a 429 said so).
   mutable std::atomic<int64_t> resolvers_blocked_until_ms_{0};

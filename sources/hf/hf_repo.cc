@@ -241,7 +241,7 @@ Expected<std::vector<HfRepoFile>> HfRepo::ListFromCache() const {
 
 Expected<std::vector<HfRepoFile>> HfRepo::ListFiles() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (files_) return *files_;
   }
   const HfConfig& config = api_->config();
@@ -271,7 +271,7 @@ Expected<std::vector<HfRepoFile>> HfRepo::ListFiles() {
     std::sort(out.begin(), out.end(), [](const HfRepoFile& a, const HfRepoFile& b) { return a.path < b.path; });
   }
   auto shared = std::make_shared<const std::vector<HfRepoFile>>(std::move(out));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!files_) files_ = shared;
   return *files_;
 }
@@ -355,13 +355,13 @@ Expected<std::vector<uint8_t>> HfSources::Read(std::string_view source, uint64_t
   std::shared_ptr<HfRepo> repo;
   const std::string key = p.repo + "@" + p.commit;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = repos_.find(key); it != repos_.end()) repo = it->second;
   }
   if (!repo) {
     // A commit revision makes no request.
     WFS_ASSIGN_OR_RETURN(repo, HfRepo::Open(config_, http_, p.repo, p.commit));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     repo = repos_.emplace(key, repo).first->second;
   }
   auto got = repo->Read(p.path, offset, length);
@@ -370,19 +370,19 @@ Expected<std::vector<uint8_t>> HfSources::Read(std::string_view source, uint64_t
 }
 
 uint64_t HfSources::requests() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   uint64_t n = 0;
   for (const auto& [k, r] : repos_) n += r->stats().requests;
   return n;
 }
 uint64_t HfSources::bytes_fetched() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   uint64_t n = 0;
   for (const auto& [k, r] : repos_) n += r->stats().bytes_fetched;
   return n;
 }
 uint64_t HfSources::cache_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   uint64_t n = 0;
   for (const auto& [k, r] : repos_) n += r->stats().cache_bytes;
   return n;

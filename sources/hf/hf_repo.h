@@ -28,12 +28,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "engine/derived_versions.h"
 #include "engine/external_source.h"
@@ -113,8 +113,8 @@ class HfRepo {
   const std::string repo_, revision_, commit_;
   const int64_t commit_time_ms_;
   HfRepoStats stats_;
-  std::mutex mu_;                                          // guards files_; not held across I/O
-  std::shared_ptr<const std::vector<HfRepoFile>> files_;  // GUARDED_BY(mu_)
+  Mutex mu_;  // not held across I/O
+  std::shared_ptr<const std::vector<HfRepoFile>> files_ WFS_GUARDED_BY(mu_);
 };
 
 // Source strings "hf://ORG/REPO@COMMIT/PATH" (core/manifest.h ValidateSourceName; checked
@@ -139,8 +139,8 @@ class HfSources final : public ExternalSources {
  private:
   const HfConfig config_;
   const std::shared_ptr<HttpClient> http_;
-  mutable std::mutex mu_;                                   // guards repos_
-  std::map<std::string, std::shared_ptr<HfRepo>> repos_;  // "repo@commit" -> repo; GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<HfRepo>> repos_ WFS_GUARDED_BY(mu_);  // "repo@commit" -> repo
 };
 
 // One read-only version of `repo` at `revision`: model = the repo id (characters a weightfs

@@ -8,7 +8,6 @@
 #include <future>
 #include <list>
 #include <map>
-#include <mutex>
 #include <new>
 #include <unordered_map>
 #include <utility>
@@ -17,6 +16,7 @@
 
 #include "core/hash.h"
 #include "core/manifest.h"
+#include "core/mutex.h"
 #include "core/safetensors.h"
 #include "engine/bucket.h"
 
@@ -141,7 +141,7 @@ class SharedLru {
     std::shared_ptr<std::promise<Expected<Value>>> mine;
     std::shared_future<Expected<Value>> theirs;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (auto it = map_.find(key); it != map_.end()) {
         order_.splice(order_.begin(), order_, it->second.pos);
         *hit = true;
@@ -166,7 +166,7 @@ class SharedLru {
       result = Status::ResourceExhausted("out of memory fetching " + key);
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       inflight_.erase(key);
       if (result.ok() && *result) {
         const uint64_t c = cost(**result);
@@ -194,11 +194,11 @@ class SharedLru {
     std::list<std::string>::iterator pos;
   };
   const uint64_t budget_;
-  std::mutex mu_;  // guards everything below; never held across a fetch
-  std::list<std::string> order_;  // most recently used first
-  std::unordered_map<std::string, Entry> map_;
-  std::unordered_map<std::string, std::shared_future<Expected<Value>>> inflight_;
-  uint64_t bytes_ = 0;
+  Mutex mu_;  // never held across a fetch
+  std::list<std::string> order_ WFS_GUARDED_BY(mu_);  // most recently used first
+  std::unordered_map<std::string, Entry> map_ WFS_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::shared_future<Expected<Value>>> inflight_ WFS_GUARDED_BY(mu_);
+  uint64_t bytes_ WFS_GUARDED_BY(mu_) = 0;
 };
 
 class TrlVersionsImpl final : public TrlVersions {
@@ -232,7 +232,7 @@ class TrlVersionsImpl final : public TrlVersions {
     for (const auto& [step, s] : listing->steps) {
       if (s.anchor) listing->anchors.push_back(step);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     listing_ = listing;
     return std::shared_ptr<const Listing>(listing);
   }
@@ -267,7 +267,7 @@ class TrlVersionsImpl final : public TrlVersions {
     const std::optional<uint64_t> step = ParseVersionStep(version);
     if (model != model_ || !step) return missing();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (auto it = manifests_.find(*step); it != manifests_.end()) return it->second;
     }
     WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Listing> l, ListingWith(*step));
@@ -302,7 +302,7 @@ class TrlVersionsImpl final : public TrlVersions {
     m->stats.logical_bytes = f.size;
     m->stats.stored_bytes = s.size;
     m->files.push_back(std::move(f));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto [pos, inserted] = manifests_.emplace(*step, m);
     if (inserted) {
       manifest_order_.push_back(*step);
@@ -330,7 +330,7 @@ class TrlVersionsImpl final : public TrlVersions {
   // The current listing if it has `step`, else a fresh one.
   Expected<std::shared_ptr<const Listing>> ListingWith(uint64_t step) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (listing_ && listing_->IsVersion(step)) return std::shared_ptr<const Listing>(listing_);
     }
     return Refresh();
@@ -372,7 +372,7 @@ class TrlVersionsImpl final : public TrlVersions {
 
   Expected<std::shared_ptr<const SafetensorsHeader>> AnchorHeader(const TrlStep& s) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (auto it = anchor_headers_.find(s.key); it != anchor_headers_.end() && it->second.first == s.size) {
         return it->second.second;
       }
@@ -386,7 +386,7 @@ class TrlVersionsImpl final : public TrlVersions {
       return Status::Corruption(s.key + ": an anchor whose __metadata__ says sparse=" + Quoted(sp->second));
     }
     auto shared = std::make_shared<const SafetensorsHeader>(std::move(h));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     anchor_headers_[s.key] = {s.size, shared};
     return std::shared_ptr<const SafetensorsHeader>(shared);
   }
@@ -399,7 +399,7 @@ class TrlVersionsImpl final : public TrlVersions {
     std::shared_ptr<const Layout> base;
     auto first = l.anchors.begin();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       for (auto it = end; it != l.anchors.begin();) {
         --it;
         if (auto c = layouts_.find(*it); c != layouts_.end()) {
@@ -436,7 +436,7 @@ class TrlVersionsImpl final : public TrlVersions {
       layout->header = std::move(parsed).value();
       for (size_t i = 0; i < layout->header.tensors.size(); ++i) layout->by_name[layout->header.tensors[i].name] = i;
       layout->plan = PlanChunks(layout->header, file_size, options_.chunk_bytes);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       auto [pos, inserted] = layouts_.emplace(*it, std::move(layout));
       base = pos->second;
     }
@@ -639,12 +639,14 @@ class TrlVersionsImpl final : public TrlVersions {
   SharedLru<DeltaHeader> delta_headers_;  // cost 1 each: bounded by count
   SharedLru<Patch> patches_;              // bounded by bytes
   // Lock order: mu_ is a leaf (the SharedLrus have their own mutexes, never taken under mu_).
-  std::mutex mu_;  // guards the members below; never held across store I/O
-  std::shared_ptr<const Listing> listing_;
-  std::map<std::string, std::pair<uint64_t, std::shared_ptr<const SafetensorsHeader>>> anchor_headers_;  // key -> (size, header)
-  std::map<uint64_t, std::shared_ptr<const Layout>> layouts_;  // by anchor step
-  std::map<uint64_t, std::shared_ptr<const Manifest>> manifests_;
-  std::list<uint64_t> manifest_order_;
+  Mutex mu_;  // never held across store I/O
+  std::shared_ptr<const Listing> listing_ WFS_GUARDED_BY(mu_);
+  // key -> (size, header)
+  std::map<std::string, std::pair<uint64_t, std::shared_ptr<const SafetensorsHeader>>> anchor_headers_
+      WFS_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<const Layout>> layouts_ WFS_GUARDED_BY(mu_);  // by anchor step
+  std::map<uint64_t, std::shared_ptr<const Manifest>> manifests_ WFS_GUARDED_BY(mu_);
+  std::list<uint64_t> manifest_order_ WFS_GUARDED_BY(mu_);
 };
 
 }  // namespace
