@@ -60,20 +60,20 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   if (as == "latest") return Status::InvalidArgument("'latest' is reserved for the newest version's link");
   std::vector<std::string> paths;
   {
-    std::unique_lock<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (d->committing) return Status::InvalidArgument("draft " + d->name() + " is being committed already");
     // The kernel sends RELEASE after close() has returned: a commit that follows a close at
     // once may still see the writer. Give those a moment.
     auto writing = [&] {
       for (auto& [path, f] : d->files) {
-        std::lock_guard<std::mutex> flock(f->mu);
+        MutexLock flock(f->mu);
         if (f->writers > 0) return true;
       }
       return false;
     };
-    encoded_cv.wait_for(lock, std::chrono::seconds(2), [&] { return !writing(); });
+    encoded_cv.WaitFor(mu, std::chrono::seconds(2), [&]() WFS_REQUIRES(mu) { return !writing(); });
     for (auto& [path, f] : d->files) {
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (f->writers > 0) {
         return Status::InvalidArgument(d->name() + "/" + path +
                                        " is still open for writing; close it, then commit");
@@ -93,7 +93,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     State* s;
     Draft* d;
     ~Done() {
-      std::lock_guard<std::mutex> lock(s->mu);
+      MutexLock lock(s->mu);
       d->committing = false;
     }
   } done{this, d.get()};
@@ -103,11 +103,11 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   for (const std::string& path : paths) {
     std::shared_ptr<DraftFile> f;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       auto it = d->files.find(path);
       if (it == d->files.end()) continue;
       f = it->second;
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (f->id == 0) {
         WFS_TRY(StageLocked(*d, *f, /*backed=*/true).WithContext("staging " + path));
         f->generation++;
@@ -124,9 +124,9 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     {
       std::vector<std::pair<std::string, std::string>> part_files;
       {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         for (auto& [path, f] : d->files) {
-          std::lock_guard<std::mutex> flock(f->mu);
+          MutexLock flock(f->mu);
           if (f->id == 0) continue;
           if (!f->Encoded(path)) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
           part_files.emplace_back(path, f->encoded);
@@ -157,11 +157,11 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     }
     if (!lost.empty()) {
       if (attempt > 0) return Status::IOError("packs of " + lost[0] + " vanished from the bucket twice");
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       for (const std::string& path : lost) {
         spdlog::warn("draft {}: the packs of {} are gone from the bucket (gc?); encoding it again", d->name(), path);
         if (auto it = d->files.find(path); it != d->files.end()) {
-          std::lock_guard<std::mutex> flock(it->second->mu);
+          MutexLock flock(it->second->mu);
           it->second->encoded.clear();
         }
       }
@@ -179,18 +179,18 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     {
       std::vector<std::shared_ptr<DraftFile>> unchanged;
       {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         for (auto& [path, f] : d->files) {
-          std::lock_guard<std::mutex> flock(f->mu);
+          MutexLock flock(f->mu);
           if (f->id == 0) unchanged.push_back(f);
         }
       }
       for (const std::shared_ptr<DraftFile>& f : unchanged) WFS_TRY(EnsureRows(*d, *f));
     }
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       for (auto& [path, f] : d->files) {
-        std::lock_guard<std::mutex> flock(f->mu);
+        MutexLock flock(f->mu);
         if (f->id == 0) {
           if (!f->rows) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
           AppendFileFrom(*d->parent_manifest, *f->rows, &m, /*src_is_dst=*/false);
@@ -246,7 +246,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   // the next draft of this model, until a newer one is published from here.
   std::vector<std::string> retire;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     drafts.erase(d->name());
     published_names.insert(d->name());
     auto& older = published_dirs[d->model];
@@ -268,7 +268,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
 
 Status Drafts::State::RemoveDraft(const std::shared_ptr<Draft>& d) {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (d->committing) return Status::Busy("the draft is being committed");
     if (DraftLocked(d->name()) != d) return Status::NotFound("no such file or directory");
     drafts.erase(d->name());
@@ -286,13 +286,13 @@ Status Drafts::Discard(uint64_t draft_ino) {
   State& s = *state_;
   std::shared_ptr<Draft> d;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     const State::Ref* r = s.RefLocked(draft_ino);
     if (!r || r->type != State::Type::kDraftDir) return Status::Unsupported("not a draft directory");
     d = s.DraftLocked(r->a);
     if (!d) return s.GoneLocked(r->a);
     for (auto& [path, f] : d->files) {
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (f->writers > 0) {
         spdlog::warn("discard {}: {} is open for writing; close it first", d->name(), path);
         return Status::Busy(d->name() + "/" + path + " is open for writing");
@@ -306,7 +306,7 @@ Status Drafts::Commit(uint64_t draft_ino, const std::string& as) {
   State& s = *state_;
   std::shared_ptr<Draft> d;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     const State::Ref* r = s.RefLocked(draft_ino);
     if (!r || r->type != State::Type::kDraftDir) return Status::InvalidArgument("not a draft directory");
     d = s.DraftLocked(r->a);
@@ -314,7 +314,7 @@ Status Drafts::Commit(uint64_t draft_ino, const std::string& as) {
   if (!d) return Status::NotFound("the draft is gone (published or removed)");
   Status st = s.CommitDraft(d, as);
   if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     d->error = st.ToString();
     spdlog::error("commit of draft {}: {}", d->name(), st.ToString());
   }
@@ -325,14 +325,14 @@ Status Drafts::CommitAll() {
   State& s = *state_;
   std::vector<std::shared_ptr<Draft>> all;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     for (auto& [name, d] : s.drafts) all.push_back(d);
   }
   Status first;
   for (auto& d : all) {
     bool empty;
     {
-      std::lock_guard<std::mutex> lock(s.mu);
+      MutexLock lock(s.mu);
       empty = d->files.empty();
     }
     if (empty) {
@@ -341,7 +341,7 @@ Status Drafts::CommitAll() {
     }
     Status st = s.CommitDraft(d, d->commit_as);
     if (!st.ok()) {
-      std::lock_guard<std::mutex> lock(s.mu);
+      MutexLock lock(s.mu);
       d->error = st.ToString();
       spdlog::error("publishing draft {}: {} (its data stays staged; the next mount resumes it)", d->name(), st.ToString());
       if (first.ok()) first = st.WithContext("publishing " + d->name());

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/manifest.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "engine/lease.h"
 
@@ -91,35 +92,39 @@ struct NodeMeta {
 // its bytes are the staging file, except — while `backed` — the parent chunks not `present`
 // below `backing_limit`, which are still the parent's.
 struct DraftFile {
-  std::mutex mu;  // guards everything below, and orders copy-up against writes
-  NodeMeta meta;
+  // Guards the fields marked so, and orders copy-up against writes. `id`, `parent_path`,
+  // `parent_file` change only under State::mu as well; `rows` is set once (EnsureRows).
+  mutable Mutex mu;
+  NodeMeta meta WFS_GUARDED_BY(mu);
   uint64_t id = 0;
-  std::string staging;
-  int fd = -1;
-  uint64_t size = 0;
+  std::string staging WFS_GUARDED_BY(mu);
+  int fd WFS_GUARDED_BY(mu) = -1;
+  uint64_t size WFS_GUARDED_BY(mu) = 0;
   std::string parent_path;                  // inherited or backed: the parent's file
   const ManifestFile* parent_file = nullptr;  // in the draft's parent manifest (its head)
   // The parent's file with its rows (format 2 keeps them in the parent's table: read when first
   // needed, State::EnsureRows). Set once, then never changes.
   std::shared_ptr<const ManifestFile> rows_holder;
   const ManifestFile* rows = nullptr;
-  bool backed = false;
-  std::vector<char> present;
-  uint64_t backing_limit = 0;
-  int writers = 0;
-  uint64_t generation = 0;  // bumped by every change of the bytes
-  bool encoding = false;
-  int mapped = 0;  // encodes holding a map of the staging file: it must not shrink in place
-  std::string encoded;       // part file name; "" = not encoded
-  std::string encoded_path;  // the path it was encoded as
-  uint64_t encoded_generation = 0;
-  bool journal_dirty = false;  // `present` changed since the journal was written
+  bool backed WFS_GUARDED_BY(mu) = false;
+  std::vector<char> present WFS_GUARDED_BY(mu);
+  uint64_t backing_limit WFS_GUARDED_BY(mu) = 0;
+  int writers WFS_GUARDED_BY(mu) = 0;
+  uint64_t generation WFS_GUARDED_BY(mu) = 0;  // bumped by every change of the bytes
+  bool encoding WFS_GUARDED_BY(mu) = false;
+  int mapped WFS_GUARDED_BY(mu) = 0;  // encodes holding a map of the staging file: it must not shrink in place
+  std::string encoded WFS_GUARDED_BY(mu);       // part file name; "" = not encoded
+  std::string encoded_path WFS_GUARDED_BY(mu);  // the path it was encoded as
+  uint64_t encoded_generation WFS_GUARDED_BY(mu) = 0;
+  bool journal_dirty WFS_GUARDED_BY(mu) = false;  // `present` changed since the journal was written
   // A write failed (disk full...): the file is not what its writer meant; commit refuses it
   // until it is truncated to zero, rewritten with O_TRUNC or removed.
-  std::string write_error;
+  std::string write_error WFS_GUARDED_BY(mu);
   // The encoded part's element tallies (PushResult's), for the version's changed fraction.
-  std::array<uint64_t, 4> tally{};  // tensor elements, tensor changed, other elements, other changed
+  std::array<uint64_t, 4> tally WFS_GUARDED_BY(mu){};  // tensor elements, tensor changed, other elements, other changed
 
+  DraftFile() = default;
+  explicit DraftFile(NodeMeta m) : meta(m) {}
   ~DraftFile() {
     if (fd >= 0) ::close(fd);
   }
@@ -130,10 +135,10 @@ struct DraftFile {
   // back past its end with the parent's bytes, and the next encode would publish them), an
   // O_TRUNC open may have dropped the parent, or another copy-up (a write's, Fill) done it.
   // REQUIRES mu; `rows` loaded.
-  bool StillBackedAt(size_t c) const {
+  bool StillBackedAt(size_t c) const WFS_REQUIRES(mu) {
     return backed && c < present.size() && present[c] == '0' && rows->chunks[c].offset < backing_limit;
   }
-  bool Encoded(const std::string& path) const {
+  bool Encoded(const std::string& path) const WFS_REQUIRES(mu) {
     return id == 0 || (!encoded.empty() && encoded_generation == generation && encoded_path == path);
   }
 };
@@ -168,8 +173,7 @@ struct Draft {
     dirs.clear();
     const int64_t t = parent_manifest->created_ms * 1000000;
     for (const ManifestFile& pf : parent_manifest->files) {
-      auto f = std::make_shared<DraftFile>();
-      f->meta = NodeMeta::At(0644, uid, gid, t);
+      auto f = std::make_shared<DraftFile>(NodeMeta::At(0644, uid, gid, t));
       f->parent_path = pf.path;
       f->parent_file = &pf;
       for (std::string p = ParentPath(pf.path); !p.empty(); p = ParentPath(p)) {

@@ -27,10 +27,10 @@ Drafts::Drafts(Bucket* bucket, ChunkCache* cache, Materializer* materializer, Ch
 
 Drafts::~Drafts() {
   {
-    std::lock_guard<std::mutex> lock(state_->queue_mu);
+    MutexLock lock(state_->queue_mu);
     state_->stopping = true;
   }
-  state_->queue_cv.notify_all();
+  state_->queue_cv.NotifyAll();
   if (state_->worker.joinable()) state_->worker.join();
   if (state_->lock_fd >= 0) ::close(state_->lock_fd);
 }
@@ -76,7 +76,7 @@ Status Drafts::Load() {
 }
 
 size_t Drafts::queued_encodes() {
-  std::lock_guard<std::mutex> qlock(state_->queue_mu);
+  MutexLock qlock(state_->queue_mu);
   return state_->queue.size();
 }
 
@@ -86,14 +86,14 @@ std::string Drafts::StatusJson() {
   j["enabled"] = enabled();
   if (!s.disabled_reason.empty()) j["disabled_reason"] = s.disabled_reason;
   j["drafts"] = nlohmann::json::array();
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   for (auto& [name, d] : s.drafts) {
     nlohmann::json dj;
     dj["name"] = name;
     dj["parent"] = d->parent ? nlohmann::json(*d->parent) : nlohmann::json(nullptr);
     uint64_t staged = 0, encoded = 0, bytes_to_go = 0, staged_bytes = 0, writers = 0, encoding = 0;
     for (auto& [p, f] : d->files) {
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (f->id == 0) continue;
       staged++;
       encoding += f->mapped > 0;
@@ -116,14 +116,14 @@ std::string Drafts::StatusJson() {
     dj["state"] = d->committing ? "committing" : d->commit_requested ? "commit requested" : "draft";
     std::string error = !d->error.empty() ? d->error : d->encode_error;
     for (auto& [p, f] : d->files) {
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (!f->write_error.empty() && error.empty()) error = "a write to " + p + " failed: " + f->write_error;
     }
     dj["error"] = error;
     j["drafts"].push_back(std::move(dj));
   }
   {
-    std::lock_guard<std::mutex> qlock(s.queue_mu);
+    MutexLock qlock(s.queue_mu);
     j["queued_encodes"] = s.queue.size();
   }
   if (s.cache) j["cache"] = {{"size_bytes", s.cache->size_bytes()}, {"max_bytes", s.cache->max_bytes()}};

@@ -23,10 +23,10 @@ namespace weightfs {
 
 void Drafts::State::Enqueue(const std::string& draft, const std::string& path) {
   {
-    std::lock_guard<std::mutex> lock(queue_mu);
+    MutexLock lock(queue_mu);
     queue.emplace_back(draft, path);
   }
-  queue_cv.notify_one();
+  queue_cv.NotifyOne();
 }
 
 // Encodes the staged file at `path` unless it is encoded already. Waits for an encode of
@@ -35,12 +35,12 @@ Status Drafts::State::EnsureEncoded(const std::shared_ptr<Draft>& d, const std::
   std::shared_ptr<DraftFile> f;
   uint64_t generation;
   {
-    std::unique_lock<std::mutex> lock(mu);
+    MutexLock lock(mu);
     for (;;) {
       auto it = d->files.find(path);
       if (it == d->files.end()) return Status::Ok();  // removed meanwhile
       f = it->second;
-      std::unique_lock<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (f->Encoded(path)) return Status::Ok();
       if (!f->write_error.empty()) {
         return Status::InvalidArgument("a write to " + d->name() + "/" + path + " failed (" + f->write_error +
@@ -54,19 +54,19 @@ Status Drafts::State::EnsureEncoded(const std::shared_ptr<Draft>& d, const std::
         generation = f->generation;
         break;
       }
-      flock.unlock();
-      encoded_cv.wait(lock);
+      flock.Unlock();
+      encoded_cv.Wait(mu);
     }
   }
   Status s = EncodeNow(d, f, path, generation);
   {
-    std::lock_guard<std::mutex> lock(mu);
-    std::lock_guard<std::mutex> flock(f->mu);
+    MutexLock lock(mu);
+    MutexLock flock(f->mu);
     f->encoding = false;
   }
-  encoded_cv.notify_all();
+  encoded_cv.NotifyAll();
   if (!s.ok()) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     d->encode_error = s.ToString();
   }
   return s;
@@ -76,8 +76,8 @@ void Drafts::State::WorkerMain() {
   for (;;) {
     std::pair<std::string, std::string> job;
     {
-      std::unique_lock<std::mutex> lock(queue_mu);
-      queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+      MutexLock lock(queue_mu);
+      queue_cv.Wait(queue_mu, [&]() WFS_REQUIRES(queue_mu) { return stopping || !queue.empty(); });
       if (stopping) return;
       job = std::move(queue.front());
       queue.pop_front();
@@ -85,7 +85,7 @@ void Drafts::State::WorkerMain() {
     try {  // an exception (an allocation failing) fails this job, not the daemon
     std::shared_ptr<Draft> d;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       d = DraftLocked(job.first);
     }
     if (!d) continue;
@@ -93,7 +93,7 @@ void Drafts::State::WorkerMain() {
       Status s = CommitDraft(d, d->commit_as);
       if (!s.ok()) {
         spdlog::error("resuming the commit of draft {}: {}", job.first, s.ToString());
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         d->error = s.ToString();
       }
       continue;
@@ -104,7 +104,7 @@ void Drafts::State::WorkerMain() {
       // the same way, one timeout after another. Commit encodes them when it runs.
       size_t dropped = 0;
       {
-        std::lock_guard<std::mutex> lock(queue_mu);
+        MutexLock lock(queue_mu);
         const size_t before = queue.size();
         std::erase_if(queue, [&](const auto& j) { return j.first == job.first && !j.second.empty(); });
         dropped = before - queue.size();
@@ -124,16 +124,16 @@ void Drafts::State::WorkerMain() {
 
 Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shared_ptr<DraftFile>& f,
                                  const std::string& path, uint64_t generation) {
-  std::lock_guard<std::mutex> serial(encode_mu);
+  MutexLock serial(encode_mu);
   const auto start = std::chrono::steady_clock::now();
   WFS_TRY(Fill(*d, *f));
   {
-    std::unique_lock<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (!d->lease) {
-      lock.unlock();
+      lock.Unlock();
       Expected<std::unique_ptr<Lease>> lease = Lease::Acquire(&bucket->store(), d->name() + " (draft)");
       if (!lease.ok()) return lease.status().WithContext("taking a lease for the draft's packs");
-      lock.lock();
+      lock.Lock();
       if (!d->lease) d->lease = std::move(lease).value();
     }
   }
@@ -145,7 +145,7 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
   uint64_t id;
   MappedFile mapped;
   {
-    std::lock_guard<std::mutex> lock(f->mu);
+    MutexLock lock(f->mu);
     if (f->generation != generation) return Status::Ok();  // changed: encoded on its next close
     WFS_TRY(DataSync(f->fd, f->staging));
     staging = f->staging;
@@ -160,14 +160,14 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
     MappedFile& mapped;
     ~Unmap() {
       mapped = MappedFile();
-      std::lock_guard<std::mutex> lock(f.mu);
+      MutexLock lock(f.mu);
       f.mapped--;
     }
   };
   // Whether the bytes the encoder saw are not the file's any more (a write since, or a
   // truncation from outside weightfs that the map's guard caught).
   auto stale = [&] {
-    std::lock_guard<std::mutex> lock(f->mu);
+    MutexLock lock(f->mu);
     return f->generation != generation;
   };
   Expected<Manifest> encoded = Status::IOError("not encoded");
@@ -196,10 +196,10 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
   bool current = false;
   std::string old_part;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     auto it = d->files.find(path);
     if (it != d->files.end() && it->second == f) {
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (f->generation == generation) {
         old_part = f->encoded;
         f->tally = {result.tensor_elements, result.tensor_changed, result.other_elements, result.other_changed};

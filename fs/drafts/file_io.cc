@@ -33,7 +33,7 @@ Status Drafts::Create(uint64_t parent, std::string_view name, mode_t mode, int f
   uint64_t ino;
   bool created = false;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     std::string dir;
     WFS_TRY(s.DirOfLocked(parent, &d, &dir));
     const std::string path = Join(dir, name);
@@ -45,9 +45,8 @@ Status Drafts::Create(uint64_t parent, std::string_view name, mode_t mode, int f
     if (d->committing) return Status::Busy("the draft is being committed");
     ino = s.InoLocked(State::Type::kItem, d->name(), path);
     if (!d->files.count(path)) {
-      auto f = std::make_shared<DraftFile>();
-      f->meta = NodeMeta::At(mode, who.uid, who.gid, NowNs());
-      std::lock_guard<std::mutex> flock(f->mu);
+      auto f = std::make_shared<DraftFile>(NodeMeta::At(mode, who.uid, who.gid, NowNs()));
+      MutexLock flock(f->mu);
       WFS_TRY(s.StageLocked(*d, *f, false));
       d->files[path] = f;
       d->TouchDir(dir);
@@ -68,7 +67,7 @@ Status Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handl
   bool journal = false;
   std::string unlink_after;  // a staging file replaced by a new one (see ResizeLocked)
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     const State::Ref* r = s.RefLocked(ino);
     if (!r || r->type != State::Type::kItem) return Status::IsDirectory("is a directory");
     std::shared_ptr<Draft> d = s.DraftLocked(r->a);
@@ -82,7 +81,7 @@ Status Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handl
     h->file = it->second;
     h->path = r->b;
     DraftFile& f = *h->file;
-    std::lock_guard<std::mutex> flock(f.mu);
+    MutexLock flock(f.mu);
     if (Writes(flags)) {
       if (d->committing) return Status::Busy("the draft is being committed");
       if (f.id == 0) {
@@ -107,7 +106,7 @@ Status Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handl
     }
   }
   if (journal && !s.SaveJournal(*h->draft).ok()) {
-    std::lock_guard<std::mutex> flock(h->file->mu);
+    MutexLock flock(h->file->mu);
     h->file->writers--;
     return Status::IOError("cannot record the open in the draft's journal");
   }
@@ -135,7 +134,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
     m.ctime_ns = now;
   };
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     const State::Ref* r = s.RefLocked(ino);
     if (handle) {
       // ftruncate, fchmod...: the open file, even if it was renamed or unlinked since.
@@ -166,7 +165,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
         f = it->second;
         path = r->b;
       }
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (size && f->id == 0) {
         if (d->committing) return Status::Busy("the draft is being committed");
         WFS_TRY(s.StageLocked(*d, *f, true));
@@ -178,7 +177,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
   if (size) {
     bool backed;
     {
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       backed = f->backed && *size < f->backing_limit;
     }
     if (backed) {
@@ -187,7 +186,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
     // The chunk the new end cuts through keeps its head: copy it up first.
     std::optional<size_t> cut;
     {
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (f->backed && *size < f->backing_limit) {
         const size_t c = f->rows->ChunkAt(*size);
         if (f->present[c] == '0' && f->rows->chunks[c].offset < *size) cut = c;
@@ -196,7 +195,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
     if (cut) {
       Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(d->parent_manifest, *f->rows, *cut);
       if (!bytes.ok()) return ParentBytes(bytes.status(), "truncate " + d->name() + "/" + path);
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       const ManifestChunk& c = f->rows->chunks[*cut];
       if (f->StillBackedAt(*cut)) {
         WFS_TRY(PwriteAll(f->fd, (*bytes)->data(),
@@ -205,7 +204,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
         f->present[*cut] = '1';
       }
     }
-    std::lock_guard<std::mutex> flock(f->mu);
+    MutexLock flock(f->mu);
     WFS_TRY(s.ResizeLocked(*d, *f, *size, spare_id, &unlink_after));
     if (*size == 0) f->write_error.clear();
     if (f->backed) f->backing_limit = std::min(f->backing_limit, *size);
@@ -216,7 +215,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
   WFS_TRY(s.SaveJournal(*d));
   if (!unlink_after.empty()) ::unlink(unlink_after.c_str());
   if (f && path.empty()) {  // an open file that is unlinked: its attributes from the handle
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     s.FileAttr(ino, *f, out);
     out->st.st_nlink = 0;
     return Status::Ok();
@@ -229,7 +228,7 @@ Status Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<ui
   DraftFile& f = *h.file;
   bool needs_rows;
   {
-    std::lock_guard<std::mutex> lock(f.mu);
+    MutexLock lock(f.mu);
     needs_rows = f.id == 0 || f.backed;  // reads (some of) the parent's bytes
   }
   if (needs_rows) {
@@ -239,7 +238,7 @@ Status Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<ui
   bool backed;
   std::vector<char> present;
   {
-    std::lock_guard<std::mutex> lock(f.mu);
+    MutexLock lock(f.mu);
     id = f.id;
     fsize = f.id == 0 ? f.parent_file->size : f.size;
     backed = f.backed;
@@ -251,7 +250,7 @@ Status Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<ui
   // Under the file's lock: a truncate may move the file to a new staging file (ResizeLocked)
   // and close the descriptor.
   auto pread_staged = [&f](uint8_t* p, size_t n, uint64_t off) {
-    std::lock_guard<std::mutex> lock(f.mu);
+    MutexLock lock(f.mu);
     return PreadAll(f.fd, p, n, off, "staging file " + f.staging);
   };
   out->clear();
@@ -295,7 +294,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
   if (!h.write) return Status::BadHandle("not open for writing");
   bool backed;
   {
-    std::lock_guard<std::mutex> lock(f.mu);
+    MutexLock lock(f.mu);
     backed = f.backed;
   }
   // Only a file still backed by its parent needs the parent's rows (a write to a file opened
@@ -310,7 +309,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
   for (;;) {
     std::optional<size_t> need;
     {
-      std::lock_guard<std::mutex> lock(f.mu);
+      MutexLock lock(f.mu);
       if (f.backed && offset < f.backing_limit) {
         for (size_t c = f.rows->ChunkAt(offset); c < f.present.size(); ++c) {
           const ManifestChunk& ch = f.rows->chunks[c];
@@ -326,7 +325,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
     if (!need) break;
     Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(h.draft->parent_manifest, *f.rows, *need);
     if (!bytes.ok()) return ParentBytes(bytes.status(), "copy-up of " + h.draft->name() + "/" + h.path);
-    std::lock_guard<std::mutex> lock(f.mu);
+    MutexLock lock(f.mu);
     if (f.StillBackedAt(*need)) {
       const ManifestChunk& ch = f.rows->chunks[*need];
       const uint64_t len = std::min<uint64_t>(ch.length, f.backing_limit - ch.offset);
@@ -337,7 +336,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
   }
   bool marked = copied;  // the copy-up map changed: journaled before the write is acknowledged
   {
-    std::lock_guard<std::mutex> lock(f.mu);
+    MutexLock lock(f.mu);
     if (Status st = PwriteAll(f.fd, data.data(), data.size(), offset, "staging file " + f.staging); !st.ok()) {
       spdlog::error("write {}/{} at {}: {}; the draft cannot be committed until the file is written again or "
                     "removed", h.draft->name(), h.path, offset, st.message());
@@ -367,7 +366,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
   // crash of the daemon, show the parent's bytes where this write put its own.
   if (marked) {
     if (Status js = s.SaveJournal(*h.draft); !js.ok()) {
-      std::lock_guard<std::mutex> lock(f.mu);
+      MutexLock lock(f.mu);
       f.write_error = "cannot record the write in the draft's journal: " + js.message();
       return js;
     }
@@ -378,7 +377,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
 Status Drafts::Fsync(DraftHandle& h) {
   bool dirty;
   {
-    std::lock_guard<std::mutex> lock(h.file->mu);
+    MutexLock lock(h.file->mu);
     if (h.file->id == 0) return Status::Ok();
     WFS_TRY(DataSync(h.file->fd, h.file->staging));
     dirty = h.file->journal_dirty;
@@ -391,18 +390,18 @@ void Drafts::Release(std::unique_ptr<DraftHandle> h) {
   if (!h->write) return;
   bool last, dirty;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    std::lock_guard<std::mutex> flock(h->file->mu);
+    MutexLock lock(state_->mu);
+    MutexLock flock(h->file->mu);
     last = --h->file->writers == 0;
     dirty = h->file->journal_dirty;
   }
-  state_->encoded_cv.notify_all();
+  state_->encoded_cv.NotifyAll();
   if (dirty) (void)state_->SaveJournal(*h->draft);
   if (!last) return;
   // Encode under the file's path as it is now (it may have been renamed while open).
   std::string path;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(state_->mu);
     for (const auto& [p, f] : h->draft->files) {
       if (f == h->file) path = p;
     }

@@ -118,7 +118,7 @@ void Drafts::State::DirAttr(uint64_t ino, const NodeMeta& meta, NodeAttr* out) c
 }
 
 void Drafts::State::FileAttr(uint64_t ino, DraftFile& f, NodeAttr* out) const {
-  std::lock_guard<std::mutex> lock(f.mu);
+  MutexLock lock(f.mu);
   DirAttr(ino, f.meta, out);
   out->st.st_mode = S_IFREG | (f.meta.mode & 07777);
   out->st.st_nlink = 1;

@@ -42,7 +42,7 @@ nlohmann::json Drafts::State::JournalLocked(Draft& d, bool published) {
   }
   j["files"] = nlohmann::json::array();
   for (auto& [path, f] : d.files) {
-    std::lock_guard<std::mutex> lock(f->mu);
+    MutexLock lock(f->mu);
     nlohmann::json e;
     e = f->meta.ToJson();
     e["path"] = path;
@@ -69,7 +69,7 @@ Status Drafts::State::SaveJournal(Draft& d, bool published) {
   std::string text;
   uint64_t seq;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     text = JournalLocked(d, published).dump();
     seq = ++d.journal_seq;
   }
@@ -90,7 +90,7 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j)
   WFS_TRY(ValidateModelName(d->model));
   WFS_TRY(ValidateVersionName(d->version));
   if (j.at("published").get<bool>()) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     published_dirs[d->model].push_back(dir);
     return Status::Ok();
   }
@@ -118,6 +118,7 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j)
   }
   for (const auto& e : j.at("files")) {
     auto f = std::make_shared<DraftFile>();
+    MutexLock flock(f->mu);  // (not shared yet: for the analysis)
     const std::string path = e.at("path").get<std::string>();
     WFS_TRY(ValidateFilePath(path));
     f->meta = NodeMeta::FromJson(e, NodeMeta::At(0644, options.uid, options.gid, 0));
@@ -159,12 +160,13 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j)
   }
   std::vector<std::string> pending;
   for (auto& [path, f] : d->files) {
+    MutexLock flock(f->mu);
     if (!f->Encoded(path)) pending.push_back(path);
   }
   const std::string name = d->name();
   const bool commit = d->commit_requested;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     drafts[name] = d;
   }
   spdlog::info("draft {} resumed ({} files, {} to encode{})", name, d->files.size(), pending.size(),

@@ -80,13 +80,13 @@ Status Drafts::State::ResizeLocked(Draft& d, DraftFile& f, uint64_t size, uint64
 Status Drafts::State::EnsureRows(Draft& d, DraftFile& f) {
   const ManifestFile* head;
   {
-    std::lock_guard<std::mutex> lock(f.mu);
+    MutexLock lock(f.mu);
     if (f.rows || !f.parent_file) return Status::Ok();
     head = f.parent_file;
   }
   Expected<std::shared_ptr<const ManifestFile>> rows = bucket->File(d.parent_manifest, *head);
   if (!rows.ok()) return rows.status().WithContext("reading the rows of " + head->path + " in the parent");
-  std::lock_guard<std::mutex> lock(f.mu);
+  MutexLock lock(f.mu);
   if (!f.rows) {
     f.rows_holder = std::move(rows).value();
     f.rows = f.rows_holder.get();
@@ -101,7 +101,7 @@ Status Drafts::State::Fill(Draft& d, DraftFile& f) {
   std::vector<size_t> missing;
   const ManifestFile* pf;
   {
-    std::lock_guard<std::mutex> lock(f.mu);
+    MutexLock lock(f.mu);
     if (!f.backed) return Status::Ok();
     pf = f.rows;
     for (size_t c = 0; c < f.present.size(); ++c) {
@@ -111,7 +111,7 @@ Status Drafts::State::Fill(Draft& d, DraftFile& f) {
   for (size_t c : missing) {
     Expected<ByteBuffer> bytes = materializer->Chunk(*d.parent_manifest, *pf, c);
     if (!bytes.ok()) return bytes.status().WithContext("copying " + f.parent_path + " from the parent");
-    std::lock_guard<std::mutex> lock(f.mu);
+    MutexLock lock(f.mu);
     if (!f.StillBackedAt(c)) continue;
     const uint64_t off = pf->chunks[c].offset;
     const uint64_t len = std::min<uint64_t>(bytes->size(), f.backing_limit - off);
@@ -119,7 +119,7 @@ Status Drafts::State::Fill(Draft& d, DraftFile& f) {
     f.present[c] = '1';
   }
   {
-    std::lock_guard<std::mutex> lock(f.mu);
+    MutexLock lock(f.mu);
     WFS_TRY(DataSync(f.fd, f.staging));
     f.backed = false;
     f.present.clear();

@@ -16,7 +16,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
@@ -30,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/mutex.h"
 #include "core/thread_pool.h"
 #include "fs/drafts/draft.h"
 #include "fs/drafts/drafts.h"
@@ -47,11 +47,14 @@ struct Drafts::State {
   std::string disabled_reason;  // non-empty: another mount owns the drafts
   std::atomic<bool> loaded{false};
 
-  mutable std::mutex mu;  // guards what follows; a leaf except for DraftFile::mu taken under it
-  std::map<std::string, std::shared_ptr<Draft>> drafts;  // by "model@version"
-  std::set<std::string> new_dirs;                         // made by mkdir, above versions
-  std::map<std::string, std::vector<std::string>> published_dirs;  // model -> retired state dirs
-  std::set<std::string> published_names;  // drafts published by this mount, by "model@version"
+  // Guards what follows and the drafts' trees (Draft::files, dirs, committing, error...: the
+  // analysis cannot name it from Draft, so those are checked by review). Only DraftFile::mu and
+  // Draft::journal_mu are taken under it.
+  mutable Mutex mu WFS_ACQUIRED_AFTER(encode_mu);
+  std::map<std::string, std::shared_ptr<Draft>> drafts WFS_GUARDED_BY(mu);  // by "model@version"
+  std::set<std::string> new_dirs WFS_GUARDED_BY(mu);                         // made by mkdir, above versions
+  std::map<std::string, std::vector<std::string>> published_dirs WFS_GUARDED_BY(mu);  // model -> retired state dirs
+  std::set<std::string> published_names WFS_GUARDED_BY(mu);  // published by this mount, by "model@version"
   enum class Type : char { kNewDir = 'n', kDraftDir = 'd', kItem = 'i' };
   struct Ref {
     Type type;
@@ -62,18 +65,18 @@ struct Drafts::State {
     bool removed = false;
     std::weak_ptr<DraftFile> removed_file;
   };
-  std::map<std::string, uint64_t> inos;
-  std::unordered_map<uint64_t, Ref> refs;
-  uint64_t next_ino = kFirstIno;
+  std::map<std::string, uint64_t> inos WFS_GUARDED_BY(mu);
+  std::unordered_map<uint64_t, Ref> refs WFS_GUARDED_BY(mu);
+  uint64_t next_ino WFS_GUARDED_BY(mu) = kFirstIno;
 
   // Background work: encode (draft, path) or commit (draft, "").
-  std::mutex queue_mu;
-  std::condition_variable queue_cv;
-  std::deque<std::pair<std::string, std::string>> queue;
-  bool stopping = false;
+  Mutex queue_mu;
+  CondVar queue_cv;
+  std::deque<std::pair<std::string, std::string>> queue WFS_GUARDED_BY(queue_mu);
+  bool stopping WFS_GUARDED_BY(queue_mu) = false;
   std::thread worker;
-  std::condition_variable encoded_cv;  // DraftFile::encoding cleared (with mu)
-  std::mutex encode_mu;                // one encode at a time (they share the pool)
+  CondVar encoded_cv;  // DraftFile::encoding cleared (waited on with mu)
+  Mutex encode_mu;     // one encode at a time (they share the pool)
 
   State(Bucket* b, ChunkCache* c, Materializer* m, ChunkReader* r, DraftsOptions o)
       : bucket(b), cache(c), materializer(m), reader(r), options(std::move(o)), pool(options.encode_threads) {}
@@ -82,29 +85,29 @@ struct Drafts::State {
   static std::string Key(Type t, const std::string& a, const std::string& b) {
     return std::string(1, static_cast<char>(t)) + a + '\0' + b;
   }
-  uint64_t InoLocked(Type t, const std::string& a, const std::string& b = {});
-  const Ref* RefLocked(uint64_t ino) const {
+  uint64_t InoLocked(Type t, const std::string& a, const std::string& b = {}) WFS_REQUIRES(mu);
+  const Ref* RefLocked(uint64_t ino) const WFS_REQUIRES(mu) {
     auto it = refs.find(ino);
     return it == refs.end() || it->second.removed ? nullptr : &it->second;
   }
   // Item `path` of draft `name` is gone: a new node at the path gets a new number (the kernel
   // must not take it for the old one, which an open file may still hold).
-  void RetireLocked(const std::string& name, const std::string& path, std::weak_ptr<DraftFile> file);
+  void RetireLocked(const std::string& name, const std::string& path, std::weak_ptr<DraftFile> file) WFS_REQUIRES(mu);
   // Moves the inodes of `from` (and everything under it) to `to` inside draft `name`.
-  void RekeyLocked(const std::string& name, const std::string& from, const std::string& to);
+  void RekeyLocked(const std::string& name, const std::string& from, const std::string& to) WFS_REQUIRES(mu);
 
   // Every node of draft `name` (removed, or published and replaced by a new draft of the same
   // name): their numbers never name anything again.
-  void RetireDraftLocked(const std::string& name);
+  void RetireDraftLocked(const std::string& name) WFS_REQUIRES(mu);
 
-  std::shared_ptr<Draft> DraftLocked(const std::string& name) const {
+  std::shared_ptr<Draft> DraftLocked(const std::string& name) const WFS_REQUIRES(mu) {
     auto it = drafts.find(name);
     return it == drafts.end() ? nullptr : it->second;
   }
   // The Status for a node of draft `name`, which is gone: Stale (ESTALE) if it was published
   // (the kernel then walks the path again and finds the published version: a lookup that
   // raced the commit retries instead of failing), else NotFound.
-  Status GoneLocked(const std::string& name) const;
+  Status GoneLocked(const std::string& name) const WFS_REQUIRES(mu);
 
   // The model path of draft directories listed in `dir_path` ("leaf@version" there).
   static std::string ModelDir(const std::string& model) { return ParentPath(model); }
@@ -114,23 +117,23 @@ struct Drafts::State {
   }
   // Resolves a directory node inside a draft: the draft and the path ("" = the draft's root).
   // PermissionDenied for a directory above the versions (files live in versions).
-  Status DirOfLocked(uint64_t ino, std::shared_ptr<Draft>* d, std::string* path) const;
+  Status DirOfLocked(uint64_t ino, std::shared_ptr<Draft>* d, std::string* path) const WFS_REQUIRES(mu);
   // New directories shown in `dir_path`: made by mkdir, or above a draft of a new model.
-  std::set<std::string> NewDirsInLocked(const std::string& dir_path) const;
+  std::set<std::string> NewDirsInLocked(const std::string& dir_path) const WFS_REQUIRES(mu);
 
   // ---- attributes (REQUIRES mu) ----
   void DirAttr(uint64_t ino, const NodeMeta& meta, NodeAttr* out) const;
   void FileAttr(uint64_t ino, DraftFile& f, NodeAttr* out) const;
-  Status AttrLocked(uint64_t ino, NodeAttr* out);
+  Status AttrLocked(uint64_t ino, NodeAttr* out) WFS_REQUIRES(mu);
 
   // ---- journal ----
-  nlohmann::json JournalLocked(Draft& d, bool published = false);
+  nlohmann::json JournalLocked(Draft& d, bool published = false) WFS_REQUIRES(mu);
 
   // Writes the draft's journal as it is now. REQUIRES mu not held.
-  Status SaveJournal(Draft& d, bool published = false);
+  Status SaveJournal(Draft& d, bool published = false) WFS_EXCLUDES(mu);
 
   // ---- staging (REQUIRES mu and f.mu) ----
-  Status StageLocked(Draft& d, DraftFile& f, bool backed);
+  Status StageLocked(Draft& d, DraftFile& f, bool backed) WFS_REQUIRES(mu, f.mu);
 
   // Sets a staged file's length to `size`. A file that an encode has mapped must not shrink
   // in place (the encoder would fault on the pages cut off): it moves to a new staging file,
@@ -138,9 +141,10 @@ struct Drafts::State {
   // map keeps the old one's pages until it goes. The old file's path is returned in
   // *unlink_after: the caller removes it once the journal names the new one (a crash before
   // leaves the old, consistent state). REQUIRES f.mu.
-  Status ResizeLocked(Draft& d, DraftFile& f, uint64_t size, uint64_t spare_id, std::string* unlink_after);
+  Status ResizeLocked(Draft& d, DraftFile& f, uint64_t size, uint64_t spare_id, std::string* unlink_after)
+      WFS_REQUIRES(f.mu);
 
-  void Enqueue(const std::string& draft, const std::string& path);
+  void Enqueue(const std::string& draft, const std::string& path) WFS_EXCLUDES(queue_mu);
 
   // Loads the rows of f's parent file (once). REQUIRES no lock held (it may read the bucket).
   Status EnsureRows(Draft& d, DraftFile& f);

@@ -23,7 +23,7 @@ namespace weightfs {
 
 Status Drafts::LookupIn(const std::string& dir_path, std::string_view name, NodeAttr* out) {
   State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   const std::string n(name);
   if (const size_t at = n.rfind('@'); at != std::string::npos) {
     const std::string draft = Join(dir_path, n);
@@ -37,7 +37,7 @@ Status Drafts::LookupIn(const std::string& dir_path, std::string_view name, Node
 
 std::vector<DirEntry> Drafts::EntriesIn(const std::string& dir_path) {
   State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   std::vector<DirEntry> out;
   for (const std::string& p : s.NewDirsInLocked(dir_path)) {
     out.push_back({p.substr(p.rfind('/') == std::string::npos ? 0 : p.rfind('/') + 1),
@@ -62,7 +62,7 @@ Status Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_
   if (at == std::string::npos) {
     const std::string path = Join(dir_path, n);
     if (!ValidateModelName(path).ok()) return Status::InvalidArgument(path + " is not a valid model directory name");
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     if (s.NewDirsInLocked(dir_path).count(path)) return Status::Conflict(path + " exists already");
     s.new_dirs.insert(path);
     return s.AttrLocked(s.InoLocked(State::Type::kNewDir, path), out);
@@ -79,7 +79,7 @@ Status Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_
   }
   const std::string draft_name = model + "@" + version;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     if (s.DraftLocked(draft_name)) return Status::Conflict("draft " + draft_name + " exists already");
   }
   if (s.bucket->store().Head(Bucket::ManifestKey(model, version)).ok()) return Status::Conflict("version " + draft_name + " exists already");
@@ -106,7 +106,7 @@ Status Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_
     return ErrnoStatus("mkdir " + draft_name + ": creating its staging directory " + d->dir, ec.value());
   }
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     if (s.DraftLocked(draft_name)) {
       std::filesystem::remove_all(d->dir, ec);
       return Status::Conflict("draft " + draft_name + " exists already");
@@ -115,13 +115,13 @@ Status Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_
     s.drafts[draft_name] = d;
   }
   if (Status js = s.SaveJournal(*d); !js.ok()) {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     s.drafts.erase(draft_name);
     std::filesystem::remove_all(d->dir, ec);
     return js;
   }
   spdlog::info("draft {} created (parent {})", draft_name, d->parent.value_or("none: a base"));
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   return s.AttrLocked(s.InoLocked(State::Type::kDraftDir, draft_name), out);
 }
 
@@ -130,7 +130,7 @@ Status Drafts::RmdirIn(const std::string& dir_path, std::string_view name) {
   const std::string n(name);
   std::shared_ptr<Draft> d;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     if (n.find('@') == std::string::npos) {
       const std::string path = Join(dir_path, n);
       if (!s.NewDirsInLocked(dir_path).count(path)) return Status::NotFound("no such file or directory");
@@ -151,14 +151,14 @@ Status Drafts::RmdirIn(const std::string& dir_path, std::string_view name) {
 }
 
 std::optional<std::string> Drafts::DirPath(uint64_t ino) const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   const State::Ref* r = state_->RefLocked(ino);
   if (!r || r->type != State::Type::kNewDir) return std::nullopt;
   return r->a;
 }
 
 Status Drafts::GetAttr(uint64_t ino, NodeAttr* out) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   return state_->AttrLocked(ino, out);
 }
 
@@ -166,7 +166,7 @@ Status Drafts::Lookup(uint64_t parent, std::string_view name, NodeAttr* out) {
   State& s = *state_;
   std::optional<std::string> new_dir = DirPath(parent);
   if (new_dir) return LookupIn(*new_dir, name, out);
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   std::shared_ptr<Draft> d;
   std::string dir;
   WFS_TRY(s.DirOfLocked(parent, &d, &dir));
@@ -184,7 +184,7 @@ Status Drafts::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
     for (DirEntry& e : EntriesIn(*nd)) out->push_back(std::move(e));
     return Status::Ok();
   }
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   std::shared_ptr<Draft> d;
   std::string dir;
   WFS_TRY(s.DirOfLocked(ino, &d, &dir));
@@ -209,7 +209,7 @@ Status Drafts::Mkdir(uint64_t parent, std::string_view name, mode_t mode, const 
   std::shared_ptr<Draft> d;
   std::string path;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     std::string dir;
     WFS_TRY(s.DirOfLocked(parent, &d, &dir));
     path = Join(dir, name);
@@ -219,7 +219,7 @@ Status Drafts::Mkdir(uint64_t parent, std::string_view name, mode_t mode, const 
     d->TouchDir(dir);
   }
   WFS_TRY(s.SaveJournal(*d));
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   return s.AttrLocked(s.InoLocked(State::Type::kItem, d->name(), path), out);
 }
 
@@ -228,7 +228,7 @@ Status Drafts::Rmdir(uint64_t parent, std::string_view name) {
   if (std::optional<std::string> nd = DirPath(parent)) return RmdirIn(*nd, name);
   std::shared_ptr<Draft> d;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     std::string dir;
     WFS_TRY(s.DirOfLocked(parent, &d, &dir));
     const std::string path = Join(dir, name);
@@ -248,7 +248,7 @@ Status Drafts::Unlink(uint64_t parent, std::string_view name) {
   std::shared_ptr<Draft> d;
   std::shared_ptr<DraftFile> f;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     std::string dir;
     WFS_TRY(s.DirOfLocked(parent, &d, &dir));
     const std::string path = Join(dir, name);
@@ -264,7 +264,7 @@ Status Drafts::Unlink(uint64_t parent, std::string_view name) {
   // the journal write below needs some. (A journal still naming the file after a crash is
   // harmless: a file whose staging file is gone is dropped when the draft is loaded.)
   {
-    std::lock_guard<std::mutex> flock(f->mu);
+    MutexLock flock(f->mu);
     if (f->id != 0) {
       ::unlink(f->staging.c_str());  // open handles keep reading through their descriptor
       if (!f->encoded.empty()) ::unlink(d->PartPath(f->encoded).c_str());
@@ -287,7 +287,7 @@ Status Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_paren
   std::shared_ptr<Draft> d, d2;
   std::shared_ptr<DraftFile> replaced;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     std::string dir, dir2;
     // (A node above the versions is refused as PermissionDenied: across a draft's edge, EXDEV.)
     auto within = [](Status st) {
@@ -314,7 +314,7 @@ Status Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_paren
       auto f = d->files[from];
       d->files.erase(from);
       d->files[to] = f;
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (f->id != 0 && f->writers == 0 && !f->Encoded(to) && !f->encoding) s.Enqueue(d->name(), to);
     } else {
       if (to_file) return Status::NotDirectory("not a directory");
@@ -335,7 +335,7 @@ Status Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_paren
       d->dirs = std::move(dirs);
       for (auto& [p, f] : d->files) {
         if (!p.starts_with(to + "/")) continue;
-        std::lock_guard<std::mutex> flock(f->mu);
+        MutexLock flock(f->mu);
         if (f->id != 0 && f->writers == 0 && !f->Encoded(p) && !f->encoding) s.Enqueue(d->name(), p);
       }
     }
@@ -344,14 +344,14 @@ Status Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_paren
     d->TouchDir(dir2);
     const int64_t now = NowNs();
     if (is_file) {
-      std::lock_guard<std::mutex> flock(d->files[to]->mu);
+      MutexLock flock(d->files[to]->mu);
       d->files[to]->meta.ctime_ns = now;
     } else if (NodeMeta* m = d->DirMeta(to)) {
       m->ctime_ns = now;
     }
   }
   if (replaced) {
-    std::lock_guard<std::mutex> flock(replaced->mu);
+    MutexLock flock(replaced->mu);
     if (replaced->id != 0) {
       ::unlink(replaced->staging.c_str());
       if (!replaced->encoded.empty()) ::unlink(d->PartPath(replaced->encoded).c_str());

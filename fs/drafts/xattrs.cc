@@ -31,7 +31,7 @@ constexpr const char* kXattrError = "user.weightfs.error";
 
 Status Drafts::GetXattr(uint64_t ino, std::string_view name, std::string* out) {
   State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   const State::Ref* r = s.RefLocked(ino);
   if (!r) return Status::NotFound("no such file or directory");
   if (r->type != State::Type::kDraftDir) return Status::NoAttribute("no such attribute");
@@ -53,7 +53,7 @@ Status Drafts::GetXattr(uint64_t ino, std::string_view name, std::string* out) {
 
 Status Drafts::ListXattr(uint64_t ino, std::vector<std::string>* out) {
   State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   const State::Ref* r = s.RefLocked(ino);
   if (!r) return Status::NotFound("no such file or directory");
   out->clear();
@@ -70,7 +70,7 @@ Status Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view va
   State& s = *state_;
   std::shared_ptr<Draft> d;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     const State::Ref* r = s.RefLocked(ino);
     if (!r) return Status::NotFound("no such file or directory");
     if (r->type != State::Type::kDraftDir || name != kXattrParent) return Status::Unsupported(std::string(name) + " cannot be set here");
@@ -78,7 +78,7 @@ Status Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view va
     if (!d) return s.GoneLocked(r->a);
     // Only an unchanged draft can change its parent: every file still the parent's.
     for (const auto& [p, f] : d->files) {
-      std::lock_guard<std::mutex> flock(f->mu);
+      MutexLock flock(f->mu);
       if (f->id != 0 || f->parent_path != p) {
         // The reason goes to the draft's user.weightfs.error, where `weightfs set-parent` reads
         // it: EBUSY alone does not say which of the refusals this is.
@@ -95,14 +95,14 @@ Status Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view va
   Expected<std::shared_ptr<const Manifest>> pm = s.bucket->ReadManifest(d->model, v);
   if (!pm.ok()) {
     const bool bad_name = pm.status().kind() == ErrorKind::kNotFound || pm.status().kind() == ErrorKind::kInvalidArgument;
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     d->error = "set-parent: " + d->model + "@" + v + " cannot be the parent: " + pm.status().ToString() +
                (bad_name ? " (`weightfs log BUCKET " + d->model + "` lists its versions)" : "");
     spdlog::warn("setxattr {} on {}: {}", name, d->name(), d->error);
     return bad_name ? Status::InvalidArgument(d->error) : Status::IOError(d->error);
   }
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     d->InheritAll(*pm, d->root.uid, d->root.gid);
     d->error.clear();
   }
