@@ -6,6 +6,7 @@
 //   ProcessGone             a pid that no longer runs (gone, or a zombie nobody reaped yet)
 //   GetXattr                an extended attribute's value, or nullopt with errno
 //   MountedAt               whether a path is a mount point in this process's mount table
+//   UnmountIfMounted        the teardown of a mount made otherwise (bounded unmount, else lazy)
 //   Mount                   one `weightfs mount BUCKET MNT` with its own cache directory and
 //                           log; Start() returns once the mount is live (the command returns
 //                           once the daemon serves it) and reads the daemon's pid from the
@@ -120,6 +121,14 @@ inline bool MountedAt(const std::string& path) {
   return false;
 }
 
+// If `mnt` is a mount point: a bounded `weightfs unmount --keep-drafts` (drafts are not
+// published), else a lazy umount. For tests that mount by other means than Mount.
+inline void UnmountIfMounted(const std::string& mnt, const std::string& env = "") {
+  if (!MountedAt(mnt)) return;
+  Cli("unmount --keep-drafts " + mnt, 60, env);
+  if (MountedAt(mnt)) Shell("umount -l " + mnt);
+}
+
 // ---- a mount ---------------------------------------------------------------------------------
 
 struct MountOptions {
@@ -186,10 +195,7 @@ class Mount {
   // hangs, then waits for the daemon and kills it if it lingers; removes the directory given
   // to RemoveAtTeardown. Called by the destructor; harmless twice.
   void Teardown() {
-    if (MountedAt(mnt_.string())) {
-      Cli("unmount --keep-drafts " + mnt_.string(), 60, options_.env);
-      if (MountedAt(mnt_.string())) Shell("umount -l " + mnt_.string());
-    }
+    UnmountIfMounted(mnt_.string(), options_.env);
     if (pid_ > 0) {
       if (!WaitFor([&] { return ProcessGone(pid_); }, std::chrono::seconds(20))) {
         ::kill(pid_, SIGKILL);
