@@ -1,6 +1,6 @@
 // The kit of the tests that drive real mounts of the weightfs binary with drafts (write path):
-// a Mount (one `weightfs mount` with its own cache directory and log, torn down even when a test
-// fails), and DraftMountTest, a fixture with a generated model, a local bucket, fresh-mount read
+// DraftMountTest (its mounts are tests/testing/mount_fixture.h's Mount, torn down even when a
+// test fails), a fixture with a generated model, a local bucket, fresh-mount read
 // back checks, a tmpfs and servers (nginx, a fault-injecting proxy) on demand.
 //
 // Every wait is bounded; a hung command fails the test instead of leaving mounts behind.
@@ -34,6 +34,7 @@
 #include "core/hash.h"
 #include "fs/mount_point.h"
 #include "tests/testing/command_runner.h"
+#include "tests/testing/mount_fixture.h"
 #include "tests/testing/test_servers.h"
 
 namespace weightfs::test {
@@ -44,23 +45,7 @@ using Json = nlohmann::json;
 using Result = CommandResult;
 using namespace std::chrono_literals;
 
-// ---- running things --------------------------------------------------------------------------
-
-// stdout and stderr of a shell command.
-inline Result Shell(const std::string& command) { return weightfs::test::RunShell(command + " 2>&1"); }
-
-// The weightfs binary, bounded in time so that a hung command fails the test instead of
-// leaving it (and its mounts) behind.
-inline Result Cli(const std::string& args, int seconds = 120) {
-  return Shell("timeout -k 5 " + std::to_string(seconds) + " " + std::string(WEIGHTFS_BINARY) + " " + args);
-}
-
-// stdout only, parsed as JSON (null if it is not JSON).
-inline Json CliJson(const std::string& args) {
-  Result r = weightfs::test::RunShell("timeout -k 5 60 " + std::string(WEIGHTFS_BINARY) + " " + args + " 2>/dev/null");
-  return Json::parse(r.out, nullptr, /*allow_exceptions=*/false);
-}
-
+// ---- files -------------------------------------------------------------------------------------
 
 inline void WriteFile(const fs::path& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -77,38 +62,6 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   return v;
 }
 
-inline bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds bound) {
-  const auto deadline = Clock::now() + bound;
-  while (!done()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
-
-inline bool ProcessGone(pid_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  const std::string stat = SlurpText("/proc/" + std::to_string(pid) + "/stat");
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
-}
-
-// The value of an extended attribute, or nullopt (errno in *err).
-inline std::optional<std::string> GetXattr(const fs::path& p, const char* name, int* err = nullptr) {
-  int dummy;
-  if (!err) err = &dummy;
-  *err = 0;
-  std::string v(1 << 16, '\0');
-  const ssize_t n = ::getxattr(p.c_str(), name, v.data(), v.size());
-  if (n < 0) {
-    *err = errno;
-    return std::nullopt;
-  }
-  v.resize(static_cast<size_t>(n));
-  return v;
-}
-
-
 inline std::string Sha256Of(const fs::path& p) { return Sha256Hex(Slurp(p)); }
 
 // sha256sum (a real reader of the mount) of `p`.
@@ -116,91 +69,6 @@ inline std::string Sha256sum(const fs::path& p) {
   Result r = Shell("sha256sum " + p.string());
   return r.exit_code == 0 ? r.out.substr(0, 64) : "sha256sum failed: " + r.out;
 }
-
-// ---- a mount ---------------------------------------------------------------------------------
-
-// One `weightfs mount` of `bucket` at `mnt` with its own cache directory; torn down (without
-// publishing its drafts) when it goes out of scope.
-class Mount {
- public:
-  Mount(std::string bucket, fs::path mnt, fs::path cache, fs::path log, std::string extra = "")
-      : bucket_(std::move(bucket)), mnt_(std::move(mnt)), cache_(std::move(cache)), log_(std::move(log)),
-        extra_(std::move(extra)) {
-    fs::create_directories(mnt_);
-  }
-  ~Mount() { Teardown(); }
-  Mount(const Mount&) = delete;
-  Mount& operator=(const Mount&) = delete;
-
-  // Mounts (again: a mount point left stale by a killed daemon is detached by the command).
-  const Result& Start() {
-    pid_ = 0;
-    result_ = Cli("mount " + bucket_ + " " + mnt_.string() + " --cache-dir " + cache_.string() + " --log-file " +
-                  log_.string() + " --log-level debug --refresh 1 " + extra_);
-    if (result_.exit_code == 0) {
-      if (auto pid = GetXattr(mnt_, "user.weightfs.pid")) pid_ = std::atoi(pid->c_str());
-    }
-    return result_;
-  }
-  bool ok() const { return result_.exit_code == 0 && pid_ > 0; }
-  std::string Describe() const { return result_.out + "\nlog:\n" + weightfs::test::TailOfFile(log_.string(), 30); }
-
-  // `weightfs unmount [flags]`.
-  Result Unmount(const std::string& flags = "") {
-    Result r = Cli("unmount " + flags + " " + mnt_.string());
-    if (r.exit_code == 0 && pid_ > 0) WaitFor([&] { return ProcessGone(pid_); }, 20s);
-    return r;
-  }
-
-  // SIGKILL to the daemon; returns once it is gone.
-  bool Kill() {
-    if (pid_ <= 0 || ::kill(pid_, SIGKILL) != 0) return false;
-    const bool gone = WaitFor([&] { return ProcessGone(pid_); }, 10s);
-    pid_ = 0;
-    return gone;
-  }
-
-  void Teardown() {
-    if (FindMount(mnt_.string())) {
-      Cli("unmount --keep-drafts " + mnt_.string(), 60);
-      if (FindMount(mnt_.string())) Shell("umount -l " + mnt_.string());
-    }
-    if (pid_ > 0) {
-      if (!WaitFor([&] { return ProcessGone(pid_); }, 20s)) ::kill(pid_, SIGKILL);
-      pid_ = 0;
-    }
-  }
-
-  const fs::path& mnt() const { return mnt_; }
-  const fs::path& cache() const { return cache_; }
-  const fs::path& log() const { return log_; }
-  pid_t pid() const { return pid_; }
-  std::string LogText() const { return SlurpText(log_); }
-  fs::path Dir(const std::string& model_at_version) const { return mnt_ / model_at_version; }
-
-  // `weightfs status MNT --json`.
-  Json Status() const { return CliJson("status " + mnt_.string() + " --json"); }
-  // The status entry of one draft (null if it is not listed).
-  Json DraftStatus(const std::string& name) const {
-    Json st = Status();
-    if (st.is_object() && st["drafts"].is_array()) {
-      for (const Json& d : st["drafts"]) {
-        if (d.value("name", "") == name) return d;
-      }
-    }
-    return Json();
-  }
-  Result Commit(const std::string& draft, const std::string& flags = "") {
-    return Cli("commit " + (mnt_ / draft).string() + " " + flags);
-  }
-
- private:
-  std::string bucket_;
-  fs::path mnt_, cache_, log_;
-  std::string extra_;
-  Result result_;
-  pid_t pid_ = 0;
-};
 
 // ---- the fixture -------------------------------------------------------------------------------
 

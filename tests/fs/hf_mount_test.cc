@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -34,6 +35,7 @@
 #include "core/safetensors.h"
 #include "fs/mount_point.h"
 #include "tests/testing/command_runner.h"
+#include "tests/testing/mount_fixture.h"
 #include "tests/testing/s3_test_server.h"
 #include "tests/testing/test_servers.h"
 
@@ -85,12 +87,7 @@ class HfMountTest : public ::testing::Test {
     fs::create_directories(root_ / "hfhome");
   }
   void TearDown() override {
-    for (const fs::path& m : mounts_) {
-      if (FindMount(m.string())) {
-        Cli("unmount --keep-drafts " + m.string(), 60);
-        if (FindMount(m.string())) weightfs::test::RunShell("umount -l " + m.string());
-      }
-    }
+    mounts_.clear();  // (unmounts before the Hub and the servers go)
   }
 
   // The environment a user of the Hub has: endpoint, token, HF_HOME (an empty HF cache), the
@@ -107,18 +104,18 @@ class HfMountTest : public ::testing::Test {
     const char* v = std::getenv("WEIGHTFS_HF_TEST_TIME_SCALE");
     return v != nullptr && std::atoi(v) >= 1 ? std::atoi(v) : 60;
   }
-  Result Cli(const std::string& args, int seconds = 120) const {
-    return weightfs::test::RunShell(Env() + "timeout -k 5 " + std::to_string(seconds) + " " +
-                                    std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1");
-  }
+  Result Cli(const std::string& args, int seconds = 120) const { return test::Cli(args, seconds, Env()); }
+  // A mount of `bucket` at ROOT/<name>/mnt (cache and log.txt beside it), with the user's
+  // environment and the product's refresh interval; unmounted at teardown.
   fs::path Mount(const std::string& bucket, const std::string& name, const std::string& extra = "") {
-    const fs::path dir = root_ / name;
-    fs::create_directories(dir / "mnt");
-    mounts_.push_back(dir / "mnt");
-    Result r = Cli("mount " + bucket + " " + (dir / "mnt").string() + " --cache-dir " + (dir / "cache").string() +
-                   " --log-file " + (dir / "log.txt").string() + " --log-level debug " + extra);
-    EXPECT_EQ(r.exit_code, 0) << r.out << "\n" << weightfs::test::TailOfFile((dir / "log.txt").string(), 30);
-    return dir / "mnt";
+    test::Mount::Options options;
+    options.extra = extra;
+    options.refresh_seconds = 0;
+    options.env = Env();
+    mounts_.push_back(std::make_unique<test::Mount>(bucket, root_ / name, options));
+    const Result& r = mounts_.back()->Start();
+    EXPECT_EQ(r.exit_code, 0) << mounts_.back()->Describe();
+    return mounts_.back()->mnt();
   }
   void ExpectSameFiles(const fs::path& version_dir, const fs::path& source) {
     SCOPED_TRACE(version_dir.string() + " vs " + source.string());
@@ -133,7 +130,7 @@ class HfMountTest : public ::testing::Test {
   test::S3rverServer s3_{"wfs-test"};
   test::S3PreconditionProxy proxy_;
   test::FakeHub hub_;
-  std::vector<fs::path> mounts_;
+  std::vector<std::unique_ptr<test::Mount>> mounts_;
 };
 
 TEST_F(HfMountTest, BaseInAModelRepoDeltasInAnHfBucket) {

@@ -45,6 +45,7 @@
 #include "fs/mount_point.h"
 #include "store/local_store.h"
 #include "tests/testing/command_runner.h"
+#include "tests/testing/mount_fixture.h"
 
 namespace weightfs {
 namespace {
@@ -57,31 +58,13 @@ const char* const kShards[] = {"model-00001-of-00003.safetensors", "model-00002-
                                "model-00003-of-00003.safetensors"};
 
 using Result = weightfs::test::CommandResult;
-
-// stdout and stderr of a shell command.
-Result Shell(const std::string& command) { return weightfs::test::RunShell(command + " 2>&1"); }
-
-Result Cli(const std::string& args) { return Shell(std::string(WEIGHTFS_BINARY) + " " + args); }
-
+using weightfs::test::Cli;
+using weightfs::test::GetXattr;
+using weightfs::test::ProcessGone;
+using weightfs::test::Shell;
 using weightfs::test::Slurp;
 using weightfs::test::SlurpText;
-
-// Polls `done` every few ms until it holds or `bound` passes.
-bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds bound) {
-  const auto deadline = Clock::now() + bound;
-  while (!done()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
-
-bool ProcessGone(pid_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::string stat = SlurpText("/proc/" + std::to_string(pid) + "/stat");
-  size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
-}
+using weightfs::test::WaitFor;
 
 std::string VersionDir(int k) {
   char buf[16];
@@ -117,7 +100,8 @@ const SharedData& Shared() {
       fs::remove(s.root / "ready");
       // ~23 MB per version in 3 safetensors shards and two small JSON files.
       Result g = Cli("gen " + s.data.string() + " --params 12M --versions " + std::to_string(kVersions - 1) +
-                     " --lr 1e-6 --shard-size 10M --seed 5");
+                     " --lr 1e-6 --shard-size 10M --seed 5",
+                     600);  // (bounded generously: built once, on a loaded machine)
       if (g.exit_code != 0) s.error = "gen failed: " + g.out;
       if (s.error.empty()) {
         Result i = Cli("init " + s.bucket.string());
@@ -125,7 +109,8 @@ const SharedData& Shared() {
       }
       for (int k = 0; k < kVersions && s.error.empty(); ++k) {
         Result p = Cli("push " + s.bucket.string() + " acme/tiny@v" + std::to_string(k) + " " +
-                       (s.data / VersionDir(k)).string() + " --no-cache");
+                       (s.data / VersionDir(k)).string() + " --no-cache",
+                       600);
         if (p.exit_code != 0) s.error = "push failed: " + p.out;
       }
       if (s.error.empty()) std::ofstream(s.root / "ready") << stamp;
@@ -137,43 +122,31 @@ const SharedData& Shared() {
   return shared;
 }
 
-// One mount of `bucket`, unmounted (lazily if need be) when it goes out of scope. Its cache
-// directory is its own unless `cache_dir` names one (which outlives it).
-class Mount {
+// A mount (tests/testing/mount_fixture.h) of `bucket` under TMP/wfs-mount-PID-NAME (removed
+// with it), mounted at once. Its cache directory is its own unless `cache_dir` names one (which
+// outlives it).
+class TinyMount : public weightfs::test::Mount {
  public:
-  Mount(const fs::path& bucket, const std::string& name, const std::string& extra = "",
-        const fs::path& cache_dir = {})
-      : dir_(fs::temp_directory_path() / ("wfs-mount-" + std::to_string(::getpid()) + "-" + name)) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "mnt");
-    const fs::path cache = cache_dir.empty() ? dir_ / "cache" : cache_dir;
-    result_ = Cli("mount " + bucket.string() + " " + mnt().string() + " --cache-dir " + cache.string() +
-                  " --log-file " + log().string() + " --log-level debug --refresh 1 " + extra);
-    if (result_.exit_code == 0) {
-      char buf[32] = {};
-      if (::getxattr(mnt().c_str(), "user.weightfs.pid", buf, sizeof buf - 1) > 0) pid_ = std::atoi(buf);
-    }
+  TinyMount(const fs::path& bucket, const std::string& name, const std::string& extra = "",
+            const fs::path& cache_dir = {})
+      : weightfs::test::Mount(bucket.string(), FreshDir(name) / "mnt",
+                              cache_dir.empty() ? DirOf(name) / "cache" : cache_dir, DirOf(name) / "log.txt", extra),
+        dir_(DirOf(name)) {
+    RemoveAtTeardown(dir_);
+    Start();
   }
-  ~Mount() {
-    if (FindMount(mnt().string())) {
-      Result u = Cli("unmount " + mnt().string());
-      if (u.exit_code != 0) Cli("unmount --lazy " + mnt().string());
-    }
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  bool ok() const { return result_.exit_code == 0 && pid_ > 0; }
-  const Result& result() const { return result_; }
-  fs::path mnt() const { return dir_ / "mnt"; }
-  fs::path log() const { return dir_ / "log.txt"; }
   fs::path dir() const { return dir_; }
-  pid_t pid() const { return pid_; }
   fs::path Version(int k) const { return mnt() / "acme" / ("tiny@v" + std::to_string(k)); }
 
  private:
+  static fs::path DirOf(const std::string& name) {
+    return fs::temp_directory_path() / ("wfs-mount-" + std::to_string(::getpid()) + "-" + name);
+  }
+  static fs::path FreshDir(const std::string& name) {
+    fs::remove_all(DirOf(name));
+    return DirOf(name);
+  }
   fs::path dir_;
-  Result result_;
-  pid_t pid_ = 0;
 };
 
 class MountTest : public ::testing::Test {
@@ -187,7 +160,7 @@ class MountTest : public ::testing::Test {
       setup_error_ = Shared().error;
       return;
     }
-    mount_ = new Mount(Shared().bucket, "shared");
+    mount_ = new TinyMount(Shared().bucket, "shared");
     if (!mount_->ok()) setup_error_ = "weightfs mount failed: " + mount_->result().out;
   }
   static void TearDownTestSuite() {
@@ -198,7 +171,7 @@ class MountTest : public ::testing::Test {
     if (!setup_error_.empty()) FAIL() << setup_error_;
   }
 
-  static const Mount& M() { return *mount_; }
+  static const TinyMount& M() { return *mount_; }
   static fs::path Source(int k, const std::string& file) { return Shared().data / VersionDir(k) / file; }
   static const std::vector<uint8_t>& SourceBytes(int k, const std::string& file) {
     static std::map<std::string, std::vector<uint8_t>> cache;
@@ -232,11 +205,11 @@ class MountTest : public ::testing::Test {
   }
 
   static std::string setup_error_;
-  static Mount* mount_;
+  static TinyMount* mount_;
   std::vector<fs::path> copies_;
 };
 std::string MountTest::setup_error_;
-Mount* MountTest::mount_ = nullptr;
+TinyMount* MountTest::mount_ = nullptr;
 
 // ---- the tree ----------------------------------------------------------------------------------
 
@@ -441,39 +414,27 @@ print("tensors equal:", count)
 
 // ---- extended attributes -----------------------------------------------------------------------
 
-std::string GetXattr(const fs::path& p, const char* name, int* err) {
-  ssize_t n = ::getxattr(p.c_str(), name, nullptr, 0);
-  if (n < 0) {
-    *err = errno;
-    return "";
-  }
-  std::string v(static_cast<size_t>(n), '\0');
-  n = ::getxattr(p.c_str(), name, v.data(), v.size());
-  *err = n < 0 ? errno : 0;
-  v.resize(n < 0 ? 0 : static_cast<size_t>(n));
-  return v;
-}
-
 TEST_F(MountTest, ExtendedAttributesOfVersionsAndFiles) {
   const Manifest m2 = ManifestOf(Shared().bucket, 2);
   int err = 0;
-  EXPECT_EQ(GetXattr(M().Version(2), "user.weightfs.parent", &err), "acme/tiny@v1");
+  EXPECT_EQ(GetXattr(M().Version(2), "user.weightfs.parent", &err).value_or(""), "acme/tiny@v1");
   EXPECT_EQ(err, 0);
-  EXPECT_EQ(GetXattr(M().Version(2), "user.weightfs.stored_bytes", &err), std::to_string(m2.stats.stored_bytes));
-  double changed = std::stod(GetXattr(M().Version(2), "user.weightfs.changed_fraction", &err));
+  EXPECT_EQ(GetXattr(M().Version(2), "user.weightfs.stored_bytes", &err).value_or(""),
+            std::to_string(m2.stats.stored_bytes));
+  double changed = std::stod(GetXattr(M().Version(2), "user.weightfs.changed_fraction", &err).value_or(""));
   EXPECT_NEAR(changed, m2.stats.changed_fraction(), 1e-6);
   EXPECT_GT(changed, 0.001);
   EXPECT_LT(changed, 0.05);
   GetXattr(M().Version(0), "user.weightfs.parent", &err);
   EXPECT_EQ(err, ENODATA);  // a base has no parent
   const fs::path shard = M().Version(2) / kShards[0];
-  EXPECT_EQ(GetXattr(shard, "user.weightfs.sha256", &err), Sha256Hex(SourceBytes(2, kShards[0])));
-  EXPECT_EQ(GetXattr(shard, "user.weightfs.parent", &err), "acme/tiny@v1");
-  EXPECT_GT(std::stoull(GetXattr(shard, "user.weightfs.stored_bytes", &err)), 0u);
+  EXPECT_EQ(GetXattr(shard, "user.weightfs.sha256", &err).value_or(""), Sha256Hex(SourceBytes(2, kShards[0])));
+  EXPECT_EQ(GetXattr(shard, "user.weightfs.parent", &err).value_or(""), "acme/tiny@v1");
+  EXPECT_GT(std::stoull(GetXattr(shard, "user.weightfs.stored_bytes", &err).value_or("")), 0u);
   GetXattr(shard, "user.weightfs.nope", &err);
   EXPECT_EQ(err, ENODATA);
   // Through the latest link (getxattr follows it).
-  EXPECT_EQ(GetXattr(M().mnt() / "acme/tiny@latest", "user.weightfs.parent", &err), "acme/tiny@v2");
+  EXPECT_EQ(GetXattr(M().mnt() / "acme/tiny@latest", "user.weightfs.parent", &err).value_or(""), "acme/tiny@v2");
   // The size probe and a buffer too small.
   ssize_t size = ::getxattr(shard.c_str(), "user.weightfs.sha256", nullptr, 0);
   EXPECT_EQ(size, 64);
@@ -490,8 +451,8 @@ TEST_F(MountTest, ExtendedAttributesOfVersionsAndFiles) {
   EXPECT_EQ(::listxattr(shard.c_str(), small, 1), -1);
   EXPECT_EQ(errno, ERANGE);
   // The mount's own: the daemon's pid and its counters.
-  EXPECT_EQ(GetXattr(M().mnt(), "user.weightfs.pid", &err), std::to_string(M().pid()));
-  EXPECT_NE(GetXattr(M().mnt(), "user.weightfs.stats", &err).find("\"bucket\""), std::string::npos);
+  EXPECT_EQ(GetXattr(M().mnt(), "user.weightfs.pid", &err).value_or(""), std::to_string(M().pid()));
+  EXPECT_NE(GetXattr(M().mnt(), "user.weightfs.stats", &err).value_or("").find("\"bucket\""), std::string::npos);
 }
 
 // ---- published versions are read-only ---------------------------------------------------------
@@ -500,7 +461,7 @@ TEST_F(MountTest, ExtendedAttributesOfVersionsAndFiles) {
 // different files at the smallest limit (one chunk build at a time, 48 MiB of chunks kept)
 // all get their bytes, and the daemon's peak RSS stays within the limit.
 TEST_F(MountTest, MemoryLimitBoundsTheDaemonUnderManyReaders) {
-  Mount m(Shared().bucket, "memory", "--memory-limit 128MiB");
+  TinyMount m(Shared().bucket, "memory", "--memory-limit 128MiB");
   ASSERT_TRUE(m.ok()) << m.result().out;
   std::vector<std::thread> threads;
   std::vector<std::string> errors(12);
@@ -514,7 +475,7 @@ TEST_F(MountTest, MemoryLimitBoundsTheDaemonUnderManyReaders) {
   for (auto& t : threads) t.join();
   for (int t = 0; t < 12; ++t) EXPECT_TRUE(errors[t].empty()) << "reader " << t << ": " << errors[t];
   int err = 0;
-  const std::string stats = GetXattr(m.mnt(), "user.weightfs.stats", &err);
+  const std::string stats = GetXattr(m.mnt(), "user.weightfs.stats", &err).value_or("");
   ASSERT_EQ(err, 0);
   const nlohmann::json j = nlohmann::json::parse(stats, nullptr, false);
   ASSERT_TRUE(j.is_object()) << stats;
@@ -565,7 +526,7 @@ TEST_F(MountTest, EveryChangeFailsWithErofs) {
 
 TEST_F(MountTest, AVersionPushedWhileMountedAppearsWithinTheRefreshInterval) {
   const fs::path bucket = CopyBucket("refresh");
-  Mount m(bucket, "refresh");
+  TinyMount m(bucket, "refresh");
   ASSERT_TRUE(m.ok()) << m.result().out;
   ASSERT_TRUE(fs::exists(m.Version(3)));
   ASSERT_FALSE(fs::exists(m.Version(4)));
@@ -581,7 +542,7 @@ TEST_F(MountTest, AVersionPushedWhileMountedAppearsWithinTheRefreshInterval) {
 }
 
 TEST_F(MountTest, UnmountWithAFileOpenIsBusyThenLazyKeepsTheFileReadable) {
-  Mount m(Shared().bucket, "busy");
+  TinyMount m(Shared().bucket, "busy");
   ASSERT_TRUE(m.ok()) << m.result().out;
   const std::vector<uint8_t>& src = SourceBytes(1, kShards[1]);
   int fd = ::open((m.Version(1) / kShards[1]).c_str(), O_RDONLY);
@@ -605,7 +566,7 @@ TEST_F(MountTest, UnmountWithAFileOpenIsBusyThenLazyKeepsTheFileReadable) {
 }
 
 TEST_F(MountTest, FusermountUnmountEndsTheDaemon) {
-  Mount m(Shared().bucket, "fusermount");
+  TinyMount m(Shared().bucket, "fusermount");
   ASSERT_TRUE(m.ok()) << m.result().out;
   ASSERT_EQ(Slurp(m.Version(0) / "config.json"), SourceBytes(0, "config.json"));
   Result u = Shell("fusermount3 -u " + m.mnt().string());
@@ -615,7 +576,7 @@ TEST_F(MountTest, FusermountUnmountEndsTheDaemon) {
 }
 
 TEST_F(MountTest, SigtermUnmountsCleanly) {
-  Mount m(Shared().bucket, "sigterm");
+  TinyMount m(Shared().bucket, "sigterm");
   ASSERT_TRUE(m.ok()) << m.result().out;
   ASSERT_EQ(::kill(m.pid(), SIGTERM), 0);
   EXPECT_TRUE(WaitFor([&] { return ProcessGone(m.pid()); }, std::chrono::seconds(10)));
@@ -625,7 +586,7 @@ TEST_F(MountTest, SigtermUnmountsCleanly) {
 }
 
 TEST_F(MountTest, AMountLeftByAKilledDaemonIsRecovered) {
-  Mount m(Shared().bucket, "stale");
+  TinyMount m(Shared().bucket, "stale");
   ASSERT_TRUE(m.ok()) << m.result().out;
   ASSERT_EQ(::kill(m.pid(), SIGKILL), 0);
   ASSERT_TRUE(WaitFor([&] { return ProcessGone(m.pid()); }, std::chrono::seconds(10)));
@@ -696,7 +657,7 @@ TEST_F(MountTest, ACorruptedPackGivesEioForThatChunkAndALogLineNamingIt) {
     pack.seekp(at);
     pack.put(static_cast<char>(c ^ 0x5a));
   }
-  Mount m(bucket, "corrupt");
+  TinyMount m(bucket, "corrupt");
   ASSERT_TRUE(m.ok()) << m.result().out;
   int fd = ::open((m.Version(0) / kShards[1]).c_str(), O_RDONLY);
   ASSERT_GE(fd, 0);
@@ -751,7 +712,7 @@ TEST_F(MountTest, ATruncatedPackGivesEioAndALogLineNamingThePackVersionAndFile) 
     }
   }
   ASSERT_TRUE(good);
-  Mount m(bucket, "truncated");
+  TinyMount m(bucket, "truncated");
   ASSERT_TRUE(m.ok()) << m.result().out;
   int fd = ::open((m.Version(0) / kShards[1]).c_str(), O_RDONLY);
   ASSERT_GE(fd, 0);
@@ -826,7 +787,7 @@ TEST_F(MountTest, CacheFilesChangedInPlaceAreMissesNeverWrongData) {
   const fs::path cache = fs::temp_directory_path() / ("wfs-inplace-cache-" + std::to_string(::getpid()));
   fs::remove_all(cache);
   {
-    Mount fill(Shared().bucket, "inplace-fill", "", cache);
+    TinyMount fill(Shared().bucket, "inplace-fill", "", cache);
     ASSERT_TRUE(fill.ok()) << fill.result().out;
     for (int k = 0; k < kVersions; ++k) {
       for (const char* shard : kShards) ASSERT_EQ(Slurp(fill.Version(k) / shard), SourceBytes(k, shard));
@@ -853,7 +814,7 @@ TEST_F(MountTest, CacheFilesChangedInPlaceAreMissesNeverWrongData) {
   const std::vector<std::string> changes = {"flip", "overwrite", "truncate", "append"};
   for (size_t mode = 0; mode < changes.size(); ++mode) {
     SCOPED_TRACE(changes[mode]);
-    Mount m(Shared().bucket, "inplace-" + changes[mode], "", cache);
+    TinyMount m(Shared().bucket, "inplace-" + changes[mode], "", cache);
     ASSERT_TRUE(m.ok()) << m.result().out;
     size_t changed = 0;
     for (size_t t = 0; t < targets.size(); ++t) {
@@ -882,7 +843,7 @@ TEST_F(MountTest, CacheFilesChangedInPlaceAreMissesNeverWrongData) {
   }
 
   // Changes racing with reads of every version.
-  Mount m(Shared().bucket, "inplace-race", "", cache);
+  TinyMount m(Shared().bucket, "inplace-race", "", cache);
   ASSERT_TRUE(m.ok()) << m.result().out;
   std::vector<fs::path> entries;
   for (const auto& e : fs::recursive_directory_iterator(cache / "chunks")) {
@@ -935,7 +896,7 @@ TEST_F(MountTest, CacheFilesChangedInPlaceAreMissesNeverWrongData) {
 
 TEST_F(MountTest, ABucketThatDisappearsMidReadGivesEioNotAHang) {
   const fs::path bucket = CopyBucket("vanish");
-  Mount m(bucket, "vanish");
+  TinyMount m(bucket, "vanish");
   ASSERT_TRUE(m.ok()) << m.result().out;
   ASSERT_EQ(Slurp(m.Version(3) / kShards[0]), SourceBytes(3, kShards[0]));
   fs::rename(bucket / "packs", bucket / "packs.away");

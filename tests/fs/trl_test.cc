@@ -39,6 +39,7 @@
 #include "core/safetensors.h"
 #include "fs/mount_point.h"
 #include "tests/testing/command_runner.h"
+#include "tests/testing/mount_fixture.h"
 #include "tests/testing/test_servers.h"
 
 namespace weightfs {
@@ -47,46 +48,18 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using Result = weightfs::test::CommandResult;
+using weightfs::test::Cli;
+using weightfs::test::CliJson;
+using weightfs::test::GetXattr;
+using weightfs::test::Mount;
+using weightfs::test::Shell;
 using weightfs::test::Slurp;
 using weightfs::test::SlurpText;
 using weightfs::test::TempDir;
+using weightfs::test::WaitFor;
 using namespace std::chrono_literals;
 
 constexpr int kVersions = 10;  // after the base: TRL steps 1..11
-
-Result Shell(const std::string& command) { return weightfs::test::RunShell(command + " 2>&1"); }
-
-Result Cli(const std::string& args, int seconds = 120) {
-  return Shell("timeout -k 5 " + std::to_string(seconds) + " " + std::string(WEIGHTFS_BINARY) + " " + args);
-}
-
-Json CliJson(const std::string& args) {
-  Result r = weightfs::test::RunShell("timeout -k 5 60 " + std::string(WEIGHTFS_BINARY) + " " + args + " 2>/dev/null");
-  return Json::parse(r.out, nullptr, /*allow_exceptions=*/false);
-}
-
-bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds bound) {
-  const auto deadline = std::chrono::steady_clock::now() + bound;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
-
-std::optional<std::string> GetXattr(const fs::path& p, const char* name, int* err = nullptr) {
-  int dummy;
-  if (!err) err = &dummy;
-  *err = 0;
-  std::string v(1 << 16, '\0');
-  const ssize_t n = ::getxattr(p.c_str(), name, v.data(), v.size());
-  if (n < 0) {
-    *err = errno;
-    return std::nullopt;
-  }
-  v.resize(static_cast<size_t>(n));
-  return v;
-}
 
 // The whole file, or nullopt with errno in *err.
 std::optional<std::vector<uint8_t>> ReadAll(const fs::path& p, int* err) {
@@ -135,48 +108,6 @@ std::map<std::string, std::vector<uint8_t>> SourceTensors(const fs::path& dir) {
   return out;
 }
 
-// One `weightfs mount`, torn down when it goes out of scope.
-class Mount {
- public:
-  Mount(std::string bucket, fs::path dir) : bucket_(std::move(bucket)), dir_(std::move(dir)) {
-    fs::create_directories(dir_ / "mnt");
-  }
-  ~Mount() {
-    if (FindMount(mnt().string())) {
-      Cli("unmount " + mnt().string(), 60);
-      if (FindMount(mnt().string())) Shell("umount -l " + mnt().string());
-    }
-    if (pid_ > 0 && !WaitFor([&] { return ::kill(pid_, 0) != 0; }, 20s)) ::kill(pid_, SIGKILL);
-  }
-  Mount(const Mount&) = delete;
-  Mount& operator=(const Mount&) = delete;
-
-  Result Start() {
-    Result r = Cli("mount " + bucket_ + " " + mnt().string() + " --cache-dir " + (dir_ / "cache").string() +
-                   " --log-file " + log().string() + " --log-level debug --refresh 1");
-    if (r.exit_code == 0) {
-      if (auto pid = GetXattr(mnt(), "user.weightfs.pid")) pid_ = std::atoi(pid->c_str());
-    }
-    return r;
-  }
-  fs::path mnt() const { return dir_ / "mnt"; }
-  fs::path log() const { return dir_ / "log.txt"; }
-  std::string LogText() const { return SlurpText(log()); }
-  Json Stats() const {
-    auto s = GetXattr(mnt(), "user.weightfs.stats");
-    return s ? Json::parse(*s, nullptr, false) : Json();
-  }
-  uint64_t BytesReceived() const {
-    Json s = Stats();
-    return s.is_object() && s.contains("bucket") ? s["bucket"].value("bytes_received", uint64_t{0}) : 0;
-  }
-
- private:
-  std::string bucket_;
-  fs::path dir_;
-  pid_t pid_ = 0;
-};
-
 class TrlTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -218,7 +149,7 @@ class TrlTest : public ::testing::Test {
   }
 
   Mount& NewMount(const std::string& bucket, const std::string& name) {
-    mounts_.push_back(std::make_unique<Mount>(bucket, root_ / name));
+    mounts_.push_back(std::make_unique<Mount>(bucket, root_ / name));  // ROOT/NAME/{mnt,cache,log.txt}
     return *mounts_.back();
   }
 

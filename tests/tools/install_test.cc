@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/command_runner.h"
+#include "tests/testing/mount_fixture.h"
 #include "tests/testing/test_servers.h"
 
 namespace weightfs {
@@ -44,10 +45,10 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using test::CommandResult;
+using test::ProcessGone;
+using test::Shell;
 using test::SlurpText;
 using test::TempDir;
-
-CommandResult Shell(const std::string& command) { return test::RunShell(command + " 2>&1"); }
 
 std::string Quote(const std::string& s) {
   std::string out = "'";
@@ -58,18 +59,6 @@ std::string Quote(const std::string& s) {
 std::string Sha256Of(const std::string& path) {
   CommandResult r = Shell("sha256sum " + Quote(path));
   return r.exit_code == 0 ? r.out.substr(0, 64) : "sha256sum failed: " + r.out;
-}
-
-bool ProcessGone(pid_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  const std::string stat = SlurpText("/proc/" + std::to_string(pid) + "/stat");
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
-}
-
-// Whether `mnt` is a mount point in this process's namespace.
-bool Mounted(const std::string& mnt) {
-  return SlurpText("/proc/self/mounts").find(" " + mnt + " ") != std::string::npos;
 }
 
 // A work directory with a generated model (data/v000, data/v001), a bucket holding acme/m@v0
@@ -542,7 +531,7 @@ TEST_F(InstallTest, ServiceUnitStartsStopsPublishingDraftsAndRestartsResumingThe
   struct DetachAtExit {
     std::string mnt;
     ~DetachAtExit() {
-      if (Mounted(mnt)) Shell("umount -l " + mnt);
+      if (test::MountedAt(mnt)) Shell("umount -l " + mnt);
     }
   } detach{mnt};
   NotifySocket notify(work_.Join("notify.sock"));
@@ -587,7 +576,7 @@ TEST_F(InstallTest, ServiceUnitStartsStopsPublishingDraftsAndRestartsResumingThe
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << SlurpText(journal);
   EXPECT_EQ(PulledSha("v2"), Sha256Of(data_ + "/v000/model.safetensors"));
   EXPECT_EQ(notify.Next(std::chrono::milliseconds(1000)).find("STOPPING=1"), 0u);
-  EXPECT_FALSE(Mounted(mnt));
+  EXPECT_FALSE(test::MountedAt(mnt));
 }
 
 TEST_F(InstallTest, UnitsPassSystemdAnalyzeVerify) {

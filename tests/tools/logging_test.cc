@@ -12,18 +12,17 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/command_runner.h"
+#include "tests/testing/mount_fixture.h"
 #include "tests/testing/test_servers.h"
 
 namespace weightfs {
 namespace {
 
 namespace fs = std::filesystem;
+using test::Cli;
 using test::CommandResult;
 using test::SlurpText;
 using test::TempDir;
-
-CommandResult Shell(const std::string& command) { return test::RunShell(command + " 2>&1"); }
-CommandResult Cli(const std::string& args) { return Shell(std::string(WEIGHTFS_BINARY) + " " + args); }
 
 // A generated model (data/v000, v001) pushed as acme/m@v0 and @v1 into `bucket` (a URL).
 ::testing::AssertionResult MakeBucket(const TempDir& work, const std::string& bucket) {
@@ -40,8 +39,7 @@ CommandResult Cli(const std::string& args) { return Shell(std::string(WEIGHTFS_B
 struct UnmountAtExit {
   std::string mnt;
   ~UnmountAtExit() {
-    if (SlurpText("/proc/self/mounts").find(" " + mnt + " ") == std::string::npos) return;
-    if (Cli("unmount " + mnt).exit_code != 0) Cli("unmount --lazy " + mnt);
+    test::UnmountIfMounted(mnt);
   }
 };
 
@@ -78,7 +76,7 @@ TEST(MountLogTest, SyslogOnlyWhereASyslogDaemonListens) {
   } else {
     EXPECT_EQ(m.exit_code, 1) << m.out;
     EXPECT_NE(m.out.find("no syslog daemon listens here (/dev/log does not exist)"), std::string::npos) << m.out;
-    EXPECT_EQ(SlurpText("/proc/self/mounts").find(" " + mnt + " "), std::string::npos);
+    EXPECT_FALSE(test::MountedAt(mnt));
   }
 }
 
