@@ -1,5 +1,7 @@
 #include "core/status.h"
 
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -47,6 +49,18 @@ Status Status::WithContext(std::string_view context) const {
   m += ": ";
   m += message_;
   return Status(kind_, std::move(m));
+}
+
+Status StatusOfErrno(int err, std::string_view what) {
+  std::string m(what);
+  m += ": ";
+  m += std::strerror(err);
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT: return Status::ResourceExhausted(std::move(m));
+    case ENOENT: return Status::NotFound(std::move(m));
+    default: return Status::IOError(std::move(m));
+  }
 }
 
 Status StatusOfCurrentException(std::string_view context) noexcept {

@@ -43,6 +43,11 @@ enum class ErrorKind {
 std::string_view ErrorKindName(ErrorKind kind);
 
 class Status;
+// The Status of a system call that failed with errno `err` while doing `what`: a full disk or
+// quota (ENOSPC, EDQUOT) is ResourceExhausted, a missing file (ENOENT) NotFound, anything else
+// IOError; the message is "<what>: <strerror>". (A caller that gives more errnos a meaning of
+// their own, as LocalStore does, checks those first.)
+Status StatusOfErrno(int err, std::string_view what);
 // The Status of the exception being handled, for the places where none may escape (thread
 // entry points, callbacks from C): ResourceExhausted for std::bad_alloc, IOError with what()
 // for another std::exception, IOError for anything else; the message starts with `context`.

@@ -23,13 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Status Errno(int err, const std::string& what) {
-  std::string m = what + ": " + std::strerror(err);
-  if (err == ENOSPC || err == EDQUOT) return Status::ResourceExhausted(m);
-  if (err == ENOENT) return Status::NotFound(m);
-  return Status::IOError(m);
-}
-
 struct Entry {
   int64_t mtime_ns;
   uint64_t size;
@@ -514,7 +507,7 @@ Status ChunkCache::PutReferences(const std::string& path, std::span<const ChunkR
                                    std::to_string(kMaxReferencePath) + " bytes, not " + path);
   }
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return Errno(errno, "cache references to " + path);
+  if (::stat(path.c_str(), &st) != 0) return StatusOfErrno(errno, "cache references to " + path);
   if (!S_ISREG(st.st_mode)) return Status::InvalidArgument("cache references to " + path + ": not a regular file");
   ReferenceIndex index{path, static_cast<uint64_t>(st.st_size), MtimeNs(st), {rows.begin(), rows.end()}};
   for (const ChunkRef& r : rows) {
@@ -677,7 +670,7 @@ Status ChunkCache::WriteEntry(const std::string& path, std::span<const uint8_t> 
   if (fd < 0) {
     const int err = errno;
     if (direct && refused(err)) return WriteEntry(path, bytes, 0);
-    return Errno(err, "cache insert " + tmp);
+    return StatusOfErrno(err, "cache insert " + tmp);
   }
   // O_DIRECT writes whole 4 KiB blocks (the buffer's bytes past the end), then cuts the file.
   const size_t length = direct ? padded : bytes.size();
@@ -690,7 +683,7 @@ Status ChunkCache::WriteEntry(const std::string& path, std::span<const uint8_t> 
       ::close(fd);
       ::unlink(tmp.c_str());
       if (direct && done == 0 && refused(err)) return WriteEntry(path, bytes, 0);
-      return Errno(err, "cache insert " + tmp);
+      return StatusOfErrno(err, "cache insert " + tmp);
     }
     done += static_cast<size_t>(n);
   }
@@ -698,7 +691,7 @@ Status ChunkCache::WriteEntry(const std::string& path, std::span<const uint8_t> 
     int err = errno;
     ::close(fd);
     ::unlink(tmp.c_str());
-    return Errno(err, "cache insert " + tmp);
+    return StatusOfErrno(err, "cache insert " + tmp);
   }
   // No fsync: a torn entry after a crash fails verification and is dropped, which is cheaper
   // than an fsync per chunk.
@@ -708,7 +701,7 @@ Status ChunkCache::WriteEntry(const std::string& path, std::span<const uint8_t> 
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    return Errno(err, "cache insert " + path);
+    return StatusOfErrno(err, "cache insert " + path);
   }
   return Status::Ok();
 }
@@ -761,12 +754,12 @@ Status ChunkCache::EvictTo(uint64_t target) {
   MutexLock lock(evict_mu_);
   const std::string lock_path = dir_ + "/.lock";
   int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno(errno, "cache lock " + lock_path);
+  if (fd < 0) return StatusOfErrno(errno, "cache lock " + lock_path);
   while (::flock(fd, LOCK_EX) != 0) {
     if (errno != EINTR) {
       int err = errno;
       ::close(fd);
-      return Errno(err, "flock " + lock_path);
+      return StatusOfErrno(err, "flock " + lock_path);
     }
   }
   std::vector<Entry> entries = Scan(dir_, refs_dir_);

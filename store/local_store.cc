@@ -18,16 +18,14 @@ namespace {
 namespace fs = std::filesystem;
 constexpr const char* kTmpDir = ".weightfs-tmp";
 
+// StatusOfErrno, with two more meanings a store gives its callers: an object that exists
+// (create-if-absent lost) and a directory it may not touch.
 Status ErrnoStatus(int err, const std::string& what) {
-  std::string m = what + ": " + std::strerror(err);
   switch (err) {
-    case ENOENT: return Status::NotFound(m);
-    case EEXIST: return Status::Conflict(m);
+    case EEXIST: return Status::Conflict(what + ": " + std::strerror(err));
     case EACCES:
-    case EPERM: return Status::Auth(m);
-    case ENOSPC:
-    case EDQUOT: return Status::ResourceExhausted(m);
-    default: return Status::IOError(m);
+    case EPERM: return Status::Auth(what + ": " + std::strerror(err));
+    default: return StatusOfErrno(err, what);
   }
 }
 

@@ -1,21 +1,12 @@
 // Publishing a draft (commit: every file encoded, the packs checked, the manifest written
 // create-if-absent) and removing one (rmdir of an empty draft, discard).
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "core/safetensors.h"
-#include "engine/lease.h"
-#include "engine/mapped_file.h"
 #include "fs/drafts/posix_io.h"
 #include "fs/drafts/state.h"
 

@@ -1,21 +1,14 @@
 // Drafts: the lifecycle (load the drafts an earlier mount left, stop the encoder) and the
 // status JSON of `weightfs status`.
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "core/safetensors.h"
-#include "engine/lease.h"
-#include "engine/mapped_file.h"
 #include "fs/drafts/posix_io.h"
 #include "fs/drafts/state.h"
 

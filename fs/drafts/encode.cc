@@ -1,19 +1,12 @@
 // The background encoder: a file closed by its last writer is encoded against the parent's
 // file of the same path (VersionEncoder) and its packs uploaded, one file at a time.
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
-#include <filesystem>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "core/safetensors.h"
 #include "engine/lease.h"
 #include "engine/mapped_file.h"
 #include "fs/drafts/posix_io.h"
@@ -120,7 +113,6 @@ void Drafts::State::WorkerMain() {
     }
   }
 }
-
 
 Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shared_ptr<DraftFile>& f,
                                  const std::string& path, uint64_t generation) {

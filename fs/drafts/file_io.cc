@@ -1,21 +1,13 @@
 // Open files of a draft: create, open, setattr (truncate, chmod, times), read, write, fsync,
 // release (the last writer's close queues the encode).
-#include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <filesystem>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "core/safetensors.h"
-#include "engine/lease.h"
-#include "engine/mapped_file.h"
 #include "fs/drafts/posix_io.h"
 #include "fs/drafts/state.h"
 

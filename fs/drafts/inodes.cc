@@ -1,22 +1,5 @@
 // Drafts::State's inode table (a stable number per node for the life of the mount) and the
 // attributes (stat) of the nodes drafts own.
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cstring>
-#include <filesystem>
-
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
-
-#include "core/safetensors.h"
-#include "engine/lease.h"
-#include "engine/mapped_file.h"
-#include "fs/drafts/posix_io.h"
 #include "fs/drafts/state.h"
 
 namespace weightfs {

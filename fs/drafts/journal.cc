@@ -1,21 +1,13 @@
 // The journal of a draft: written atomically on every change of its tree, read back when a
 // mount loads the drafts an earlier one left.
-#include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "core/safetensors.h"
-#include "engine/lease.h"
-#include "engine/mapped_file.h"
 #include "fs/drafts/posix_io.h"
 #include "fs/drafts/state.h"
 

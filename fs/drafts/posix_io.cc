@@ -10,17 +10,7 @@
 
 namespace weightfs {
 
-Status ErrnoStatus(std::string_view what, int err) {
-  std::string m = std::string(what) + ": " + std::strerror(err);
-  switch (err) {
-    case ENOSPC:
-    case EDQUOT: return Status::ResourceExhausted(std::move(m));
-    case ENOENT: return Status::NotFound(std::move(m));
-    default: return Status::IOError(std::move(m));
-  }
-}
-
-Status LastErrnoStatus(std::string_view what) { return ErrnoStatus(what, errno); }
+Status LastErrnoStatus(std::string_view what) { return StatusOfErrno(errno, what); }
 
 Status WriteAtomically(const std::string& path, std::string_view bytes) {
   const std::string tmp = path + ".tmp";
@@ -33,14 +23,14 @@ Status WriteAtomically(const std::string& path, std::string_view bytes) {
     if (n <= 0) {
       const int err = n == 0 ? EIO : errno;
       ::close(fd);
-      return ErrnoStatus("writing " + tmp, err);
+      return StatusOfErrno(err, "writing " + tmp);
     }
     done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0) {
     const int err = errno;
     ::close(fd);
-    return ErrnoStatus("fsync " + tmp, err);
+    return StatusOfErrno(err, "fsync " + tmp);
   }
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) return LastErrnoStatus("rename to " + path);
@@ -79,7 +69,7 @@ Status PwriteAll(int fd, const uint8_t* p, size_t n, uint64_t off, std::string_v
     ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) return LastErrnoStatus(std::string("writing ") + std::string(what));
-    if (w == 0) return ErrnoStatus(std::string("writing ") + std::string(what), EIO);
+    if (w == 0) return StatusOfErrno(EIO, std::string("writing ") + std::string(what));
     p += w;
     n -= static_cast<size_t>(w);
     off += static_cast<uint64_t>(w);

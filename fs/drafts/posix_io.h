@@ -13,9 +13,7 @@
 
 namespace weightfs {
 
-// The Status of system call failure `err` (an errno) while doing `what`.
-Status ErrnoStatus(std::string_view what, int err);
-// The Status of the system call that just failed (reads errno).
+// The Status of the system call that just failed (reads errno; StatusOfErrno, core/status.h).
 Status LastErrnoStatus(std::string_view what);
 
 // Writes `bytes` to `path` so that a crash leaves the old or the new content (write a

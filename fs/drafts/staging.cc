@@ -1,21 +1,12 @@
 // Staging files (a draft's files on local disk) and lazy copy-up: a file opened for writing
 // without O_TRUNC is backed by the parent's file, chunk by chunk, until it is encoded.
-#include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstring>
-#include <filesystem>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "core/safetensors.h"
-#include "engine/lease.h"
-#include "engine/mapped_file.h"
 #include "fs/drafts/posix_io.h"
 #include "fs/drafts/state.h"
 

@@ -1,22 +1,12 @@
 // Names: the draft directories and new model directories above the versions, and the tree
 // inside a draft (lookup, readdir, mkdir, rmdir, unlink, rename).
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "core/safetensors.h"
-#include "engine/lease.h"
-#include "engine/mapped_file.h"
-#include "fs/drafts/posix_io.h"
 #include "fs/drafts/state.h"
 
 namespace weightfs {
@@ -103,7 +93,7 @@ Status Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_
   std::filesystem::create_directories(d->dir + "/files", ec);
   if (!ec) std::filesystem::create_directories(d->dir + "/parts", ec);
   if (ec) {
-    return ErrnoStatus("mkdir " + draft_name + ": creating its staging directory " + d->dir, ec.value());
+    return StatusOfErrno(ec.value(), "mkdir " + draft_name + ": creating its staging directory " + d->dir);
   }
   {
     MutexLock lock(s.mu);

@@ -1,22 +1,7 @@
 // The extended attributes of a draft directory: user.weightfs.parent (settable while nothing
 // changed), .state and .error.
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cstring>
-#include <filesystem>
-
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "core/safetensors.h"
-#include "engine/lease.h"
-#include "engine/mapped_file.h"
-#include "fs/drafts/posix_io.h"
 #include "fs/drafts/state.h"
 
 namespace weightfs {
