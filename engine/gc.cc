@@ -8,6 +8,7 @@
 
 #include "core/chunk_codec.h"
 #include "engine/lease.h"
+#include "engine/staged_version.h"
 #include "engine/materializer.h"
 #include "engine/pack_writer.h"
 
@@ -70,6 +71,81 @@ Expected<size_t> RebaseVersion(Bucket& bucket, const Manifest& m,
   return todo.size();
 }
 
+// Staged versions: the packs of their live part records are live; expired records go, and
+// the staging objects of versions published since (their packs are the version's now).
+Status CollectStaged(Bucket& bucket, const GcOptions& options, const std::vector<ObjectInfo>& objects,
+                     const std::map<std::string, std::shared_ptr<const Manifest>>& manifests,
+                     std::set<std::string>* live, GcReport* report) {
+  Store& store = bucket.store();
+  std::map<std::string, std::vector<const ObjectInfo*>> by_name;  // "model@version"
+  for (const ObjectInfo& o : objects) {
+    const std::string_view rest = std::string_view(o.key).substr(8);  // after "staging/"
+    const size_t at = rest.find('@');
+    const size_t slash = at == std::string_view::npos ? at : rest.find('/', at);
+    if (slash == std::string_view::npos) continue;
+    by_name[std::string(rest.substr(0, slash))].push_back(&o);
+  }
+  const int64_t now_ms = NowMs();
+  for (const auto& [name, keys] : by_name) {
+    const size_t at = name.rfind('@');
+    const std::string model = name.substr(0, at), version = name.substr(at + 1);
+    if (!ValidateModelName(model).ok() || !ValidateVersionName(version).ok()) continue;
+    if (manifests.count(name)) {
+      // Published: what is left of its staging is history (the publisher clears it too).
+      for (const ObjectInfo* o : keys) {
+        if (!options.dry_run && !store.Delete(o->key).ok()) continue;
+        report->cleared_staging_objects++;
+      }
+      continue;
+    }
+    size_t kept = 0;
+    std::vector<const ObjectInfo*> rest;
+    for (const ObjectInfo* o : keys) {
+      const std::string prefix = StagedVersion::Prefix(model, version) + "parts/";
+      if (!o->key.starts_with(prefix)) {
+        rest.push_back(o);
+        continue;
+      }
+      Expected<std::vector<uint8_t>> bytes = store.Get(o->key);
+      if (!bytes.ok()) {
+        if (bytes.status().kind() == ErrorKind::kNotFound) continue;
+        return bytes.status().WithContext("gc: reading a part record");
+      }
+      Expected<PartRecord> record = StagedVersion::ParseRecord(*bytes, model, version);
+      if (!record.ok()) {
+        // Unreadable: keep it (and nothing it may name is known); say so.
+        spdlog::warn("gc: {}: {} (left alone)", o->key, record.status().ToString());
+        kept++;
+        continue;
+      }
+      if (now_ms - record->meta.created_ms >= options.staged_grace.count()) {
+        report->expired_parts.push_back(name + " part " + record->meta.id);
+        if (!options.dry_run) {
+          Status d = store.Delete(o->key);
+          if (!d.ok() && d.kind() != ErrorKind::kNotFound) return d.WithContext("gc");
+          spdlog::info("gc: part {} of {} expired (in since {}): its record and packs go", record->meta.id, name,
+                       FormatUtc(record->meta.created_ms));
+        }
+        continue;
+      }
+      kept++;
+      for (const Hash128& p : record->manifest.packs) live->insert(Bucket::PackKey(p));
+    }
+    report->staged_parts += kept;
+    if (kept > 0) {
+      report->staged_versions++;
+    } else if (!options.dry_run) {
+      // The intent and a conflict note, once the intent is as old as the grace (a first part
+      // may be between its intent and its record right now).
+      StagedVersion staged(bucket, model, version);
+      Expected<int64_t> since = staged.IntentCreatedMs();
+      if (since.ok() && now_ms - *since < options.staged_grace.count()) continue;
+      for (const ObjectInfo* o : rest) (void)store.Delete(o->key);
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
@@ -83,6 +159,7 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
   pack_objects.insert(pack_objects.end(), table_objects.begin(), table_objects.end());
   WFS_ASSIGN_OR_RETURN(std::vector<TemporaryObject> temporaries, store.ListTemporaries());
   WFS_ASSIGN_OR_RETURN(std::vector<LeaseInfo> leases, ListLeases(store));
+  WFS_ASSIGN_OR_RETURN(std::vector<ObjectInfo> staging_objects, ListAll(store, "staging/"));
   WFS_ASSIGN_OR_RETURN(std::vector<VersionInfo> versions, bucket.ListVersions());
   report.versions = versions.size();
   report.packs = data_packs;
@@ -172,6 +249,7 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
   }
 
   std::set<std::string> live;
+  WFS_TRY(CollectStaged(bucket, options, staging_objects, manifests, &live, &report));
   for (const auto& [name, m] : manifests) {
     if (retire.count(name)) continue;
     for (const Hash128& p : m->packs) live.insert(Bucket::PackKey(p));

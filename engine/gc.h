@@ -18,6 +18,11 @@
 // this host and a WebDAV server eats into it). Deleting one a slow writer still held would make
 // that write fail, never publish anything partial.
 //
+// Staged versions (written by several nodes, engine/staged_version.h) are listed after the
+// leases and before the versions: a part's packs are covered by its writer's lease until its
+// record exists, and a record is deleted only after its version's head exists, so every pack
+// is seen through a lease, a record or a version.
+//
 // Retiring (`keep_last`): per model, versions older than the newest N are removed. A kept
 // version whose delta recipes have their base in an old version is first rebased: those chunks
 // are materialized and stored again as keyframes, and its manifest is replaced under the same
@@ -46,6 +51,10 @@ struct GcOptions {
   bool rebase = true;
   // Temporaries younger than this are left alone (they may be uploads in progress).
   std::chrono::milliseconds temporary_min_age = std::chrono::hours(1);
+  // Versions staged in parts (engine/staged_version.h) keep their parts' packs until a part
+  // record has not been renewed for this long; then the record goes (a node still waiting for
+  // it stops), and its packs with it. Discarded ones have no records and keep nothing.
+  std::chrono::milliseconds staged_grace = std::chrono::hours(24 * 7);
 };
 
 struct GcReport {
@@ -64,6 +73,10 @@ struct GcReport {
   size_t temporaries = 0;                     // temporary objects found
   size_t deleted_temporaries = 0;             // removed (or to remove): old, no live lease
   uint64_t deleted_temporary_bytes = 0;
+  size_t staged_versions = 0;                 // versions staged in parts, not published
+  size_t staged_parts = 0;                    // their part records, kept (their packs are live)
+  std::vector<std::string> expired_parts;     // "model@version part ID": older than staged_grace
+  size_t cleared_staging_objects = 0;         // staging objects of published versions removed
   size_t recent_temporaries = 0;              // kept: younger than temporary_min_age
 };
 

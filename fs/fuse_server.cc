@@ -43,6 +43,12 @@ constexpr const char* kXattrCommit = "user.weightfs.commit";
 constexpr const char* kXattrCommitAll = "user.weightfs.commit_all";
 constexpr const char* kXattrKeepDrafts = "user.weightfs.keep_drafts";
 constexpr const char* kXattrDiscard = "user.weightfs.discard";
+// On a draft: commit it as one part of a version written by several nodes (docs/parts.md); the
+// value is JSON {"parts": N, "part": ID, "wait": bool, "timeout_ms": T}.
+constexpr const char* kXattrCommitPart = "user.weightfs.commit_part";
+// On the root: the bucket's staged versions (JSON), and `weightfs discard` of one ("MODEL@VERSION").
+constexpr const char* kXattrStaged = "user.weightfs.staged";
+constexpr const char* kXattrDiscardStaged = "user.weightfs.discard_staged";
 // On a version directory: its model's newest version, from a listing made now (rate-bounded).
 constexpr const char* kXattrNewest = "user.weightfs.newest";
 
@@ -672,6 +678,9 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
     if (ino == Namespace::kRootIno && n == kXattrStatus) {
       return ReplyXattrValue(req, s.drafts ? s.drafts->StatusJson() : R"({"enabled":false,"drafts":[]})", size);
     }
+    if (ino == Namespace::kRootIno && n == kXattrStaged) {
+      return ReplyXattrValue(req, s.drafts ? s.drafts->StagedJson() : "[]", size);
+    }
     if (s.Owned(ino)) {
       std::string v;
       WFS_TRY(s.drafts->GetXattr(ino, n, &v));
@@ -861,8 +870,33 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
       fuse_reply_err(req, 0);
       return Status::Ok();
     }
+    if (ino == Namespace::kRootIno && n == kXattrDiscardStaged) {
+      if (!s.drafts) return Status::ReadOnly("drafts are off on this mount");
+      WFS_TRY(s.drafts->DiscardStaged(v));
+      fuse_reply_err(req, 0);
+      return Status::Ok();
+    }
     if (!s.Owned(ino)) return WriteDenied("setxattr", ino);
-    if (n == kXattrDiscard) {
+    if (n == kXattrCommitPart) {
+      Drafts::PartCommit part;
+      try {
+        const nlohmann::json j = nlohmann::json::parse(v);
+        part.parts = j.at("parts").get<int>();
+        part.id = j.value("part", std::string());
+        part.wait = j.value("wait", true);
+        if (const int64_t ms = j.value("timeout_ms", int64_t{-1}); ms >= 0) {
+          part.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+        }
+      } catch (const std::exception& e) {
+        return Status::InvalidArgument(std::string("user.weightfs.commit_part: ") + e.what());
+      }
+      // `weightfs commit` killed while it waits: the kernel interrupts the request.
+      part.cancelled = [req] { return fuse_req_interrupted(req) != 0; };
+      if (int err = StatusToErrno(s.drafts->CommitPart(ino, part), ErrnoContext::kCommit, "commit"); err != 0) {
+        fuse_reply_err(req, err);
+        return Status::Ok();
+      }
+    } else if (n == kXattrDiscard) {
       WFS_TRY(s.drafts->Discard(ino));
     } else if (n == kXattrCommit) {
       // (Its own context: a refusal to publish as things stand is EBUSY, not EINVAL.)

@@ -25,9 +25,13 @@ int StatusToErrno(const Status& status, ErrnoContext context, std::string_view o
     // Corrupt payloads, failed or timed-out bucket requests (after the store's bounded
     // retries), refused credentials: the bytes cannot be produced. ETIMEDOUT or EACCES would
     // mislead a reader about the file itself; the log line says what happened.
+    // (A commit that waited out its --timeout for the other parts: ETIMEDOUT, `weightfs
+    // commit` exits 124.)
+    case ErrorKind::kTimeout:
+      err = commit ? ETIMEDOUT : EIO;
+      break;
     case ErrorKind::kCorruption:
     case ErrorKind::kIOError:
-    case ErrorKind::kTimeout:
     case ErrorKind::kAuth: err = EIO; break;
     case ErrorKind::kNotEmpty: err = ENOTEMPTY; break;
     case ErrorKind::kIsDirectory: err = EISDIR; break;
@@ -48,6 +52,7 @@ int StatusToErrno(const Status& status, ErrnoContext context, std::string_view o
     case ENOSPC: spdlog::error("{}: {} (errno {})", operation, status.ToString(), err); break;
     case EEXIST:
     case EBUSY:
+    case ETIMEDOUT:
       if (commit) {
         spdlog::warn("{}: {} (errno {})", operation, status.ToString(), err);
         break;

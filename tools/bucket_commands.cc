@@ -19,7 +19,9 @@
 #include "engine/bucket.h"
 #include "engine/chunk_cache.h"
 #include "engine/gc.h"
+#include "engine/lease.h"
 #include "engine/materializer.h"
+#include "engine/staged_version.h"
 #include "engine/version_reader.h"
 #include "engine/version_writer.h"
 #include "sources/hf/hf_base.h"
@@ -220,8 +222,10 @@ int PushMain(int argc, char** argv) {
   argv = argv_ptrs.data();
   ArgParser args(Concat(kCommonValues, {"--parent", "--cache-dir", "--cache-size", "--threads",
                                         "--chunk-size", "--pack-size", "--keyframe-ratio",
-                                        "--keyframe-depth", "--json", "--base-repo", "--base-name"}),
-                 Concat(kCommonFlags, {"--no-cache", "--stats", "--base", "--allow-no-weights", "--allow-nested"}));
+                                        "--keyframe-depth", "--json", "--base-repo", "--base-name",
+                                        "--parts", "--part", "--timeout"}),
+                 Concat(kCommonFlags, {"--no-cache", "--stats", "--base", "--allow-no-weights", "--allow-nested",
+                                       "--no-wait"}));
   std::string help = std::string(R"(usage: weightfs push BUCKET MODEL@VERSION PATH... [options]
        weightfs push BUCKET MODEL@VERSION [PATH...] --base hf://ORG/REPO[@REVISION]
 
@@ -251,6 +255,17 @@ options:
   --keyframe-ratio X   store a chunk FULL once its delta chain would exceed X times its FULL
                        size                                                  [1.0]
   --keyframe-depth N   ... or N deltas                                       [64]
+
+A version written by several nodes (docs/parts.md), each pushing the files it holds:
+  --parts N            this push is one of N parts of MODEL@VERSION; the version is published
+                       once all N are in, with every part's files (files no part pushes are
+                       inherited from the parent). The first part fixes the parent: later
+                       ones use it (a different --parent is refused)
+  --part ID            this part's id (the rank; A-Z a-z 0-9 . _ -)
+                       [HOST-<hash of the PATHs>: the same push again is the same part]
+  --timeout S          stop waiting for the other parts after S seconds: exit 124, this part
+                       stays in the bucket (push again to go on waiting)
+  --no-wait            return once this part is in the bucket
 )") + kCacheHelp + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 2, 1u << 20)) return *rc;
   const auto& pos = args.positionals();
@@ -317,6 +332,24 @@ options:
                 FormatBytes(static_cast<double>(parent->stats.logical_bytes)).c_str());
     if (pos.size() < 3) return 0;
     if (target->version == parent->version) return Usage("VERSION must differ from the base's name");
+  } else if (args.Has("--parts") && !args.Has("--parent") && !args.Has("--base")) {
+    // One of several parts: the parent is the staged version's, once its first part fixed it.
+    Expected<std::optional<std::pair<int, std::optional<std::string>>>> intent =
+        StagedVersion(*ctx->bucket, target->model, target->version).Intent();
+    if (!intent.ok()) return Fail(intent.status());
+    std::optional<std::string> fixed;
+    if (*intent) {
+      fixed = (*intent)->second;
+    } else if (Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->Latest(target->model); m.ok()) {
+      fixed = (*m)->version;
+    } else if (m.status().kind() != ErrorKind::kNotFound) {
+      return Fail(m.status());
+    }
+    if (fixed) {
+      Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(target->model, *fixed);
+      if (!m.ok()) return Fail(m.status());
+      parent = *m;
+    }
   } else if (auto p = args.Get("--parent")) {
     Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->ReadManifest(target->model, *p);
     if (!m.ok()) return Fail(m.status());
@@ -328,6 +361,55 @@ options:
   }
   std::shared_ptr<Progress> progress;
   opts.progress = ProgressFn("push " + pos[1], &progress);
+  if (args.Has("--parts")) {
+    PushPartOptions part;
+    Expected<double> n = ParseDouble(args.GetOr("--parts", ""));
+    if (!n.ok() || *n < 1 || *n != static_cast<int>(*n)) return Fail("--parts: give the number of writers (1 or more)");
+    part.parts = static_cast<int>(*n);
+    part.wait = !args.Has("--no-wait");
+    if (auto t = args.Get("--timeout")) {
+      Expected<double> secs = ParseDouble(*t);
+      if (!secs.ok() || *secs < 0) return Fail("--timeout " + *t + ": give seconds");
+      part.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(*secs * 1000));
+    }
+    if (auto id = args.Get("--part")) {
+      part.id = *id;
+    } else {
+      std::string paths;
+      for (size_t i = 2; i < pos.size(); ++i) paths += std::filesystem::absolute(pos[i]).lexically_normal().string() + "\n";
+      part.id = StagedVersion::SanitizePartId(HostName()) + "-" +
+                HashChunk(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(paths.data()), paths.size()))
+                    .ToHex()
+                    .substr(0, 8);
+    }
+    std::string last;
+    part.progress = [&](const StagedState& st) {
+      const std::string line = std::to_string(st.in.size()) + " of " + std::to_string(part.parts) + " parts in";
+      if (line != last && st.kind == StagedState::kWaiting) std::fprintf(stderr, "%s: %s\n", pos[1].c_str(), line.c_str());
+      last = line;
+    };
+    PushResult result;
+    Expected<StagedState> st = PushPart(*ctx->bucket, ctx->cache.get(), *ctx->pool, *target, parent, files, opts,
+                                        part, &result);
+    progress->Finish();
+    if (!st.ok()) {
+      if (st.status().kind() == ErrorKind::kTimeout) {
+        std::fprintf(stderr, "weightfs: %s\n", st.status().message().c_str());
+        return 124;
+      }
+      return Fail(st.status());
+    }
+    if (st->kind == StagedState::kPublished) {
+      std::printf("published %s@%s from %d parts (this part %s: %zu files, stored %s); %.1f s\n",
+                  target->model.c_str(), target->version.c_str(), part.parts, part.id.c_str(), files.size(),
+                  FormatBytes(static_cast<double>(result.pack_bytes)).c_str(), ctx->Seconds());
+    } else {
+      std::printf("part %s of %s@%s is in the bucket (%zu of %d parts in; %zu files, stored %s); %.1f s\n",
+                  part.id.c_str(), target->model.c_str(), target->version.c_str(), st->in.size(), part.parts,
+                  files.size(), FormatBytes(static_cast<double>(result.pack_bytes)).c_str(), ctx->Seconds());
+    }
+    return 0;
+  }
   Expected<PushResult> r = PushVersion(*ctx->bucket, ctx->cache.get(), *ctx->pool, *target, parent,
                                        files, opts);
   progress->Finish();
@@ -623,10 +705,22 @@ options:
     }
     begin = end;
   }
+  // Versions staged in parts, not published yet: who is in, who is late.
+  nlohmann::json staged = nlohmann::json::array();
+  if (!ctx->bucket->derived()) {
+    Expected<std::vector<StagedSummary>> list = StagedVersion::List(*ctx->bucket, pos.size() > 1 ? pos[1] : "");
+    if (!list.ok()) return Fail(list.status().WithContext("listing staged versions"));
+    staged = nlohmann::json::parse(StagedJson(*list));
+  }
   if (json) {
+    for (nlohmann::json& v : staged) {
+      v["staged"] = true;
+      std::printf("%s\n  %s", printed++ ? "," : "", v.dump().c_str());
+    }
     std::printf("%s]\n", printed ? "\n" : "");
-  } else if (printed == 0) {
-    std::printf("no versions%s\n", pos.size() > 1 ? (" of " + pos[1]).c_str() : "");
+  } else {
+    if (printed == 0 && staged.empty()) std::printf("no versions%s\n", pos.size() > 1 ? (" of " + pos[1]).c_str() : "");
+    PrintStaged(staged);
   }
   if (unreadable) {
     std::fprintf(stderr, "weightfs log: %zu version%s could not be read (see above)\n", unreadable,
@@ -710,8 +804,8 @@ options:
 // ---- gc -----------------------------------------------------------------------------------------
 
 int GcMain(int argc, char** argv) {
-  ArgParser args(Concat(kCommonValues, {"--keep-last"}), Concat(kCommonFlags, {"--dry-run", "--no-rebase"}));
-  std::string help = std::string(R"(usage: weightfs gc BUCKET [--keep-last N] [--dry-run]
+  ArgParser args(Concat(kCommonValues, {"--keep-last", "--staged-grace"}), Concat(kCommonFlags, {"--dry-run", "--no-rebase"}));
+  std::string help = std::string(R"(usage: weightfs gc BUCKET [--keep-last N] [--staged-grace S] [--dry-run]
 
 Removes packs that no published version references: leftovers of pushes that died. Packs
 are left alone while any push holds a live lease (a push in progress). Dead leases (expired,
@@ -726,6 +820,10 @@ options:
                        versions whose deltas build on retired ones are rebased first (those
                        chunks are stored again as keyframes, the manifest is rewritten)
   --no-rebase          with --keep-last: keep old versions that newer ones build on instead
+  --staged-grace S     a version staged in parts (commit/push --parts) that is not complete
+                       keeps its parts' packs until a part has waited S seconds; then that
+                       part's record and packs go (a node still waiting for it stops)
+                                                                        [604800: 7 days]
   --dry-run            report what would be removed, remove nothing
 )") + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 1, 1)) return *rc;
@@ -738,6 +836,11 @@ options:
     Expected<double> n = ParseDouble(*k);
     if (!n.ok() || *n < 1) return Fail("--keep-last expects a count >= 1");
     opts.keep_last = static_cast<size_t>(*n);
+  }
+  if (auto g = args.Get("--staged-grace")) {
+    Expected<double> secs = ParseDouble(*g);
+    if (!secs.ok() || *secs < 0) return Fail("--staged-grace expects seconds >= 0");
+    opts.staged_grace = std::chrono::milliseconds(static_cast<int64_t>(*secs * 1000));
   }
   Expected<GcReport> r = CollectGarbage(*ctx->bucket, opts);
   if (!r.ok()) return Fail(r.status());
@@ -764,6 +867,13 @@ options:
     std::printf("\n");
   }
   if (r->dead_leases_removed) std::printf("removed %zu dead lease(s)\n", r->dead_leases_removed);
+  if (r->staged_versions) {
+    std::printf("kept the packs of %zu part(s) of %zu version(s) staged in parts (not complete yet)\n",
+                r->staged_parts, r->staged_versions);
+  }
+  for (const std::string& p : r->expired_parts) {
+    std::printf("%s %s: staged longer than --staged-grace\n", opts.dry_run ? "would expire" : "expired", p.c_str());
+  }
   return 0;
 }
 

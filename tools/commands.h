@@ -29,6 +29,9 @@ int PatchMain(int argc, char** argv);       // weightfs patch (engine/weight_pat
 // Publishes every draft of the mount at `mountpoint` (progress on a TTY, errors on stderr);
 // 0 or the errno of the failure.
 int PublishDrafts(const std::string& mountpoint);
+// Prints versions staged in parts (engine/staged_version.h's StagedJson): parts in and expected,
+// and which (host, id, bytes, since when).
+void PrintStaged(const nlohmann::json& staged);
 // The drafts report of the mount at `root` (its user.weightfs.status), or nullopt if it does
 // not answer.
 std::optional<nlohmann::json> MountStatus(const std::string& root);

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/manifest.h"
 #include "fs/metrics.h"
 #include "fs/mount_point.h"
 #include "tools/cli.h"
@@ -31,6 +32,7 @@ namespace weightfs::cli {
 namespace {
 
 constexpr const char* kCommitHelp = R"(usage: weightfs commit MOUNTPOINT/MODEL@VERSION [--as NAME]
+       weightfs commit MOUNTPOINT/MODEL@VERSION --parts N [--part ID] [--timeout S] [--no-wait]
 
 Publishes a draft of a weightfs mount: waits until every file written into it is encoded
 (deltas against the draft's parent) and uploaded, then creates the version's manifest in the
@@ -38,9 +40,27 @@ bucket (create-if-absent: if another writer took the name first, the commit fail
 stays; commit it under another name with --as). Prints the stored bytes, ratio and time.
 Files of the draft that are still open for writing make it fail: close them first.
 
+A version written by several nodes (each training rank saves its own shards into a draft of
+the same name on its own mount): every node runs `commit --parts N` with the same N. Each
+uploads its part (the files it wrote or removed) and waits until all N parts are in; the
+version is then published once, atomically, with every part's files (files no part wrote are
+inherited from the parent). The first part fixes the parent: a draft with another parent is
+refused. Two parts that write the same path: nothing is published, every part is kept.
+See docs/parts.md.
+
 options:
   --as NAME      publish under this version name instead of the draft's
+  --parts N      this draft is one of N parts of the version (the world size)
+  --part ID      this part's id (e.g. the rank; A-Z a-z 0-9 . _ -); default: made up once
+                 per draft and kept in its journal, so a remounted node is never counted twice
+  --timeout S    stop waiting after S seconds: exit 124, the part stays safe in the bucket
+                 (running the same command again goes on waiting)
+  --no-wait      return once this part is safe in the bucket (exit 0); the node whose part
+                 completes the set publishes
   -h, --help     show this help
+
+exit status: 0 published (or, with --no-wait, the part is in); 124 timed out waiting for the
+other parts; 1 on a conflict or an error.
 )";
 
 constexpr const char* kDiscardHelp = R"(usage: weightfs discard MOUNTPOINT/MODEL@VERSION
@@ -50,6 +70,10 @@ was published and nothing is (packs it already uploaded are left to `weightfs gc
 removes them once the draft's lease has expired). `rm -r` of the draft directory does the same
 one file at a time. Fails while the draft is being committed or a file of it is open for
 writing.
+
+A draft committed as a part (`commit --parts N`) takes the whole staged version with it, on
+every node: its part records leave the bucket and the nodes waiting for it stop. From a node
+that has no draft of it, MOUNTPOINT/MODEL@VERSION names the staged version alone.
 
 options:
   -h, --help     show this help
@@ -161,14 +185,85 @@ std::string DraftName(const std::string& root, const std::string& dir) {
   return std::filesystem::path(dir).lexically_normal().lexically_relative(root).string();
 }
 
+// `weightfs commit DIR --parts N ...`: one part of a version written by several nodes.
+int CommitPart(const ArgParser& args, const std::string& dir) {
+  if (args.Has("--as")) return Fail("--as does not go with --parts: every part names the version by its draft");
+  const std::string parts_text = args.GetOr("--parts", "");
+  char* end = nullptr;
+  const long parts = std::strtol(parts_text.c_str(), &end, 10);
+  if (parts_text.empty() || *end != '\0' || parts < 1 || parts > 1000000) {
+    return Fail("--parts " + parts_text + ": give the number of nodes writing the version (1 or more)");
+  }
+  int64_t timeout_ms = -1;
+  if (std::optional<std::string> t = args.Get("--timeout")) {
+    const double secs = std::strtod(t->c_str(), &end);
+    if (t->empty() || *end != '\0' || secs < 0) return Fail("--timeout " + *t + ": give seconds (e.g. 600)");
+    timeout_ms = static_cast<int64_t>(secs * 1000);
+  }
+  if (!GetXattr(dir, "user.weightfs.state")) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) return Fail(dir + ": " + std::strerror(errno));
+    return Fail(dir + " is not a draft of a weightfs mount (make one with mkdir MOUNTPOINT/MODEL@VERSION)");
+  }
+  const std::string root = MountRootOf(dir);
+  const std::string name = DraftName(root, dir);
+  const bool wait = !args.Has("--no-wait");
+  nlohmann::json request = {{"parts", parts}, {"part", args.GetOr("--part", "")}, {"wait", wait},
+                            {"timeout_ms", timeout_ms}};
+  const std::string value = request.dump();
+  const auto start = std::chrono::steady_clock::now();
+  std::fprintf(stderr, "committing %s as one of %ld parts\n", name.c_str(), parts);
+  // While the daemon waits for the other parts, say how many are in whenever that changes.
+  std::atomic<bool> done{false};
+  std::thread reporter([&] {
+    std::string last;
+    while (!done) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      std::optional<nlohmann::json> st = StatusOf(root);
+      if (!st) continue;
+      for (const auto& d : (*st)["drafts"]) {
+        if (d.value("name", "") != name) continue;
+        const std::string now = d.value("part_state", "");
+        if (!now.empty() && now != last && !done) std::fprintf(stderr, "%s: %s\n", name.c_str(), now.c_str());
+        last = now;
+      }
+    }
+  });
+  const int err = ::setxattr(dir.c_str(), "user.weightfs.commit_part", value.data(), value.size(), 0) == 0 ? 0 : errno;
+  done = true;
+  reporter.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (err != 0) {
+    std::optional<std::string> why = GetXattr(dir, "user.weightfs.error");
+    const std::string text = why ? *why : std::string(std::strerror(err));
+    if (err == ETIMEDOUT) {
+      std::fprintf(stderr, "weightfs: %s (after %.0f s)\n", text.c_str(), secs);
+      return 124;
+    }
+    return Fail("commit of " + name + " failed: " + text);
+  }
+  // Published: the draft's name is the version now. Else (--no-wait) the part is in.
+  if (GetXattr(dir, "user.weightfs.state")) {
+    std::printf("part of %s is in the bucket; the version is published when all %ld parts are (%.2f s)\n",
+                name.c_str(), parts, secs);
+  } else {
+    std::printf("published %s from %ld parts in %.2f s\n", name.c_str(), parts, secs);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int CommitMain(int argc, char** argv) {
-  ArgParser args({"--as"}, {"--help", "-h"});
+  ArgParser args({"--as", "--parts", "--part", "--timeout"}, {"--no-wait", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kCommitHelp, 1)) return *rc;
   std::string dir = AbsolutePath(args.positionals()[0]);
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const std::string as = args.GetOr("--as", "");
+  if (args.Has("--parts")) return CommitPart(args, dir);
+  if (args.Has("--part") || args.Has("--timeout") || args.Has("--no-wait")) {
+    return Fail("--part, --timeout and --no-wait go with --parts N (a version written by N nodes)");
+  }
   std::optional<std::string> state = GetXattr(dir, "user.weightfs.state");
   if (!state) {
     struct stat st {};
@@ -234,7 +329,19 @@ int DiscardMain(int argc, char** argv) {
   std::string dir = AbsolutePath(args.positionals()[0]);
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   if (!GetXattr(dir, "user.weightfs.state")) {
+    // No draft here: a version staged in parts by other nodes, named by its path in the mount.
+    Expected<std::string> root = WeightfsRootOf(std::filesystem::path(dir).parent_path().string());
     struct stat st {};
+    if (root.ok() && ::stat(dir.c_str(), &st) != 0) {
+      const std::string staged = DraftName(*root, dir);
+      if (::setxattr(root->c_str(), "user.weightfs.discard_staged", staged.data(), staged.size(), 0) == 0) {
+        std::printf("discarded the staged version %s (every node waiting for it stops; gc removes its packs)\n",
+                    staged.c_str());
+        return 0;
+      }
+      if (errno != ENOENT) return Fail("cannot discard the staged version " + staged + ": " + std::strerror(errno));
+      return Fail(dir + ": no draft and no staged version of that name");
+    }
     if (::stat(dir.c_str(), &st) != 0) return Fail(dir + ": " + std::strerror(errno));
     return Fail(dir + " is not a draft of a weightfs mount (published versions cannot be discarded; "
                 "`weightfs gc` retires old versions)");
@@ -249,6 +356,27 @@ int DiscardMain(int argc, char** argv) {
   }
   std::printf("discarded draft %s\n", name.c_str());
   return 0;
+}
+
+// Staged versions (fs/drafts: Drafts::StagedJson's shape): who is in, who is late.
+void PrintStaged(const nlohmann::json& staged) {
+  for (const auto& v : staged) {
+    const size_t in = v["in"].size();
+    std::printf("staged %s@%s  (parent %s)  %zu of %d parts in\n", v.value("model", "").c_str(),
+                v.value("version", "").c_str(),
+                v["parent"].is_null() ? "none: a base" : v["parent"].get<std::string>().c_str(), in,
+                v.value("parts", 0));
+    for (const auto& p : v["in"]) {
+      const int64_t ms = p.value("created_ms", int64_t{0});
+      std::printf("  part %-24s host %-16s %llu files (%llu removed), %s stored, in since %s\n",
+                  p.value("id", "").c_str(), p.value("host", "?").c_str(),
+                  static_cast<unsigned long long>(p.value("files", uint64_t{0})),
+                  static_cast<unsigned long long>(p.value("removed", uint64_t{0})),
+                  FormatBytes(static_cast<double>(p.value("stored_bytes", uint64_t{0}))).c_str(),
+                  ms ? FormatUtc(ms).c_str() : "?");
+    }
+    if (!v.value("conflict", "").empty()) std::printf("  cannot be published: %s\n", v.value("conflict", "").c_str());
+  }
 }
 
 // One paragraph of the metrics (user.weightfs.stats) for people; fs/metrics.h has the rest.
@@ -307,7 +435,16 @@ int StatusMain(int argc, char** argv) {
                 static_cast<unsigned long long>(d.value("pending_files", uint64_t{0})),
                 FormatBytes(static_cast<double>(d.value("bytes_to_go", uint64_t{0}))).c_str(),
                 static_cast<unsigned long long>(d.value("open_for_writing", uint64_t{0})));
+    if (d.contains("parts")) {
+      std::printf("  part %s of %d: %s\n", d.value("part_id", "").c_str(), d.value("parts", 0),
+                  d.value("part_state", "").c_str());
+    }
     if (!d.value("error", "").empty()) std::printf("  last error: %s\n", d.value("error", "").c_str());
+  }
+  // Versions staged in parts in the bucket (by this node or others).
+  if (std::optional<std::string> text = GetXattr(*root, "user.weightfs.staged")) {
+    const nlohmann::json staged = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (staged.is_array()) PrintStaged(staged);
   }
   if (st->contains("cache")) {
     std::printf("chunk cache: %s of %s\n", FormatBytes(static_cast<double>((*st)["cache"].value("size_bytes", uint64_t{0}))).c_str(),

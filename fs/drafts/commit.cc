@@ -6,7 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/safetensors.h"
+#include "engine/staged_version.h"
 #include "fs/drafts/posix_io.h"
 #include "fs/drafts/state.h"
 
@@ -15,12 +15,7 @@ namespace weightfs {
 // Tensor elements and other bytes of an unchanged file, as push counts them: a safetensors
 // file's header chunk is parsed for its tensors (it is small and usually cached).
 Expected<std::pair<uint64_t, uint64_t>> Drafts::State::ElementsOf(const Manifest& pm, const ManifestFile& pf) {
-  if (pf.chunks.empty() || pf.chunks[0].key.tensor != kHeaderChunkName) return std::pair<uint64_t, uint64_t>{0, pf.size};
-  WFS_ASSIGN_OR_RETURN(ByteBuffer header, materializer->Chunk(pm, pf, 0));
-  WFS_ASSIGN_OR_RETURN(SafetensorsHeader h, ParseSafetensorsHeader(header, pf.size));
-  uint64_t elements = 0;
-  for (const TensorInfo& t : h.tensors) elements += t.size() / std::max<size_t>(1, DTypeSize(t.dtype));
-  return std::pair<uint64_t, uint64_t>{elements, pf.chunks[0].length};
+  return ElementsOfFile(*materializer, pm, pf);
 }
 
 // Whether the published manifest of m's name has exactly m's parent and files (the same
@@ -44,94 +39,74 @@ bool Drafts::State::IsOurs(const Manifest& m) {
   return true;
 }
 
-Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::string& as_in) {
-  const auto start = std::chrono::steady_clock::now();
-  std::string as = as_in.empty() ? d->version : as_in;
-  WFS_TRY(ValidateVersionName(as));
-  if (as == "latest") return Status::InvalidArgument("'latest' is reserved for the newest version's link");
-  std::vector<std::string> paths;
-  {
-    MutexLock lock(mu);
-    if (d->committing) return Status::InvalidArgument("draft " + d->name() + " is being committed already");
-    // The kernel sends RELEASE after close() has returned: a commit that follows a close at
-    // once may still see the writer. Give those a moment.
-    auto writing = [&] {
-      for (auto& [path, f] : d->files) {
-        MutexLock flock(f->mu);
-        if (f->writers > 0) return true;
-      }
-      return false;
-    };
-    encoded_cv.WaitFor(mu, std::chrono::seconds(2), [&]() WFS_REQUIRES(mu) { return !writing(); });
+Status Drafts::State::BeginCommit(const std::shared_ptr<Draft>& d, const std::string& as_in, bool part,
+                                  std::vector<std::string>* paths) {
+  MutexLock lock(mu);
+  if (d->committing) return Status::InvalidArgument("draft " + d->name() + " is being committed already");
+  // The kernel sends RELEASE after close() has returned: a commit that follows a close at
+  // once may still see the writer. Give those a moment.
+  auto writing = [&] {
     for (auto& [path, f] : d->files) {
       MutexLock flock(f->mu);
-      if (f->writers > 0) {
-        return Status::InvalidArgument(d->name() + "/" + path +
-                                       " is still open for writing; close it, then commit");
-      }
-      if (!f->write_error.empty()) {
-        return Status::InvalidArgument("a write to " + d->name() + "/" + path + " failed (" + f->write_error +
-                                       "); write the file again or remove it, then commit");
-      }
-      if (f->id != 0 || f->parent_path != path) paths.push_back(path);
+      if (f->writers > 0) return true;
     }
-    if (d->files.empty()) return Status::InvalidArgument("draft " + d->name() + " has no files");
-    d->committing = true;
-    d->commit_requested = true;
-    d->commit_as = as_in;
+    return false;
+  };
+  encoded_cv.WaitFor(mu, std::chrono::seconds(2), [&]() WFS_REQUIRES(mu) { return !writing(); });
+  for (auto& [path, f] : d->files) {
+    MutexLock flock(f->mu);
+    if (f->writers > 0) {
+      return Status::InvalidArgument(d->name() + "/" + path + " is still open for writing; close it, then commit");
+    }
+    if (!f->write_error.empty()) {
+      return Status::InvalidArgument("a write to " + d->name() + "/" + path + " failed (" + f->write_error +
+                                     "); write the file again or remove it, then commit");
+    }
+    if (f->id != 0 || f->parent_path != path) paths->push_back(path);
   }
-  struct Done {
-    State* s;
-    Draft* d;
-    ~Done() {
-      MutexLock lock(s->mu);
-      d->committing = false;
-    }
-  } done{this, d.get()};
-  WFS_TRY(SaveJournal(*d));
+  if (d->files.empty() && !part) return Status::InvalidArgument("draft " + d->name() + " has no files");
+  d->committing = true;
+  d->commit_requested = true;
+  d->commit_as = as_in;
+  return Status::Ok();
+}
 
+Expected<std::map<std::string, Manifest>> Drafts::State::EncodedFiles(const std::shared_ptr<Draft>& d,
+                                                                      const std::vector<std::string>& paths) {
   // A renamed inherited file is materialized under its new path (its recipes name the old one).
   for (const std::string& path : paths) {
-    std::shared_ptr<DraftFile> f;
-    {
-      MutexLock lock(mu);
-      auto it = d->files.find(path);
-      if (it == d->files.end()) continue;
-      f = it->second;
-      MutexLock flock(f->mu);
-      if (f->id == 0) {
-        WFS_TRY(StageLocked(*d, *f, /*backed=*/true).WithContext("staging " + path));
-        f->generation++;
-      }
+    MutexLock lock(mu);
+    auto it = d->files.find(path);
+    if (it == d->files.end()) continue;
+    std::shared_ptr<DraftFile> f = it->second;
+    MutexLock flock(f->mu);
+    if (f->id == 0) {
+      WFS_TRY(StageLocked(*d, *f, /*backed=*/true).WithContext("staging " + path));
+      f->generation++;
     }
   }
-  std::shared_ptr<const Manifest> published_manifest;
   for (int attempt = 0;; ++attempt) {
     for (const std::string& path : paths) WFS_TRY(EnsureEncoded(d, path));
-    // The parts, and a check that their packs are still in the bucket (a draft left alone
-    // longer than its lease may have lost them to gc).
     std::map<std::string, Manifest> parts;
-    Manifest m;
+    std::vector<std::pair<std::string, std::string>> part_files;
     {
-      std::vector<std::pair<std::string, std::string>> part_files;
-      {
-        MutexLock lock(mu);
-        for (auto& [path, f] : d->files) {
-          MutexLock flock(f->mu);
-          if (f->id == 0) continue;
-          if (!f->Encoded(path)) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
-          part_files.emplace_back(path, f->encoded);
-        }
-      }
-      for (auto& [path, part] : part_files) {
-        Expected<std::string> text = ReadWholeFile(d->PartPath(part));
-        if (!text.ok()) return text.status();
-        Expected<Manifest> pm = ParseManifest(std::span<const uint8_t>(
-            reinterpret_cast<const uint8_t*>(text->data()), text->size()));
-        if (!pm.ok()) return pm.status().WithContext("the encoded part of " + path);
-        parts.emplace(path, std::move(pm).value());
+      MutexLock lock(mu);
+      for (auto& [path, f] : d->files) {
+        MutexLock flock(f->mu);
+        if (f->id == 0) continue;
+        if (!f->Encoded(path)) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
+        part_files.emplace_back(path, f->encoded);
       }
     }
+    for (auto& [path, part] : part_files) {
+      Expected<std::string> text = ReadWholeFile(d->PartPath(part));
+      if (!text.ok()) return text.status();
+      Expected<Manifest> pm = ParseManifest(std::span<const uint8_t>(
+          reinterpret_cast<const uint8_t*>(text->data()), text->size()));
+      if (!pm.ok()) return pm.status().WithContext("the encoded part of " + path);
+      parts.emplace(path, std::move(pm).value());
+    }
+    // A draft left alone longer than its lease may have lost its packs to gc.
     std::vector<std::string> lost;
     for (auto& [path, pm] : parts) {
       std::set<uint32_t> own;
@@ -146,93 +121,22 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
         break;
       }
     }
-    if (!lost.empty()) {
-      if (attempt > 0) return Status::IOError("packs of " + lost[0] + " vanished from the bucket twice");
-      MutexLock lock(mu);
-      for (const std::string& path : lost) {
-        spdlog::warn("draft {}: the packs of {} are gone from the bucket (gc?); encoding it again", d->name(), path);
-        if (auto it = d->files.find(path); it != d->files.end()) {
-          MutexLock flock(it->second->mu);
-          it->second->encoded.clear();
-        }
-      }
-      continue;
-    }
-
-    m.model = d->model;
-    m.version = as;
-    m.versions = {as};
-    m.parent = d->parent;
-    m.chunk_bytes = options.push.chunk_bytes;
-    std::array<uint64_t, 4> tally{};  // as DraftFile::tally, summed over the version
-    std::vector<const ManifestFile*> inherited;
-    // The rows of the files the version inherits (read from the parent's table first).
-    {
-      std::vector<std::shared_ptr<DraftFile>> unchanged;
-      {
-        MutexLock lock(mu);
-        for (auto& [path, f] : d->files) {
-          MutexLock flock(f->mu);
-          if (f->id == 0) unchanged.push_back(f);
-        }
-      }
-      for (const std::shared_ptr<DraftFile>& f : unchanged) WFS_TRY(EnsureRows(*d, *f));
-    }
-    {
-      MutexLock lock(mu);
-      for (auto& [path, f] : d->files) {
-        MutexLock flock(f->mu);
-        if (f->id == 0) {
-          if (!f->rows) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
-          AppendFileFrom(*d->parent_manifest, *f->rows, &m, /*src_is_dst=*/false);
-          m.stats.logical_bytes += f->rows->size;
-          inherited.push_back(f->rows);
-          continue;
-        }
-        for (size_t i = 0; i < 4; ++i) tally[i] += f->tally[i];
-        auto part = parts.find(path);
-        if (part == parts.end()) {
-          return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
-        }
-        const Manifest& pm = part->second;
-        AppendFileFrom(pm, pm.files[0], &m, /*src_is_dst=*/true);
-        m.stats.logical_bytes += pm.stats.logical_bytes;
-        m.stats.stored_bytes += pm.stats.stored_bytes;
+    if (lost.empty()) return parts;
+    if (attempt > 0) return Status::IOError("packs of " + lost[0] + " vanished from the bucket twice");
+    MutexLock lock(mu);
+    for (const std::string& path : lost) {
+      spdlog::warn("draft {}: the packs of {} are gone from the bucket (gc?); encoding it again", d->name(), path);
+      if (auto it = d->files.find(path); it != d->files.end()) {
+        MutexLock flock(it->second->mu);
+        it->second->encoded.clear();
       }
     }
-    // Inherited files count as unchanged, with the elements push would count for them.
-    for (const ManifestFile* pf : inherited) {
-      Expected<std::pair<uint64_t, uint64_t>> e = ElementsOf(*d->parent_manifest, *pf);
-      if (!e.ok()) return e.status().WithContext("counting the elements of " + pf->path);
-      tally[0] += e->first;
-      tally[2] += e->second;
-    }
-    const bool tensors = tally[0] > 0;
-    m.stats.elements = tensors ? tally[0] : tally[2];
-    m.stats.changed_elements = tensors ? tally[1] : tally[3];
-    m.chunk_bytes = parts.empty() ? (d->parent_manifest ? d->parent_manifest->chunk_bytes : m.chunk_bytes)
-                                  : parts.begin()->second.chunk_bytes;
-    m.created = FormatUtc(NowMs());
-    Status published = bucket->PublishManifest(m);
-    if (published.kind() == ErrorKind::kConflict && IsOurs(m)) {
-      spdlog::info("draft {}: {}@{} is already published with exactly its files (a commit interrupted "
-                   "after publishing); finishing it", d->name(), d->model, as);
-      published = Status::Ok();
-    }
-    if (published.kind() == ErrorKind::kConflict) {
-      return Status::Conflict("version " + d->model + "@" + as + " already exists in " + bucket->Describe() +
-                              " (another writer published it); the draft is kept: commit it under another "
-                              "name with `weightfs commit --as NEWNAME`");
-    }
-    WFS_TRY(published);
-    Expected<std::shared_ptr<const Manifest>> back = bucket->ReadManifest(d->model, as);
-    if (!back.ok()) return back.status().WithContext("reading back the published manifest");
-    published_manifest = *back;
-    break;
   }
-  // The mount shows the version before the draft that held its name goes.
-  if (options.on_published) options.on_published(published_manifest);
+}
 
+void Drafts::State::FinishPublished(const std::shared_ptr<Draft>& d, std::shared_ptr<const Manifest> published) {
+  // The mount shows the version before the draft that held its name goes.
+  if (options.on_published) options.on_published(std::move(published));
   // Published: the draft becomes history; its staging files stay as the cache's source for
   // the next draft of this model, until a newer one is published from here.
   std::vector<std::string> retire;
@@ -252,8 +156,216 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   }
+}
+
+namespace {
+// Clears the draft's committing mark when a commit ends, however it ends.
+struct CommitDone {
+  Drafts::State* s;
+  Draft* d;
+  ~CommitDone() {
+    MutexLock lock(s->mu);
+    d->committing = false;
+  }
+};
+}  // namespace
+
+Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::string& as_in) {
+  if (d->parts > 0) {
+    // A part resumed (a remount) or published at unmount: put it again, do not wait.
+    PartCommit again;
+    again.parts = d->parts;
+    again.wait = false;
+    return CommitPartOf(d, again);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::string as = as_in.empty() ? d->version : as_in;
+  WFS_TRY(ValidateVersionName(as));
+  if (as == "latest") return Status::InvalidArgument("'latest' is reserved for the newest version's link");
+  std::vector<std::string> paths;
+  WFS_TRY(BeginCommit(d, as_in, /*part=*/false, &paths));
+  CommitDone done{this, d.get()};
+  WFS_TRY(SaveJournal(*d));
+  WFS_ASSIGN_OR_RETURN(auto parts, EncodedFiles(d, paths));
+
+  Manifest m;
+  m.model = d->model;
+  m.version = as;
+  m.versions = {as};
+  m.parent = d->parent;
+  m.chunk_bytes = options.push.chunk_bytes;
+  std::array<uint64_t, 4> tally{};  // as DraftFile::tally, summed over the version
+  std::vector<const ManifestFile*> inherited;
+  // The rows of the files the version inherits (read from the parent's table first).
+  {
+    std::vector<std::shared_ptr<DraftFile>> unchanged;
+    {
+      MutexLock lock(mu);
+      for (auto& [path, f] : d->files) {
+        MutexLock flock(f->mu);
+        if (f->id == 0) unchanged.push_back(f);
+      }
+    }
+    for (const std::shared_ptr<DraftFile>& f : unchanged) WFS_TRY(EnsureRows(*d, *f));
+  }
+  {
+    MutexLock lock(mu);
+    for (auto& [path, f] : d->files) {
+      MutexLock flock(f->mu);
+      if (f->id == 0) {
+        if (!f->rows) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
+        AppendFileFrom(*d->parent_manifest, *f->rows, &m, /*src_is_dst=*/false);
+        m.stats.logical_bytes += f->rows->size;
+        inherited.push_back(f->rows);
+        continue;
+      }
+      for (size_t i = 0; i < 4; ++i) tally[i] += f->tally[i];
+      auto part = parts.find(path);
+      if (part == parts.end()) {
+        return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
+      }
+      const Manifest& pm = part->second;
+      AppendFileFrom(pm, pm.files[0], &m, /*src_is_dst=*/true);
+      m.stats.logical_bytes += pm.stats.logical_bytes;
+      m.stats.stored_bytes += pm.stats.stored_bytes;
+    }
+  }
+  // Inherited files count as unchanged, with the elements push would count for them.
+  for (const ManifestFile* pf : inherited) {
+    Expected<std::pair<uint64_t, uint64_t>> e = ElementsOf(*d->parent_manifest, *pf);
+    if (!e.ok()) return e.status().WithContext("counting the elements of " + pf->path);
+    tally[0] += e->first;
+    tally[2] += e->second;
+  }
+  const bool tensors = tally[0] > 0;
+  m.stats.elements = tensors ? tally[0] : tally[2];
+  m.stats.changed_elements = tensors ? tally[1] : tally[3];
+  m.chunk_bytes = parts.empty() ? (d->parent_manifest ? d->parent_manifest->chunk_bytes : m.chunk_bytes)
+                                : parts.begin()->second.chunk_bytes;
+  m.created = FormatUtc(NowMs());
+  Status published = bucket->PublishManifest(m);
+  if (published.kind() == ErrorKind::kConflict && IsOurs(m)) {
+    spdlog::info("draft {}: {}@{} is already published with exactly its files (a commit interrupted "
+                 "after publishing); finishing it", d->name(), d->model, as);
+    published = Status::Ok();
+  }
+  if (published.kind() == ErrorKind::kConflict) {
+    std::string hint;
+    if (Expected<std::vector<StagedSummary>> staged = StagedVersion::List(*bucket, d->model); staged.ok()) {
+      for (const StagedSummary& s : *staged) {
+        if (s.version == as) hint = " It is a version staged in parts by other nodes: commit this draft with --parts.";
+      }
+    }
+    return Status::Conflict("version " + d->model + "@" + as + " already exists in " + bucket->Describe() +
+                            " (another writer published it); the draft is kept: commit it under another "
+                            "name with `weightfs commit --as NEWNAME`, or, if other nodes write this version "
+                            "with you, with `weightfs commit --parts N`." + hint);
+  }
+  WFS_TRY(published);
+  Expected<std::shared_ptr<const Manifest>> back = bucket->ReadManifest(d->model, as);
+  if (!back.ok()) return back.status().WithContext("reading back the published manifest");
+  FinishPublished(d, *back);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("published draft {} as {}@{} in {:.2f} s", d->name(), d->model, as, secs);
+  return Status::Ok();
+}
+
+Status Drafts::State::CommitPartOf(const std::shared_ptr<Draft>& d, const PartCommit& part) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string name = d->name();
+  if (part.parts < 1) return Status::InvalidArgument("--parts must be at least 1");
+  if (!part.id.empty()) WFS_TRY(StagedVersion::ValidatePartId(part.id));
+  {
+    MutexLock lock(mu);
+    if (d->parts > 0 && d->parts != part.parts) {
+      return Status::InvalidArgument("the part of " + name + " was committed for " + std::to_string(d->parts) +
+                                     " parts; give the same --parts (or discard the staged version)");
+    }
+    if (!d->part_id.empty() && !part.id.empty() && d->part_id != part.id) {
+      return Status::InvalidArgument("the part of " + name + " is in the bucket as part " + d->part_id +
+                                     "; commit it again with --part " + d->part_id + " (or without --part)");
+    }
+  }
+  std::vector<std::string> paths;
+  WFS_TRY(BeginCommit(d, "", /*part=*/true, &paths));
+  CommitDone done{this, d.get()};
+  {
+    MutexLock lock(mu);
+    d->parts = part.parts;
+    if (d->part_id.empty()) {
+      d->part_id = !part.id.empty() ? part.id
+                                    : StagedVersion::SanitizePartId(HostName()) + "-" + HashChunk(std::span<const uint8_t>(
+                                          reinterpret_cast<const uint8_t*>(d->dir.data()), d->dir.size()))
+                                                                                          .ToHex()
+                                                                                          .substr(0, 8);
+    }
+    d->part_state = "encoding";
+  }
+  // The part's id is in the journal before anything of it is in the bucket.
+  WFS_TRY(SaveJournal(*d));
+  StagedVersion staged(*bucket, d->model, d->version);
+  staged.set_element_counter([this](const Manifest& pm, const ManifestFile& pf) { return ElementsOf(pm, pf); });
+  // Refuse before encoding against the wrong parent (the first part fixed it).
+  WFS_TRY(staged.Join(part.parts, d->parent));
+  WFS_ASSIGN_OR_RETURN(auto files, EncodedFiles(d, paths));
+
+  PartRecord record;
+  record.meta.parts = part.parts;
+  record.meta.parent = d->parent;
+  record.meta.host = HostName();
+  record.meta.pid = ::getpid();
+  record.meta.created_ms = NowMs();
+  Manifest& m = record.manifest;
+  m.model = d->model;
+  m.version = d->version;
+  m.versions = {d->version};
+  m.parent = d->parent;
+  m.chunk_bytes = d->parent_manifest ? d->parent_manifest->chunk_bytes : options.push.chunk_bytes;
+  if (!files.empty()) m.chunk_bytes = files.begin()->second.chunk_bytes;
+  {
+    MutexLock lock(mu);
+    record.meta.id = d->part_id;
+    for (auto& [path, pm] : files) {
+      AppendFileFrom(pm, pm.files[0], &m, /*src_is_dst=*/true);
+      record.meta.logical_bytes += pm.stats.logical_bytes;
+      record.meta.stored_bytes += pm.stats.stored_bytes;
+      if (auto it = d->files.find(path); it != d->files.end()) {
+        MutexLock flock(it->second->mu);
+        for (size_t i = 0; i < 4; ++i) record.meta.tally[i] += it->second->tally[i];
+      }
+    }
+    // The parent's files this draft no longer has at their path (removed or renamed away).
+    if (d->parent_manifest) {
+      for (const ManifestFile& pf : d->parent_manifest->files) {
+        if (!d->files.count(pf.path)) record.meta.removed.push_back(pf.path);
+      }
+    }
+  }
+  record.meta.files = m.files.size();
+  m.stats.logical_bytes = record.meta.logical_bytes;
+  m.stats.stored_bytes = record.meta.stored_bytes;
+  m.created = FormatUtc(record.meta.created_ms);
+
+  auto note = [&](const StagedState& st) {
+    MutexLock lock(mu);
+    d->parts_in = st.in.size();
+    d->part_state = st.kind == StagedState::kPublished ? "published"
+                    : st.kind == StagedState::kWaiting  ? "waiting for parts: " + std::to_string(st.in.size()) +
+                                                             " of " + std::to_string(part.parts) + " in"
+                                                       : st.message;
+  };
+  WFS_ASSIGN_OR_RETURN(StagedState st, staged.Submit(record));
+  note(st);
+  spdlog::info("draft {}: part {} submitted ({} of {} parts in)", name, record.meta.id, st.in.size(), part.parts);
+  if (st.kind == StagedState::kConflict || st.kind == StagedState::kGone) return Status::Conflict(st.message);
+  if (st.kind == StagedState::kWaiting && part.wait) {
+    const auto deadline = part.deadline.value_or(std::chrono::steady_clock::time_point::max());
+    WFS_ASSIGN_OR_RETURN(st, staged.Wait(record, deadline, part.cancelled, note));
+  }
+  if (st.kind != StagedState::kPublished) return Status::Ok();  // --no-wait: the part is safe
+  FinishPublished(d, st.published);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("published {} ({} parts; this node's part {}) in {:.2f} s", name, part.parts, record.meta.id, secs);
   return Status::Ok();
 }
 
@@ -264,6 +376,12 @@ Status Drafts::State::RemoveDraft(const std::shared_ptr<Draft>& d) {
     if (DraftLocked(d->name()) != d) return Status::NotFound("no such file or directory");
     drafts.erase(d->name());
     RetireDraftLocked(d->name());
+  }
+  // A part of a staged version: the whole version is abandoned, on every node.
+  if (d->parts > 0) {
+    Expected<size_t> n = StagedVersion(*bucket, d->model, d->version).Discard();
+    if (!n.ok()) spdlog::warn("draft {}: its staged version stays in the bucket: {}", d->name(), n.status().ToString());
+    else if (*n > 0) spdlog::info("draft {}: the staged version is discarded from the bucket ({} objects)", d->name(), *n);
   }
   // Queued encodes of it find no draft and do nothing; one running holds its own references.
   std::error_code ec;
@@ -293,6 +411,14 @@ Status Drafts::Discard(uint64_t draft_ino) {
   return s.RemoveDraft(d);
 }
 
+Status Drafts::DiscardStaged(std::string_view name) {
+  WFS_ASSIGN_OR_RETURN(VersionRef ref, ParseVersionRef(name, /*version_required=*/true));
+  WFS_ASSIGN_OR_RETURN(size_t n, StagedVersion(*state_->bucket, ref.model, ref.version).Discard());
+  if (n == 0) return Status::NotFound("no staged version " + std::string(name) + " in " + state_->bucket->Describe());
+  spdlog::info("discarded the staged version {} ({} objects; its packs go at the next gc)", name, n);
+  return Status::Ok();
+}
+
 Status Drafts::Commit(uint64_t draft_ino, const std::string& as) {
   State& s = *state_;
   std::shared_ptr<Draft> d;
@@ -310,6 +436,35 @@ Status Drafts::Commit(uint64_t draft_ino, const std::string& as) {
     spdlog::error("commit of draft {}: {}", d->name(), st.ToString());
   }
   return st;
+}
+
+Status Drafts::CommitPart(uint64_t draft_ino, const PartCommit& part) {
+  State& s = *state_;
+  std::shared_ptr<Draft> d;
+  {
+    MutexLock lock(s.mu);
+    const State::Ref* r = s.RefLocked(draft_ino);
+    if (!r || r->type != State::Type::kDraftDir) return Status::InvalidArgument("not a draft directory");
+    d = s.DraftLocked(r->a);
+  }
+  if (!d) return Status::NotFound("the draft is gone (published or removed)");
+  Status st = s.CommitPartOf(d, part);
+  if (!st.ok()) {
+    MutexLock lock(s.mu);
+    d->error = st.ToString();
+    if (st.kind() == ErrorKind::kTimeout) {
+      spdlog::warn("commit of part {} of {}: {}", d->part_id, d->name(), st.ToString());
+    } else {
+      spdlog::error("commit of part {} of {}: {}", d->part_id, d->name(), st.ToString());
+    }
+  }
+  return st;
+}
+
+std::string Drafts::StagedJson() {
+  Expected<std::vector<StagedSummary>> staged = StagedVersion::List(*state_->bucket);
+  if (!staged.ok()) return nlohmann::json{{"error", staged.status().ToString()}}.dump();
+  return weightfs::StagedJson(*staged);
 }
 
 Status Drafts::CommitAll() {

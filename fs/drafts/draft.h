@@ -154,6 +154,13 @@ struct Draft {
   std::map<std::string, NodeMeta> dirs;
   bool commit_requested = false;
   std::string commit_as;
+  // A part of a version written by several nodes (docs/parts.md): `parts` > 0 once
+  // `commit --parts N` ran; `part_id` names this draft's part in the bucket for the version's
+  // life (kept in the journal: a resumed part is never counted twice).
+  int parts = 0;
+  std::string part_id;
+  std::string part_state;  // the last look at the staged version, for status
+  size_t parts_in = 0;
   bool committing = false;
   std::string error;         // the last commit's or set-parent's failure (user.weightfs.error)
   std::string encode_error;  // the last background encode's failure

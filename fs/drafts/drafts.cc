@@ -107,6 +107,12 @@ std::string Drafts::StatusJson() {
     dj["open_for_writing"] = writers;
     dj["encoding_now"] = encoding;  // files whose encode is reading them right now
     dj["state"] = d->committing ? "committing" : d->commit_requested ? "commit requested" : "draft";
+    if (d->parts > 0) {
+      dj["parts"] = d->parts;
+      dj["part_id"] = d->part_id;
+      dj["parts_in"] = d->parts_in;
+      dj["part_state"] = d->part_state;
+    }
     std::string error = !d->error.empty() ? d->error : d->encode_error;
     for (auto& [p, f] : d->files) {
       MutexLock flock(f->mu);

@@ -33,6 +33,7 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -155,7 +156,27 @@ class Drafts {
   // Waits until every file of the draft is encoded and uploaded, then publishes the manifest
   // as `as` (empty: the draft's own name). On failure the draft and its data stay.
   Status Commit(uint64_t draft_ino, const std::string& as);
-  // Commits every draft (unmount); the first error, after trying all.
+  // Publishes this draft as one part of a version written by `parts` nodes (docs/parts.md):
+  // encodes and uploads what it wrote, puts its part record, then (with `wait`) waits until
+  // every part is in and the version is published (by whichever node completes the set), the
+  // deadline passes (Timeout: the part stays safe in the bucket, commit again to go on
+  // waiting) or `cancelled()`. Conflict: the parts cannot make one version, or it was
+  // discarded. The draft goes once the version is published.
+  struct PartCommit {
+    int parts = 0;
+    std::string id;  // empty: the draft's own (made up at its first part commit)
+    bool wait = true;
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+    std::function<bool()> cancelled;
+  };
+  Status CommitPart(uint64_t draft_ino, const PartCommit& part);
+  // Abandons a staged version ("MODEL@VERSION") in the bucket from any node: its part records
+  // go (waiting nodes stop), its packs are left to gc.
+  Status DiscardStaged(std::string_view name);
+  // Staged versions of the bucket (parts in and expected, which parts), JSON, for `status`.
+  std::string StagedJson();
+  // Commits every draft (unmount); the first error, after trying all. A part draft puts its
+  // part (again) and does not wait.
   Status CommitAll();
   // Abandons a draft: forgets it and deletes its staging files (`weightfs discard`). EBUSY
   // while it is committed or a file of it is open for writing.

@@ -24,6 +24,8 @@ nlohmann::json Drafts::State::JournalLocked(Draft& d, bool published) {
   j["next_id"] = d.next_id;
   j["commit"] = d.commit_requested;
   j["commit_as"] = d.commit_as;
+  j["parts"] = d.parts;
+  j["part_id"] = d.part_id;
   j["published"] = published;
   j["root"] = d.root.ToJson();
   j["dirs"] = nlohmann::json::array();
@@ -91,6 +93,8 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j)
   d->next_id = j.at("next_id").get<uint64_t>();
   d->commit_requested = j.at("commit").get<bool>();
   d->commit_as = j.at("commit_as").get<std::string>();
+  d->parts = j.value("parts", 0);
+  d->part_id = j.value("part_id", std::string());
   if (d->parent) {
     Expected<std::shared_ptr<const Manifest>> pm = bucket->ReadManifest(d->model, *d->parent);
     if (!pm.ok()) return pm.status().WithContext("reading the parent of draft " + d->name());

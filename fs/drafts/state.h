@@ -170,6 +170,18 @@ struct Drafts::State {
   bool IsOurs(const Manifest& m);
 
   Status CommitDraft(const std::shared_ptr<Draft>& d, const std::string& as_in);
+  Status CommitPartOf(const std::shared_ptr<Draft>& d, const PartCommit& part);
+  // The first steps of a commit: waits briefly for writers' RELEASE, refuses open or failed
+  // files, marks the draft committing; *paths gets the files to encode. Then stages renamed
+  // inherited files. `part`: a part may write nothing (it may only remove files).
+  Status BeginCommit(const std::shared_ptr<Draft>& d, const std::string& as_in, bool part,
+                     std::vector<std::string>* paths);
+  // Encodes `paths` (what is not encoded yet) and returns their one-file manifests by path,
+  // after checking that their packs are still in the bucket (re-encoding the lost ones once).
+  Expected<std::map<std::string, Manifest>> EncodedFiles(const std::shared_ptr<Draft>& d,
+                                                         const std::vector<std::string>& paths);
+  // Published as `published`: the mount shows it, the draft becomes history.
+  void FinishPublished(const std::shared_ptr<Draft>& d, std::shared_ptr<const Manifest> published);
   // Forgets draft `d` and deletes its staging directory. Busy while it is committed.
   Status RemoveDraft(const std::shared_ptr<Draft>& d);
   void WorkerMain();
