@@ -99,6 +99,7 @@ std::vector<uint8_t> StagedVersion::SerializeRecord(const PartRecord& part) {
   head.push_back('\n');
   Manifest m = part.manifest;
   m.format = kManifestFormat;
+  if (m.created.empty()) m.created = FormatUtc(part.meta.created_ms ? part.meta.created_ms : NowMs());
   std::vector<uint8_t> body = SerializeManifest(m);
   std::vector<uint8_t> out(head.begin(), head.end());
   out.insert(out.end(), body.begin(), body.end());
