@@ -187,7 +187,10 @@ Status StagedVersion::Join(int parts, const std::optional<std::string>& parent) 
                                  {"created_ms", NowMs()}};
   const std::string text = intent.dump();
   Status put = bucket_.store().Put(prefix_ + "intent.json", Bytes(text), PutMode::kCreateIfAbsent);
-  if (put.ok()) return put;
+  if (put.ok()) {
+    joined_ = {parts, parent};
+    return put;
+  }
   if (put.kind() != ErrorKind::kConflict) return put.WithContext("staging " + name);
   WFS_ASSIGN_OR_RETURN(auto fixed, Intent());
   if (!fixed) return Status::IOError("staging " + name + ": its intent vanished while it was read; try again");
@@ -202,6 +205,7 @@ Status StagedVersion::Join(int parts, const std::optional<std::string>& parent) 
                             "; nothing of this part was published. Make its draft with that parent "
                             "(`weightfs set-parent` before writing) or push with --parent " + ParentText(fixed->second));
   }
+  joined_ = {parts, parent};
   return Status::Ok();
 }
 
@@ -209,7 +213,7 @@ Status StagedVersion::Join(int parts, const std::optional<std::string>& parent) 
 
 Expected<StagedState> StagedVersion::Submit(const PartRecord& part) {
   WFS_TRY(ValidatePartId(part.meta.id));
-  WFS_TRY(Join(part.meta.parts, part.meta.parent));
+  if (joined_ != std::pair(part.meta.parts, part.meta.parent)) WFS_TRY(Join(part.meta.parts, part.meta.parent));
   if (!bucket_.store().Head(Bucket::ManifestKey(model_, version_)).ok()) {
     const std::vector<uint8_t> record = SerializeRecord(part);
     WFS_TRY(bucket_.store().Put(prefix_ + "parts/" + part.meta.id, record)
@@ -295,12 +299,12 @@ Expected<StagedState> StagedVersion::Step(const PartRecord& ours, bool publish_n
       state.in.push_back(std::move(p));
     }
   }
-  if (intent) {
-    WFS_ASSIGN_OR_RETURN(auto fixed, Intent());
-    if (fixed) {
-      state.parts = fixed->first;
-      state.parent = fixed->second;
-    }
+  if (intent && !intent_) {
+    WFS_ASSIGN_OR_RETURN(intent_, Intent());  // fixed once made: read once
+  }
+  if (intent && intent_) {
+    state.parts = intent_->first;
+    state.parent = intent_->second;
   }
   if (state.parts == 0) state.parts = ours.meta.parts;
   if (!ours_in) {
@@ -356,7 +360,8 @@ Expected<StagedState> StagedVersion::Publish(const PartRecord& ours, StagedState
   Status put = bucket_.PublishManifest(*m);
   if (!put.ok() && put.kind() != ErrorKind::kConflict) return put.WithContext("publishing " + name);
   WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> head, bucket_.ReadManifest(model_, version_));
-  Status holds = Holds(*head, ours);
+  // Our head (assembled from every record, ours included) holds our part; another's is checked.
+  Status holds = put.ok() ? Status::Ok() : Holds(*head, ours);
   if (!holds.ok()) {
     if (holds.kind() != ErrorKind::kConflict) return holds;
     state.kind = StagedState::kConflict;
@@ -460,9 +465,10 @@ Expected<Manifest> StagedVersion::Assemble(const std::vector<PartRecord>& parts)
       conflicts.push_back(path + " is written by part " + w->second + " and removed by part " + ids[0]);
     }
   }
+  // The parent's head; the rows of only the files it passes on (a section each).
   std::shared_ptr<const Manifest> base;
   if (parent) {
-    WFS_ASSIGN_OR_RETURN(base, bucket_.ReadFullManifest(model_, *parent));
+    WFS_ASSIGN_OR_RETURN(base, bucket_.ReadManifest(model_, *parent));
   }
 
   Manifest m;
@@ -475,11 +481,12 @@ Expected<Manifest> StagedVersion::Assemble(const std::vector<PartRecord>& parts)
   if (base) {
     for (const ManifestFile& pf : base->files) {
       if (written.count(pf.path) || removed.count(pf.path)) continue;
-      AppendFileFrom(*base, pf, &m, /*src_is_dst=*/false);
+      WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_.File(base, pf));
+      AppendFileFrom(*base, *rows, &m, /*src_is_dst=*/false);
       m.stats.logical_bytes += pf.size;
       std::pair<uint64_t, uint64_t> e{0, pf.size};
       if (count_elements_) {
-        Expected<std::pair<uint64_t, uint64_t>> counted = count_elements_(*base, pf);
+        Expected<std::pair<uint64_t, uint64_t>> counted = count_elements_(*base, *rows);
         if (!counted.ok()) return counted.status().WithContext("counting the elements of " + pf.path);
         e = *counted;
       }

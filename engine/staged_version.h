@@ -174,6 +174,8 @@ class StagedVersion {
   std::string model_, version_, prefix_;
   ElementCounter count_elements_;
   std::optional<std::chrono::steady_clock::time_point> complete_since_;
+  std::optional<std::pair<int, std::optional<std::string>>> intent_;  // as read by Step
+  std::optional<std::pair<int, std::optional<std::string>>> joined_;  // what Join checked
 };
 
 // `weightfs push --parts`: encodes `files` against `parent` (the staged version's, when one is
