@@ -91,6 +91,11 @@ std::string StagedVersion::SanitizePartId(std::string_view text) {
   return out;
 }
 
+Expected<bool> StagedVersion::IsStaged(Bucket& bucket, std::string_view model, std::string_view version) {
+  WFS_ASSIGN_OR_RETURN(ListPage page, bucket.store().List(Prefix(model, version), {}, 1));
+  return !page.objects.empty();
+}
+
 // ---- records --------------------------------------------------------------------------------
 
 std::vector<uint8_t> StagedVersion::SerializeRecord(const PartRecord& part) {

@@ -128,6 +128,9 @@ class StagedVersion {
   static Status ValidatePartId(std::string_view id);
   // A part id from free text (a host name): invalid characters become '-'.
   static std::string SanitizePartId(std::string_view text);
+  // Whether MODEL@VERSION is staged in parts (its staging prefix holds anything): a one-writer
+  // publish of that name would publish one part's view of it, so commit and push refuse.
+  static Expected<bool> IsStaged(Bucket& bucket, std::string_view model, std::string_view version);
   // Every staged version of the bucket (optionally of one model), with its parts' metadata.
   static Expected<std::vector<StagedSummary>> List(Bucket& bucket, std::string_view model = {});
 

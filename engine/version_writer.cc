@@ -14,6 +14,7 @@
 #include "engine/mapped_file.h"
 #include "engine/materializer.h"
 #include "engine/pack_writer.h"
+#include "engine/staged_version.h"
 
 namespace weightfs {
 namespace {
@@ -358,10 +359,17 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
                                    " belongs to another model");
   }
 
-  // Fail before uploading anything if the version exists already.
+  // Fail before uploading anything if the version exists already, or other writers are
+  // staging it in parts (docs/parts.md): a one-writer push would publish one part's view.
   if (Expected<ObjectInfo> existing = bucket.store().Head(Bucket::ManifestKey(target.model, target.version));
       existing.ok()) {
     return Status::Conflict("version " + name + " already exists in " + bucket.Describe());
+  }
+  if (Expected<bool> staged = StagedVersion::IsStaged(bucket, target.model, target.version); !staged.ok()) {
+    return staged.status();
+  } else if (*staged) {
+    return Status::Conflict("version " + name + " is being written in parts by other writers (`weightfs log` shows "
+                            "them); push this one's files with --parts N, or under another name");
   }
 
   std::vector<MappedFile> mapped;

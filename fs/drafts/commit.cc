@@ -243,6 +243,15 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   m.chunk_bytes = parts.empty() ? (d->parent_manifest ? d->parent_manifest->chunk_bytes : m.chunk_bytes)
                                 : parts.begin()->second.chunk_bytes;
   m.created = FormatUtc(NowMs());
+  // Other nodes writing this version in parts: publishing it from here alone would publish one
+  // node's view of it (its files beside the parent's old ones).
+  if (Expected<bool> staged = StagedVersion::IsStaged(*bucket, d->model, as); !staged.ok()) {
+    return staged.status().WithContext("checking for parts of " + d->model + "@" + as);
+  } else if (*staged) {
+    return Status::Conflict("version " + d->model + "@" + as + " is being written in parts by other nodes "
+                            "(`weightfs status` lists them); nothing was published and the draft is kept: "
+                            "commit it with `weightfs commit --parts N` as they do, or under another name with --as");
+  }
   Status published = bucket->PublishManifest(m);
   if (published.kind() == ErrorKind::kConflict && IsOurs(m)) {
     spdlog::info("draft {}: {}@{} is already published with exactly its files (a commit interrupted "
@@ -250,16 +259,10 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
     published = Status::Ok();
   }
   if (published.kind() == ErrorKind::kConflict) {
-    std::string hint;
-    if (Expected<std::vector<StagedSummary>> staged = StagedVersion::List(*bucket, d->model); staged.ok()) {
-      for (const StagedSummary& s : *staged) {
-        if (s.version == as) hint = " It is a version staged in parts by other nodes: commit this draft with --parts.";
-      }
-    }
     return Status::Conflict("version " + d->model + "@" + as + " already exists in " + bucket->Describe() +
                             " (another writer published it); the draft is kept: commit it under another "
-                            "name with `weightfs commit --as NEWNAME`, or, if other nodes write this version "
-                            "with you, with `weightfs commit --parts N`." + hint);
+                            "name with `weightfs commit --as NEWNAME` (if other nodes write this version with "
+                            "you, every node commits it with `weightfs commit --parts N`)");
   }
   WFS_TRY(published);
   Expected<std::shared_ptr<const Manifest>> back = bucket->ReadManifest(d->model, as);

@@ -247,6 +247,19 @@ TEST_F(StagedVersionTest, APartWithAnotherParentIsRefusedNamingBoth) {
   EXPECT_NE(c.status().message().find("2 parts"), std::string::npos) << c.status().message();
 }
 
+TEST_F(StagedVersionTest, AOneWriterPushOfAStagedVersionIsRefused) {
+  auto v0 = PushBase();
+  ASSERT_TRUE(v0);
+  Step(2, 2);
+  ASSERT_TRUE(Part("a", 2, {2}, v0).ok());
+  std::vector<PushFile> files = {WriteShard(root_ / "alone", 3)};
+  auto alone = PushVersion(*bucket_, nullptr, pool_, {"acme/m", "v1"}, v0, files, options_);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_EQ(alone.status().kind(), ErrorKind::kConflict);
+  EXPECT_NE(alone.status().message().find("--parts"), std::string::npos) << alone.status().message();
+  EXPECT_FALSE(bucket_->store().Head(Bucket::ManifestKey("acme/m", "v1")).ok());
+}
+
 TEST_F(StagedVersionTest, APartSubmittedTwiceCountsOnce) {
   auto v0 = PushBase();
   ASSERT_TRUE(v0);
