@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -188,6 +189,72 @@ TEST_F(BucketCli, KilledPushesNeverPublishHalfAVersionAndGcCleansUp) {
   EXPECT_EQ(CountFiles(root_ / "bucket/leases"), 0u);
   EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v0").exit_code, 0);
   EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+}
+
+// `push --parts`: three processes, each pushing one shard of v1, publish v1 once with all
+// three; the small files no part pushes are inherited from v0. A part alone times out (124)
+// and is listed as staged; a killed part pushed again is not counted twice.
+TEST_F(BucketCli, PartsFromThreeProcessesPublishOneVersion) {
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  std::vector<std::string> shards;
+  for (const auto& e : fs::directory_iterator(Version(1))) {
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path().string());
+  }
+  std::sort(shards.begin(), shards.end());
+  ASSERT_GE(shards.size(), 3u);
+  const std::string n = std::to_string(shards.size());
+  // Part 0 alone: it waits out its timeout, and the version is staged, not published.
+  Result alone = RunCli("push " + bucket_ + " acme/m@v1 " + shards[0] + " --no-cache --parts " + n +
+                        " --part p0 --timeout 0.5");
+  EXPECT_EQ(alone.exit_code, 124) << alone.out;
+  EXPECT_NE(alone.out.find("1 of " + n + " parts are in"), std::string::npos) << alone.out;
+  Result log = RunCli("log " + bucket_ + " acme/m");
+  EXPECT_NE(log.out.find("staged acme/m@v1"), std::string::npos) << log.out;
+  EXPECT_NE(log.out.find("part p0"), std::string::npos) << log.out;
+  Result json = RunCli("log " + bucket_ + " acme/m --json");
+  ASSERT_EQ(json.exit_code, 0) << json.out;
+  for (const auto& v : nlohmann::json::parse(json.out)) {
+    EXPECT_FALSE(v.value("version", "") == "v1" && !v.value("staged", false)) << "published with one part: " << json.out;
+  }
+  // A one-writer push of the name is refused while it is staged.
+  Result plain = RunCli("push " + bucket_ + " acme/m@v1 " + Version(1) + " --no-cache");
+  EXPECT_EQ(plain.exit_code, 1) << plain.out;
+  EXPECT_NE(plain.out.find("--parts"), std::string::npos) << plain.out;
+  // Part 1 killed at a random moment, then pushed again: it counts once.
+  std::mt19937 rng(7);
+  pid_t killed = Spawn({"push", bucket_, "acme/m@v1", shards[1], "--no-cache", "--parts", n, "--part", "p1", "--no-wait"},
+                       (root_ / "killed").string());
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 300)(rng)));
+  kill(killed, SIGKILL);
+  Wait(killed);
+  // Every part at once (part 0 again, waiting now), each its own process.
+  std::vector<pid_t> pids;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    pids.push_back(Spawn({"push", bucket_, "acme/m@v1", shards[i], "--no-cache", "--parts", n, "--part",
+                          "p" + std::to_string(i), "--timeout", "60"},
+                         (root_ / ("part" + std::to_string(i))).string()));
+  }
+  for (size_t i = 0; i < pids.size(); ++i) {
+    EXPECT_EQ(Wait(pids[i]), 0) << Slurp((root_ / ("part" + std::to_string(i))).string());
+  }
+  Result pull = RunCli("pull " + bucket_ + " acme/m@v1 " + (root_ / "out").string() + " --no-cache");
+  ASSERT_EQ(pull.exit_code, 0) << pull.out;
+  for (const auto& e : fs::directory_iterator(Version(1))) {
+    const bool shard = e.path().extension() == ".safetensors";
+    const std::string expected = shard ? e.path().string() : Version(0) + "/" + e.path().filename().string();
+    EXPECT_EQ(Slurp(expected), Slurp((root_ / "out" / e.path().filename()).string())) << e.path();
+  }
+  EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+  Result after = RunCli("log " + bucket_ + " acme/m");
+  EXPECT_EQ(after.out.find("staged"), std::string::npos) << after.out;
+  EXPECT_NE(after.out.find("acme/m@v1 "), std::string::npos) << after.out;  // published: a row
+  // A part submitted again leaves its first submission's packs (payload order in a pack
+  // follows the encode threads): gc takes them, and the version stays whole.
+  Result gc = RunCli("gc " + bucket_);
+  ASSERT_EQ(gc.exit_code, 0) << gc.out;
+  EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+  Result gc2 = RunCli("gc " + bucket_ + " --dry-run");
+  EXPECT_NE(gc2.out.find("would remove 0 unreferenced packs"), std::string::npos) << gc2.out;
 }
 
 // One corrupt manifest must not hide the rest of the bucket: `log` lists every other version
