@@ -891,7 +891,9 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
         return Status::InvalidArgument(std::string("user.weightfs.commit_part: ") + e.what());
       }
       // `weightfs commit` killed while it waits: the kernel interrupts the request.
-      part.cancelled = [req] { return fuse_req_interrupted(req) != 0; };
+      // The mount going away (unmount, SIGTERM) ends the wait too: the part stays in the bucket.
+      fuse_session* session = s.session;
+      part.cancelled = [req, session] { return fuse_req_interrupted(req) != 0 || fuse_session_exited(session) != 0; };
       if (int err = StatusToErrno(s.drafts->CommitPart(ino, part), ErrnoContext::kCommit, "commit"); err != 0) {
         fuse_reply_err(req, err);
         return Status::Ok();

@@ -40,8 +40,13 @@ bool Drafts::State::IsOurs(const Manifest& m) {
 }
 
 Status Drafts::State::BeginCommit(const std::shared_ptr<Draft>& d, const std::string& as_in, bool part,
-                                  std::vector<std::string>* paths) {
+                                  bool wait_for_resumed, std::vector<std::string>* paths) {
   MutexLock lock(mu);
+  // A part's commit resumed in the background after a remount is short (it submits and does
+  // not wait): a user's `commit --parts` that comes meanwhile waits for it.
+  if (wait_for_resumed) {
+    encoded_cv.WaitFor(mu, std::chrono::minutes(10), [&]() WFS_REQUIRES(mu) { return !d->committing; });
+  }
   if (d->committing) return Status::InvalidArgument("draft " + d->name() + " is being committed already");
   // The kernel sends RELEASE after close() has returned: a commit that follows a close at
   // once may still see the writer. Give those a moment.
@@ -166,16 +171,26 @@ struct CommitDone {
   ~CommitDone() {
     MutexLock lock(s->mu);
     d->committing = false;
+    s->encoded_cv.NotifyAll();
   }
 };
 }  // namespace
 
 Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::string& as_in) {
   if (d->parts > 0) {
-    // A part resumed (a remount) or published at unmount: put it again, do not wait.
+    // A part resumed (a remount) or published at unmount: put it again, do not wait. One a
+    // running `weightfs commit --parts` is submitting or waiting for is left to it.
+    {
+      MutexLock lock(mu);
+      if (d->committing) {
+        spdlog::info("draft {}: its part is being committed by a running `weightfs commit --parts`", d->name());
+        return Status::Ok();
+      }
+    }
     PartCommit again;
     again.parts = d->parts;
     again.wait = false;
+    again.resumed = true;
     return CommitPartOf(d, again);
   }
   const auto start = std::chrono::steady_clock::now();
@@ -183,7 +198,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   WFS_TRY(ValidateVersionName(as));
   if (as == "latest") return Status::InvalidArgument("'latest' is reserved for the newest version's link");
   std::vector<std::string> paths;
-  WFS_TRY(BeginCommit(d, as_in, /*part=*/false, &paths));
+  WFS_TRY(BeginCommit(d, as_in, /*part=*/false, /*wait_for_resumed=*/false, &paths));
   CommitDone done{this, d.get()};
   WFS_TRY(SaveJournal(*d));
   WFS_ASSIGN_OR_RETURN(auto parts, EncodedFiles(d, paths));
@@ -290,7 +305,7 @@ Status Drafts::State::CommitPartOf(const std::shared_ptr<Draft>& d, const PartCo
     }
   }
   std::vector<std::string> paths;
-  WFS_TRY(BeginCommit(d, "", /*part=*/true, &paths));
+  WFS_TRY(BeginCommit(d, "", /*part=*/true, /*wait_for_resumed=*/!part.resumed, &paths));
   CommitDone done{this, d.get()};
   {
     MutexLock lock(mu);

@@ -168,6 +168,7 @@ class Drafts {
     bool wait = true;
     std::optional<std::chrono::steady_clock::time_point> deadline;
     std::function<bool()> cancelled;
+    bool resumed = false;  // the background resume or unmount, not a user's command
   };
   Status CommitPart(uint64_t draft_ino, const PartCommit& part);
   // Abandons a staged version ("MODEL@VERSION") in the bucket from any node: its part records

@@ -172,9 +172,11 @@ struct Drafts::State {
   Status CommitDraft(const std::shared_ptr<Draft>& d, const std::string& as_in);
   Status CommitPartOf(const std::shared_ptr<Draft>& d, const PartCommit& part);
   // The first steps of a commit: waits briefly for writers' RELEASE, refuses open or failed
-  // files, marks the draft committing; *paths gets the files to encode. Then stages renamed
-  // inherited files. `part`: a part may write nothing (it may only remove files).
-  Status BeginCommit(const std::shared_ptr<Draft>& d, const std::string& as_in, bool part,
+  // files, marks the draft committing; *paths gets the files to encode (EncodedFiles stages
+  // renamed inherited files first). `part`: a part may write nothing (it may only remove files).
+  // `wait_for_resumed`: wait (up to 10 min) for a commit in progress (a part resumed in the
+  // background after a remount) instead of refusing at once.
+  Status BeginCommit(const std::shared_ptr<Draft>& d, const std::string& as_in, bool part, bool wait_for_resumed,
                      std::vector<std::string>* paths);
   // Encodes `paths` (what is not encoded yet) and returns their one-file manifests by path,
   // after checking that their packs are still in the bucket (re-encoding the lost ones once).
