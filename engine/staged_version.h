@@ -20,8 +20,8 @@
 // the parent's files, less those any part removed, with every part's files over them — and
 // published as one head with create-if-absent (Bucket::PublishManifest). The writer whose
 // submission completed the set publishes at once; the others publish only if the version is
-// still missing `kPublishFallback` after they saw the set complete (the completer died), so a
-// cluster reads the N records about once. Racing publishers are harmless: one head wins, and
+// still missing `kPublishFallback` (+ 2 s per part id that sorts before theirs) after they saw
+// the set complete (the completer died), so a cluster reads the N records about once. Racing publishers are harmless: one head wins, and
 // every writer checks that the published version holds its own part exactly.
 //
 // A part id names a writer's part for the version's life: a resubmission under the same id
