@@ -260,6 +260,43 @@ TEST_F(StagedVersionTest, AOneWriterPushOfAStagedVersionIsRefused) {
   EXPECT_FALSE(bucket_->store().Head(Bucket::ManifestKey("acme/m", "v1")).ok());
 }
 
+// The writer that completed the set died before publishing (its record is in, no head): a
+// waiting writer publishes after the fallback delay.
+TEST_F(StagedVersionTest, AWaiterPublishesWhenTheCompleterDiedBeforePublishing) {
+  auto v0 = PushBase();
+  ASSERT_TRUE(v0);
+  Step(0, 1);
+  ASSERT_TRUE(Part("a", 2, {0}, v0).ok());
+  auto records = StagedVersion(*bucket_, "acme/m", "v1").ReadParts();
+  ASSERT_TRUE(records.ok());
+  ASSERT_EQ(records->size(), 1u);
+  // Part b (it writes nothing) puts its record and dies before it looks: the set is complete
+  // and nobody has published.
+  PartRecord b;
+  b.meta.id = "b";
+  b.meta.parts = 2;
+  b.meta.parent = "v0";
+  b.meta.created_ms = NowMs();
+  b.manifest.model = "acme/m";
+  b.manifest.version = "v1";
+  b.manifest.versions = {"v1"};
+  b.manifest.parent = "v0";
+  ASSERT_TRUE(bucket_->store().Put(StagedVersion::Prefix("acme/m", "v1") + "parts/b", StagedVersion::SerializeRecord(b)).ok());
+  StagedVersion waiter(*bucket_, "acme/m", "v1");
+  auto first = waiter.Step((*records)[0]);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->kind, StagedState::kWaiting) << "the fallback came before its delay";
+  const auto start = std::chrono::steady_clock::now();
+  auto st = waiter.Wait((*records)[0], start + 20s);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->kind, StagedState::kPublished);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, StagedVersion::kPublishFallback - 500ms);
+  std::map<std::string, fs::path> expected;
+  for (int i = 0; i < kShards; ++i) expected[Shard(i)] = root_ / "v0" / Shard(i);
+  expected[Shard(0)] = root_ / "part-a" / Shard(0);
+  ExpectVersionHolds("v1", expected);
+}
+
 TEST_F(StagedVersionTest, APartSubmittedTwiceCountsOnce) {
   auto v0 = PushBase();
   ASSERT_TRUE(v0);
