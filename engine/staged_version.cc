@@ -408,7 +408,13 @@ Expected<StagedState> StagedVersion::Wait(const PartRecord& ours, std::chrono::s
   auto interval = std::chrono::milliseconds(50);
   size_t last_in = SIZE_MAX;
   while (true) {
-    WFS_ASSIGN_OR_RETURN(StagedState st, Step(ours));
+    Expected<StagedState> looked = Step(ours);
+    // (Timeout from here on means the deadline: a bucket request that timed out is an I/O error.)
+    if (!looked.ok()) {
+      return looked.status().kind() == ErrorKind::kTimeout ? Status::IOError(looked.status().message())
+                                                           : looked.status();
+    }
+    StagedState st = std::move(looked).value();
     if (progress && (st.in.size() != last_in || st.kind != StagedState::kWaiting)) progress(st);
     last_in = st.in.size();
     switch (st.kind) {

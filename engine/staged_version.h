@@ -150,7 +150,7 @@ class StagedVersion {
   Expected<StagedState> Step(const PartRecord& ours, bool publish_now = false);
   // Step until published (the kPublished state), a conflict or the record gone (Conflict),
   // `deadline` (Timeout), or `cancelled()` (Timeout); `progress` is called on every change of
-  // the parts in.
+  // the parts in. A bucket request that times out is IOError here: Timeout is the deadline's.
   Expected<StagedState> Wait(const PartRecord& ours, std::chrono::steady_clock::time_point deadline,
               const std::function<bool()>& cancelled = {},
               const std::function<void(const StagedState&)>& progress = {});

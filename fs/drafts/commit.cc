@@ -324,8 +324,13 @@ Status Drafts::State::CommitPartOf(const std::shared_ptr<Draft>& d, const PartCo
   StagedVersion staged(*bucket, d->model, d->version);
   staged.set_element_counter([this](const Manifest& pm, const ManifestFile& pf) { return ElementsOf(pm, pf); });
   // Refuse before encoding against the wrong parent (the first part fixed it).
-  WFS_TRY(staged.Join(part.parts, d->parent));
-  WFS_ASSIGN_OR_RETURN(auto files, EncodedFiles(d, paths));
+  // Timeout (ETIMEDOUT, exit 124) means "waited out --timeout, the part is safe": a bucket
+  // request that timed out before that is an I/O error.
+  auto io = [](Status st) { return st.kind() == ErrorKind::kTimeout ? Status::IOError(st.message()) : st; };
+  WFS_TRY(io(staged.Join(part.parts, d->parent)));
+  Expected<std::map<std::string, Manifest>> encoded = EncodedFiles(d, paths);
+  if (!encoded.ok()) return io(encoded.status());
+  std::map<std::string, Manifest> files = std::move(encoded).value();
 
   PartRecord record;
   record.meta.parts = part.parts;
@@ -372,7 +377,9 @@ Status Drafts::State::CommitPartOf(const std::shared_ptr<Draft>& d, const PartCo
                                                              " of " + std::to_string(part.parts) + " in"
                                                        : st.message;
   };
-  WFS_ASSIGN_OR_RETURN(StagedState st, staged.Submit(record));
+  Expected<StagedState> submitted = staged.Submit(record);
+  if (!submitted.ok()) return io(submitted.status());
+  StagedState st = std::move(submitted).value();
   note(st);
   spdlog::info("draft {}: part {} submitted ({} of {} parts in)", name, record.meta.id, st.in.size(), part.parts);
   if (st.kind == StagedState::kConflict || st.kind == StagedState::kGone) return Status::Conflict(st.message);
