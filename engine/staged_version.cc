@@ -551,8 +551,9 @@ Expected<Manifest> StagedVersion::Assemble(const std::vector<PartRecord>& parts)
     std::string text = name + " cannot be published: ";
     for (size_t i = 0; i < conflicts.size() && i < 5; ++i) text += (i ? "; " : "") + conflicts[i];
     if (conflicts.size() > 5) text += "; and " + std::to_string(conflicts.size() - 5) + " more";
-    text += ". Nothing was published and every part's data is kept: remove the path from all but one part's "
-            "draft and commit that part again, or `weightfs discard` the version";
+    text += ". Nothing was published and every part's data is kept (in the bucket and in the drafts). To go on, "
+            "`weightfs discard` the version (from any node: it abandons every part), write the drafts again with "
+            "each path in one part only, and commit every part again";
     return Status::Conflict(text);
   }
   if (m.files.empty()) return Status::InvalidArgument(name + ": the parts leave the version with no files");
