@@ -203,6 +203,12 @@ int CommitPart(const ArgParser& args, const std::string& dir) {
   if (!GetXattr(dir, "user.weightfs.state")) {
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0) return Fail(dir + ": " + std::strerror(errno));
+    // Published already: every part was in (this node's part resumed after a restart, and the
+    // others completed the set meanwhile). The goal of the command is met.
+    if (GetXattr(dir, "user.weightfs.stored_bytes")) {
+      std::printf("%s is published (all %ld parts are in)\n", DraftName(MountRootOf(dir), dir).c_str(), parts);
+      return 0;
+    }
     return Fail(dir + " is not a draft of a weightfs mount (make one with mkdir MOUNTPOINT/MODEL@VERSION)");
   }
   const std::string root = MountRootOf(dir);

@@ -46,6 +46,11 @@ Status Drafts::State::BeginCommit(const std::shared_ptr<Draft>& d, const std::st
   // not wait): a user's `commit --parts` that comes meanwhile waits for it.
   if (wait_for_resumed) {
     encoded_cv.WaitFor(mu, std::chrono::minutes(10), [&]() WFS_REQUIRES(mu) { return !d->committing; });
+    // That commit may have found the version published (the other parts came in): done.
+    if (DraftLocked(d->name()) != d) {
+      return published_names.count(d->name()) ? Status::Stale(d->name() + " is published")
+                                              : Status::NotFound("the draft " + d->name() + " is gone");
+    }
   }
   if (d->committing) return Status::InvalidArgument("draft " + d->name() + " is being committed already");
   // The kernel sends RELEASE after close() has returned: a commit that follows a close at
@@ -305,7 +310,9 @@ Status Drafts::State::CommitPartOf(const std::shared_ptr<Draft>& d, const PartCo
     }
   }
   std::vector<std::string> paths;
-  WFS_TRY(BeginCommit(d, "", /*part=*/true, /*wait_for_resumed=*/!part.resumed, &paths));
+  if (Status begun = BeginCommit(d, "", /*part=*/true, /*wait_for_resumed=*/!part.resumed, &paths); !begun.ok()) {
+    return begun.kind() == ErrorKind::kStale ? Status::Ok() : begun;
+  }
   CommitDone done{this, d.get()};
   {
     MutexLock lock(mu);

@@ -333,10 +333,17 @@ TEST_F(PartsMountTest, KilledNodeResumesItsPartAndTheVersionIsNeverPartial) {
     const int ka = 1 + static_cast<int>(rng() % 20), kb = 1 + static_cast<int>(rng() % 20);
     CopyShards(a.Dir(draft), ka, {sa});
     CopyShards(b.Dir(draft), kb, {sb});
-    auto cb = std::async(std::launch::async, [&] { return b.Commit(draft, "--parts 2 --timeout 60"); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 400));
-    ASSERT_TRUE(b.Kill());
-    (void)cb.get();  // (ENOTCONN, or 0 if it had finished; either way B's part is all it had)
+    // Killed before its commit (its file written and closed), early in the commit (encoding,
+    // uploading), or anywhere in it (its record in, waiting).
+    const int when = static_cast<int>(rng() % 4);
+    if (when == 0) {
+      ASSERT_TRUE(b.Kill());
+    } else {
+      auto cb = std::async(std::launch::async, [&] { return b.Commit(draft, "--parts 2 --timeout 60"); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % (when == 1 ? 60 : 400)));
+      ASSERT_TRUE(b.Kill());
+      (void)cb.get();  // (ENOTCONN, or 0 if it had finished; either way B's part is all it had)
+    }
     EXPECT_EQ(Published().count(v), 0u) << "published with one of two parts";
     // A alone: completes the set if B's record got in, else times out; never half a version.
     Result ra = a.Commit(draft, "--parts 2 --timeout 1");
