@@ -652,20 +652,9 @@ Expected<std::pair<uint64_t, uint64_t>> ElementsOfFile(Materializer& materialize
 Expected<StagedState> PushPart(Bucket& bucket, ChunkCache* cache, ThreadPool& pool, const VersionRef& target,
                                std::shared_ptr<const Manifest> parent, std::vector<PushFile> files,
                                const PushOptions& options, const PushPartOptions& part, PushResult* result) {
-  WFS_TRY(ValidateModelName(target.model));
-  WFS_TRY(ValidateVersionName(target.version));
   WFS_TRY(StagedVersion::ValidatePartId(part.id));
   const std::string name = target.model + "@" + target.version;
-  std::sort(files.begin(), files.end(), [](const PushFile& a, const PushFile& b) { return a.path < b.path; });
-  for (size_t i = 0; i < files.size(); ++i) {
-    WFS_TRY(ValidateFilePath(files[i].path));
-    if (i > 0 && files[i].path == files[i - 1].path) {
-      return Status::InvalidArgument("file '" + files[i].path + "' given twice");
-    }
-  }
-  if (parent && parent->model != target.model) {
-    return Status::InvalidArgument("parent " + parent->model + "@" + parent->version + " belongs to another model");
-  }
+  WFS_TRY(CheckPushFiles(target, parent.get(), &files));
   std::optional<std::string> parent_name;
   if (parent) parent_name = parent->version;
   StagedVersion staged(bucket, target.model, target.version);

@@ -339,25 +339,28 @@ void AppendFileFrom(const Manifest& src, const ManifestFile& file, Manifest* dst
   dst->files.insert(at, std::move(out));
 }
 
+Status CheckPushFiles(const VersionRef& target, const Manifest* parent, std::vector<PushFile>* files) {
+  WFS_TRY(ValidateModelName(target.model));
+  WFS_TRY(ValidateVersionName(target.version));
+  std::sort(files->begin(), files->end(), [](const PushFile& a, const PushFile& b) { return a.path < b.path; });
+  for (size_t i = 0; i < files->size(); ++i) {
+    WFS_TRY(ValidateFilePath((*files)[i].path));
+    if (i > 0 && (*files)[i].path == (*files)[i - 1].path) {
+      return Status::InvalidArgument("file '" + (*files)[i].path + "' given twice");
+    }
+  }
+  if (parent && parent->model != target.model) {
+    return Status::InvalidArgument("parent " + parent->model + "@" + parent->version + " belongs to another model");
+  }
+  return Status::Ok();
+}
+
 Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
                                  const VersionRef& target, std::shared_ptr<const Manifest> parent,
                                  std::vector<PushFile> files, const PushOptions& options) {
-  WFS_TRY(ValidateModelName(target.model));
-  WFS_TRY(ValidateVersionName(target.version));
   const std::string name = target.model + "@" + target.version;
-  std::sort(files.begin(), files.end(),
-            [](const PushFile& a, const PushFile& b) { return a.path < b.path; });
-  for (size_t i = 0; i < files.size(); ++i) {
-    WFS_TRY(ValidateFilePath(files[i].path));
-    if (i > 0 && files[i].path == files[i - 1].path) {
-      return Status::InvalidArgument("file '" + files[i].path + "' given twice");
-    }
-  }
+  WFS_TRY(CheckPushFiles(target, parent.get(), &files));
   if (files.empty()) return Status::InvalidArgument("nothing to push: no files given");
-  if (parent && parent->model != target.model) {
-    return Status::InvalidArgument("parent " + parent->model + "@" + parent->version +
-                                   " belongs to another model");
-  }
 
   // Fail before uploading anything if the version exists already, or other writers are
   // staging it in parts (docs/parts.md): a one-writer push would publish one part's view.

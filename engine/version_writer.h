@@ -93,6 +93,10 @@ class VersionEncoder {
 // version, perhaps under another name); otherwise it is an older version, named by its name.
 void AppendFileFrom(const Manifest& src, const ManifestFile& file, Manifest* dst, bool src_is_dst);
 
+// The checks every push makes of its files before anything is uploaded: sorted by path, each
+// path valid and given once, the parent of the same model.
+Status CheckPushFiles(const VersionRef& target, const Manifest* parent, std::vector<PushFile>* files);
+
 // `parent` null: the version is a base (every chunk FULL). `pool` runs the encode loop.
 Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
                                  const VersionRef& target,

@@ -451,16 +451,21 @@ Status Drafts::DiscardStaged(std::string_view name) {
   return Status::Ok();
 }
 
-Status Drafts::Commit(uint64_t draft_ino, const std::string& as) {
-  State& s = *state_;
+Expected<std::shared_ptr<Draft>> Drafts::State::DraftOfDir(uint64_t draft_ino) {
   std::shared_ptr<Draft> d;
   {
-    MutexLock lock(s.mu);
-    const State::Ref* r = s.RefLocked(draft_ino);
-    if (!r || r->type != State::Type::kDraftDir) return Status::InvalidArgument("not a draft directory");
-    d = s.DraftLocked(r->a);
+    MutexLock lock(mu);
+    const Ref* r = RefLocked(draft_ino);
+    if (!r || r->type != Type::kDraftDir) return Status::InvalidArgument("not a draft directory");
+    d = DraftLocked(r->a);
   }
   if (!d) return Status::NotFound("the draft is gone (published or removed)");
+  return d;
+}
+
+Status Drafts::Commit(uint64_t draft_ino, const std::string& as) {
+  State& s = *state_;
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<Draft> d, s.DraftOfDir(draft_ino));
   Status st = s.CommitDraft(d, as);
   if (!st.ok()) {
     MutexLock lock(s.mu);
@@ -472,14 +477,7 @@ Status Drafts::Commit(uint64_t draft_ino, const std::string& as) {
 
 Status Drafts::CommitPart(uint64_t draft_ino, const PartCommit& part) {
   State& s = *state_;
-  std::shared_ptr<Draft> d;
-  {
-    MutexLock lock(s.mu);
-    const State::Ref* r = s.RefLocked(draft_ino);
-    if (!r || r->type != State::Type::kDraftDir) return Status::InvalidArgument("not a draft directory");
-    d = s.DraftLocked(r->a);
-  }
-  if (!d) return Status::NotFound("the draft is gone (published or removed)");
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<Draft> d, s.DraftOfDir(draft_ino));
   Status st = s.CommitPartOf(d, part);
   if (!st.ok()) {
     MutexLock lock(s.mu);

@@ -169,6 +169,9 @@ struct Drafts::State {
   // recipes): then it is this draft's own, published by a commit that was cut short.
   bool IsOurs(const Manifest& m);
 
+  // The draft whose directory is `draft_ino` (InvalidArgument: not a draft directory;
+  // NotFound: published or removed since). REQUIRES mu not held.
+  Expected<std::shared_ptr<Draft>> DraftOfDir(uint64_t draft_ino) WFS_EXCLUDES(mu);
   Status CommitDraft(const std::shared_ptr<Draft>& d, const std::string& as_in);
   Status CommitPartOf(const std::shared_ptr<Draft>& d, const PartCommit& part);
   // The first steps of a commit: waits briefly for writers' RELEASE, refuses open or failed

@@ -123,6 +123,20 @@ class StagedVersionTest : public ::testing::Test {
     for (const auto& [path, local] : expected) EXPECT_EQ(ReadFile(dest / path), ReadFile(local)) << path;
   }
 
+  // The record of a part that writes and removes nothing (it only takes part).
+  static PartRecord EmptyPart(const std::string& id, int parts) {
+    PartRecord r;
+    r.meta.id = id;
+    r.meta.parts = parts;
+    r.meta.parent = "v0";
+    r.meta.created_ms = NowMs();
+    r.manifest.model = "acme/m";
+    r.manifest.version = "v1";
+    r.manifest.versions = {"v1"};
+    r.manifest.parent = "v0";
+    return r;
+  }
+
   bool StagingEmpty() {
     auto objects = ListAll(*store_, "staging/");
     return objects.ok() && objects->empty();
@@ -272,15 +286,7 @@ TEST_F(StagedVersionTest, AWaiterPublishesWhenTheCompleterDiedBeforePublishing) 
   ASSERT_EQ(records->size(), 1u);
   // Part b (it writes nothing) puts its record and dies before it looks: the set is complete
   // and nobody has published.
-  PartRecord b;
-  b.meta.id = "b";
-  b.meta.parts = 2;
-  b.meta.parent = "v0";
-  b.meta.created_ms = NowMs();
-  b.manifest.model = "acme/m";
-  b.manifest.version = "v1";
-  b.manifest.versions = {"v1"};
-  b.manifest.parent = "v0";
+  const PartRecord b = EmptyPart("b", 2);
   ASSERT_TRUE(bucket_->store().Put(StagedVersion::Prefix("acme/m", "v1") + "parts/b", StagedVersion::SerializeRecord(b)).ok());
   StagedVersion waiter(*bucket_, "acme/m", "v1");
   auto first = waiter.Step((*records)[0]);
@@ -390,15 +396,7 @@ TEST_F(StagedVersionTest, TheFinalPublishsRequestsDoNotGrowWithChunks) {
     ASSERT_TRUE(v0);
     for (int k = 0; k < 3; ++k) ASSERT_TRUE(Part("p" + std::to_string(k), 4, {k}, v0).ok());
     // The last part writes nothing (it only takes part): its Submit is the publish alone.
-    PartRecord last;
-    last.meta.id = "p3";
-    last.meta.parts = 4;
-    last.meta.parent = "v0";
-    last.meta.created_ms = NowMs();
-    last.manifest.model = "acme/m";
-    last.manifest.version = "v1";
-    last.manifest.versions = {"v1"};
-    last.manifest.parent = "v0";
+    const PartRecord last = EmptyPart("p3", 4);
     StagedVersion staged(*bucket_, "acme/m", "v1");
     const uint64_t before = store_->counters().requests;
     auto st = staged.Submit(last);
