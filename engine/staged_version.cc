@@ -119,17 +119,45 @@ Expected<PartMeta> StagedVersion::ParseMeta(std::span<const uint8_t> bytes) {
   PartMeta m;
   try {
     const nlohmann::json j = nlohmann::json::parse(text.substr(kRecordMagic.size(), end - kRecordMagic.size()));
-    m.id = j.at("id").get<std::string>();
-    m.parts = j.at("parts").get<int>();
-    if (!j.at("parent").is_null()) m.parent = j.at("parent").get<std::string>();
-    m.host = j.value("host", "");
-    m.pid = j.value("pid", int64_t{0});
-    m.created_ms = j.value("created_ms", int64_t{0});
-    m.removed = j.value("removed", std::vector<std::string>{});
-    m.files = j.value("files", size_t{0});
-    m.logical_bytes = j.value("logical_bytes", uint64_t{0});
-    m.stored_bytes = j.value("stored_bytes", uint64_t{0});
-    m.tally = j.value("tally", std::array<uint64_t, 4>{});
+    // Numbers are checked for their type before they are read: nlohmann converts a float or a
+    // negative number to an unsigned one without a word (undefined for a value out of range).
+    auto count = [&](const char* key, bool required) -> uint64_t {
+      if (!j.contains(key)) {
+        if (required) throw std::runtime_error(std::string("no \"") + key + "\"");
+        return 0;
+      }
+      const nlohmann::json& v = j.at(key);
+      if (!v.is_number_unsigned()) throw std::runtime_error(std::string("\"") + key + "\" is not a count");
+      return v.get<uint64_t>();
+    };
+    auto text_of = [&](const nlohmann::json& v, const char* what) {
+      if (!v.is_string()) throw std::runtime_error(std::string(what) + " is not a string");
+      return v.get<std::string>();
+    };
+    if (!j.is_object()) throw std::runtime_error("the first line is not a JSON object");
+    m.id = text_of(j.at("id"), "\"id\"");
+    const uint64_t parts = count("parts", true);
+    if (parts > 1000000) throw std::runtime_error("\"parts\" is over 1,000,000");
+    m.parts = static_cast<int>(parts);
+    if (!j.at("parent").is_null()) m.parent = text_of(j.at("parent"), "\"parent\"");
+    if (j.contains("host")) m.host = text_of(j.at("host"), "\"host\"");
+    m.pid = static_cast<int64_t>(std::min<uint64_t>(count("pid", false), INT64_MAX));
+    m.created_ms = static_cast<int64_t>(std::min<uint64_t>(count("created_ms", false), INT64_MAX));
+    if (j.contains("removed")) {
+      if (!j.at("removed").is_array()) throw std::runtime_error("\"removed\" is not a list");
+      for (const nlohmann::json& r : j.at("removed")) m.removed.push_back(text_of(r, "a removed path"));
+    }
+    m.files = count("files", false);
+    m.logical_bytes = count("logical_bytes", false);
+    m.stored_bytes = count("stored_bytes", false);
+    if (j.contains("tally")) {
+      const nlohmann::json& t = j.at("tally");
+      if (!t.is_array() || t.size() != 4) throw std::runtime_error("\"tally\" is not 4 counts");
+      for (size_t i = 0; i < 4; ++i) {
+        if (!t[i].is_number_unsigned()) throw std::runtime_error("\"tally\" is not 4 counts");
+        m.tally[i] = t[i].get<uint64_t>();
+      }
+    }
   } catch (const std::exception& e) {
     return Status::Corruption(std::string("part record: ") + e.what());
   }
@@ -166,10 +194,16 @@ Expected<std::optional<std::pair<int, std::optional<std::string>>>> StagedVersio
   try {
     const nlohmann::json j = nlohmann::json::parse(Text(*bytes));
     std::optional<std::string> parent;
-    if (!j.at("parent").is_null()) parent = j.at("parent").get<std::string>();
-    const int parts = j.at("parts").get<int>();
-    if (parts < 1) throw std::runtime_error("parts < 1");
-    return std::optional<std::pair<int, std::optional<std::string>>>{{parts, parent}};
+    if (!j.at("parent").is_null()) {
+      if (!j.at("parent").is_string()) throw std::runtime_error("\"parent\" is not a string");
+      parent = j.at("parent").get<std::string>();
+      WFS_TRY(ValidateVersionName(*parent));
+    }
+    const nlohmann::json& n = j.at("parts");
+    if (!n.is_number_unsigned() || n.get<uint64_t>() < 1 || n.get<uint64_t>() > 1000000) {
+      throw std::runtime_error("\"parts\" is not a count from 1 to 1,000,000");
+    }
+    return std::optional<std::pair<int, std::optional<std::string>>>{{static_cast<int>(n.get<uint64_t>()), parent}};
   } catch (const std::exception& e) {
     return Status::Corruption(bucket_.Describe() + "/" + prefix_ + "intent.json: " + e.what());
   }
@@ -179,7 +213,8 @@ Expected<int64_t> StagedVersion::IntentCreatedMs() {
   Expected<std::vector<uint8_t>> bytes = bucket_.store().Get(prefix_ + "intent.json");
   if (!bytes.ok()) return bytes.status().kind() == ErrorKind::kNotFound ? Expected<int64_t>(int64_t{0}) : bytes.status();
   const nlohmann::json j = nlohmann::json::parse(Text(*bytes), nullptr, /*allow_exceptions=*/false);
-  return j.is_object() ? j.value("created_ms", int64_t{0}) : int64_t{0};
+  if (!j.is_object() || !j.contains("created_ms") || !j.at("created_ms").is_number_unsigned()) return int64_t{0};
+  return static_cast<int64_t>(std::min<uint64_t>(j.at("created_ms").get<uint64_t>(), INT64_MAX));
 }
 
 Status StagedVersion::Join(int parts, const std::optional<std::string>& parent) {
