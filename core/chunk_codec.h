@@ -129,6 +129,10 @@ class ChunkCodec {
 
   // Encodes `data` against `parent`, choosing the smallest of SPARSE, DENSE, PATCH and FULL that
   // applies. Returns kSame (and leaves *out empty) when data equals parent.
+  // The encoders read their input in several passes: `data` and `parent` must not change during
+  // the call (a caller reading a file others may write, a mapped staging file, copies the chunk
+  // first, as VersionEncoder does). Input that does change anyway never crashes the encoder;
+  // the payload it makes then fails its hash check when decoded.
   ChunkEncoding EncodeDelta(DType dtype, std::span<const uint8_t> parent,
                             std::span<const uint8_t> data, std::vector<uint8_t>* out);
 

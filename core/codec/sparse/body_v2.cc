@@ -322,6 +322,11 @@ void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, in
                     elem::ToOrd(Load<T>(parent + size_t{pos} * sizeof(T)), is_float));
       const auto sign = static_cast<uint32_t>(d >> (sizeof(T) * 8 - 1));
       mags[o] = sign ? uint64_t(T(T(0) - d)) : uint64_t(d);
+      // A change whose value equals the parent's: the input changed since FindChanges (a file
+      // written while it is encoded; ChunkCodec's callers must give stable input, and
+      // VersionEncoder copies each chunk first). Any valid symbol keeps the tables in range:
+      // the payload then decodes to bytes whose hash is not the header's, and is refused.
+      if (mags[o] == 0) mags[o] = 1;
       value_sym[o] = static_cast<uint8_t>(ValueSymbol(sign, mags[o]));
       ++counts[value_sym[o]];
     }
