@@ -167,15 +167,14 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
 }
 
 bool ChunkReader::Prefetch(const std::shared_ptr<const Manifest>& manifest,
-                           const ManifestFile& file, size_t index) {
-  if (index >= file.chunks.size()) return true;
-  const Hash128 hash = file.chunks[index].hash;
+                           const std::shared_ptr<const ManifestFile>& file, size_t index) {
+  if (index >= file->chunks.size()) return true;
+  const Hash128 hash = file->chunks[index].hash;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (cache_.count(hash) || inflight_.count(hash) || !queued_.insert(hash).second) return true;
   }
-  const ManifestFile* f = &file;
-  bool queued = readahead_.TryPush([this, manifest, f, index, hash] {
+  bool queued = readahead_.TryPush([this, manifest, f = file, index, hash] {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queued_.erase(hash);
@@ -198,8 +197,9 @@ bool ChunkReader::Prefetch(const std::shared_ptr<const Manifest>& manifest,
 }
 
 void ChunkReader::Readahead(const std::shared_ptr<const Manifest>& manifest,
-                            const ManifestFile& file, uint64_t offset, uint64_t end, size_t last,
-                            ReadStream* stream) {
+                            const std::shared_ptr<const ManifestFile>& file_ref, uint64_t offset, uint64_t end,
+                            size_t last, ReadStream* stream) {
+  const ManifestFile& file = *file_ref;
   // A stream's first read starts no run: a loader reads the header first and then jumps to
   // the tensors it wants; cat's second read comes soon enough.
   const uint64_t previous_end = stream->next_offset_.exchange(end);
@@ -238,7 +238,7 @@ void ChunkReader::Readahead(const std::shared_ptr<const Manifest>& manifest,
     if (!streaming && file.chunks[i].key.tensor != tensor) break;
     budget -= std::min(budget, file.chunks[i].length);
     if (static_cast<int64_t>(i) <= queued) continue;
-    if (!Prefetch(manifest, file, i)) break;
+    if (!Prefetch(manifest, file_ref, i)) break;
     until = static_cast<int64_t>(i);
   }
   while (queued < until && !stream->queued_until_.compare_exchange_weak(queued, until)) {
@@ -246,8 +246,9 @@ void ChunkReader::Readahead(const std::shared_ptr<const Manifest>& manifest,
 }
 
 Expected<ReadResult> ChunkReader::Read(const std::shared_ptr<const Manifest>& manifest,
-                                       const ManifestFile& file, uint64_t offset, size_t size,
-                                       ReadStream* stream) {
+                                       const std::shared_ptr<const ManifestFile>& file_ref, uint64_t offset,
+                                       size_t size, ReadStream* stream) {
+  const ManifestFile& file = *file_ref;
   ReadResult out;
   stats_.reads++;
   if (offset >= file.size || size == 0) return out;
@@ -255,7 +256,7 @@ Expected<ReadResult> ChunkReader::Read(const std::shared_ptr<const Manifest>& ma
   const size_t first = file.ChunkAt(offset);
   const size_t last = file.ChunkAt(end - 1);
 
-  if (stream && readahead_bytes_ > 0) Readahead(manifest, file, offset, end, last, stream);
+  if (stream && readahead_bytes_ > 0) Readahead(manifest, file_ref, offset, end, last, stream);
 
   out.chunks.reserve(last - first + 1);
   out.iov.reserve(last - first + 1);

@@ -120,13 +120,21 @@ class ChunkReader {
 
   // Bytes [offset, offset + size) of `file`, clipped to its size (empty past the end).
   // `stream` (may be null) drives readahead. An error names the version, file and chunk.
+  // Readahead jobs hold `file` (a format 2 file's rows are their own object in the bucket's
+  // byte-bounded cache, not the manifest's: a job that outlived the open file and the cache's
+  // copy would read freed rows).
   Expected<ReadResult> Read(const std::shared_ptr<const Manifest>& manifest,
-                            const ManifestFile& file, uint64_t offset, size_t size,
+                            const std::shared_ptr<const ManifestFile>& file, uint64_t offset, size_t size,
                             ReadStream* stream);
+  // The same for a file whose rows are the manifest's own (format 1, a full manifest).
+  Expected<ReadResult> Read(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
+                            uint64_t offset, size_t size, ReadStream* stream) {
+    return Read(manifest, std::shared_ptr<const ManifestFile>(manifest, &file), offset, size, stream);
+  }
 
   // Queues the materialization of a chunk unless it is cached, in flight or queued already.
-  // Never blocks. False if the queue was full (the chunk was not queued).
-  bool Prefetch(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
+  // Never blocks. False if the queue was full (the chunk was not queued). The job holds `file`.
+  bool Prefetch(const std::shared_ptr<const Manifest>& manifest, const std::shared_ptr<const ManifestFile>& file,
                 size_t index);
 
   uint64_t cached_bytes() const;
@@ -164,7 +172,7 @@ class ChunkReader {
 
   // Notes the read [offset, end) (ending in chunk `last`) on `stream` and queues readahead
   // if the stream is sequential.
-  void Readahead(const std::shared_ptr<const Manifest>& manifest, const ManifestFile& file,
+  void Readahead(const std::shared_ptr<const Manifest>& manifest, const std::shared_ptr<const ManifestFile>& file,
                  uint64_t offset, uint64_t end, size_t last, ReadStream* stream);
   // REQUIRES: mu_ held.
   void InsertLocked(const Hash128& hash, ChunkBytes bytes);

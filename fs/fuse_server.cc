@@ -532,7 +532,8 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
     }
     const Manifest& m = *f.file.manifest;
     Expected<ReadResult> r =
-        Server(req).reader.Read(f.file.manifest, *f.file.file, static_cast<uint64_t>(off), size, &f.stream);
+        Server(req).reader.Read(f.file.manifest, f.file.rows ? f.file.rows : std::shared_ptr<const ManifestFile>(f.file.manifest, f.file.file),
+                                static_cast<uint64_t>(off), size, &f.stream);
     if (!r.ok()) {
       return r.status().WithContext("read " + m.model + "@" + m.version + "/" + f.file.file->path + " at " +
                                     std::to_string(off) + "+" + std::to_string(size));

@@ -249,7 +249,7 @@ Status Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<ui
   if (offset >= fsize) return Status::Ok();
   const uint64_t end = std::min<uint64_t>(fsize, offset + size);
   if (id == 0) {
-    Expected<ReadResult> r = s.reader->Read(h.draft->parent_manifest, *f.rows, offset, end - offset, &h.stream);
+    Expected<ReadResult> r = s.reader->Read(h.draft->parent_manifest, f.rows_holder, offset, end - offset, &h.stream);
     if (!r.ok()) return ParentBytes(r.status(), "read " + h.draft->name() + "/" + h.path);
     out->reserve(r->size);
     for (const iovec& v : r->iov) {
