@@ -167,7 +167,9 @@ void EncodeChange(rc::RangeEncoder& enc, Model& m, ClassState& s, int cls, uint6
   EncodeGap(enc, m, s, cls, gap);
   const T d = T(elem::ToOrd(new_v, is_float) - elem::ToOrd(old_v, is_float));
   const uint32_t sign = static_cast<uint32_t>(d >> (sizeof(T) * 8 - 1));
-  const uint64_t mag = sign ? uint64_t(T(T(0) - d)) : uint64_t(d);
+  // (0 only if the input changed since the changes were found: see ChunkCodec::EncodeDelta.
+  // Any magnitude keeps the coder defined; the payload then fails its hash check.)
+  const uint64_t mag = std::max<uint64_t>(1, sign ? uint64_t(T(T(0) - d)) : uint64_t(d));
   enc.EncodeBit(m.sign[s.prev_sign], sign);
   EncodeMagnitude(enc, m, s, mag);
   s.prev_sign = sign;
