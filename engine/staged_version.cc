@@ -12,7 +12,6 @@
 
 #include "core/safetensors.h"
 #include "engine/lease.h"
-#include "engine/mapped_file.h"
 #include "engine/materializer.h"
 #include "engine/version_writer.h"
 
@@ -699,35 +698,13 @@ Expected<StagedState> PushPart(Bucket& bucket, ChunkCache* cache, ThreadPool& po
   });
   WFS_TRY(staged.Join(part.parts, parent_name));
 
-  std::vector<MappedFile> mapped;
-  uint64_t total_bytes = 0;
-  for (const PushFile& f : files) {
-    Expected<MappedFile> m = MappedFile::Open(f.local_path);
-    if (!m.ok()) return m.status();
-    total_bytes += m->size();
-    mapped.push_back(std::move(m).value());
-  }
   // The lease covers the packs until the record names them (gc's order: engine/gc.h).
   WFS_ASSIGN_OR_RETURN(std::unique_ptr<Lease> lease, Lease::Acquire(&bucket.store(), name + " part " + part.id));
   PushResult local;
   PushResult& r = result ? *result : local;
   PartRecord record;
-  {
-    VersionEncoder encoder(bucket, cache, pool, target, parent, options, total_bytes);
-    for (size_t i = 0; i < files.size(); ++i) {
-      Status s = encoder.AddFile(files[i].path, mapped[i].bytes(), files[i].local_path);
-      if (!s.ok()) return s.WithContext("pushing part " + part.id + " of " + name);
-    }
-    Expected<Manifest> m = encoder.Finish(&r);
-    if (!m.ok()) return m.status().WithContext("pushing part " + part.id + " of " + name);
-    record.manifest = std::move(m).value();
-  }
-  for (size_t i = 0; i < files.size(); ++i) {
-    if (mapped[i].faulted()) {
-      return Status::IOError(files[i].local_path + " was truncated while it was being read; nothing was "
-                             "submitted (push it again once it is complete)");
-    }
-  }
+  WFS_ASSIGN_OR_RETURN(record.manifest, EncodePushFiles(bucket, cache, pool, target, parent, files, options,
+                                                        "pushing part " + part.id + " of " + name, &r));
   record.meta.id = part.id;
   record.meta.parts = part.parts;
   record.meta.parent = parent_name;

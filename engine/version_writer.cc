@@ -362,6 +362,33 @@ Status CheckPushFiles(const VersionRef& target, const Manifest* parent, std::vec
   return Status::Ok();
 }
 
+Expected<Manifest> EncodePushFiles(Bucket& bucket, ChunkCache* cache, ThreadPool& pool, const VersionRef& target,
+                                   std::shared_ptr<const Manifest> parent, const std::vector<PushFile>& files,
+                                   const PushOptions& options, const std::string& what, PushResult* result) {
+  std::vector<MappedFile> mapped;
+  uint64_t total_bytes = 0;
+  for (const PushFile& f : files) {
+    Expected<MappedFile> m = MappedFile::Open(f.local_path);
+    if (!m.ok()) return m.status();
+    total_bytes += m->size();
+    mapped.push_back(std::move(m).value());
+  }
+  VersionEncoder encoder(bucket, cache, pool, target, std::move(parent), options, total_bytes);
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    Status s = encoder.AddFile(files[fi].path, mapped[fi].bytes(), files[fi].local_path);
+    if (!s.ok()) return s.WithContext(what);
+  }
+  Expected<Manifest> manifest = encoder.Finish(result);
+  if (!manifest.ok()) return manifest.status().WithContext(what);
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    if (mapped[fi].faulted()) {
+      return Status::IOError(files[fi].local_path + " was truncated while it was being read; nothing was "
+                             "published (push it again once it is complete)");
+    }
+  }
+  return manifest;
+}
+
 Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
                                  const VersionRef& target, std::shared_ptr<const Manifest> parent,
                                  std::vector<PushFile> files, const PushOptions& options) {
@@ -382,30 +409,11 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
                             "them); push this one's files with --parts N, or under another name");
   }
 
-  std::vector<MappedFile> mapped;
-  uint64_t total_bytes = 0;
-  for (const PushFile& f : files) {
-    Expected<MappedFile> m = MappedFile::Open(f.local_path);
-    if (!m.ok()) return m.status();
-    total_bytes += m->size();
-    mapped.push_back(std::move(m).value());
-  }
-
   WFS_ASSIGN_OR_RETURN(std::unique_ptr<Lease> lease, Lease::Acquire(&bucket.store(), name));
-  VersionEncoder encoder(bucket, cache, pool, target, parent, options, total_bytes);
-  for (size_t fi = 0; fi < files.size(); ++fi) {
-    Status s = encoder.AddFile(files[fi].path, mapped[fi].bytes(), files[fi].local_path);
-    if (!s.ok()) return s.WithContext("pushing " + name);
-  }
   PushResult result;
-  Expected<Manifest> manifest = encoder.Finish(&result);
-  if (!manifest.ok()) return manifest.status().WithContext("pushing " + name);
-  for (size_t fi = 0; fi < files.size(); ++fi) {
-    if (mapped[fi].faulted()) {
-      return Status::IOError(files[fi].local_path + " was truncated while it was being read; nothing was "
-                             "published (push it again once it is complete)");
-    }
-  }
+  Expected<Manifest> manifest = EncodePushFiles(bucket, cache, pool, target, parent, files, options,
+                                                "pushing " + name, &result);
+  if (!manifest.ok()) return manifest.status();
   Status published = bucket.PublishManifest(*manifest);
   if (!published.ok()) return published;
   // Reading it back through the bucket validates what we wrote (format 2: the head and every

@@ -97,6 +97,13 @@ void AppendFileFrom(const Manifest& src, const ManifestFile& file, Manifest* dst
 // path valid and given once, the parent of the same model.
 Status CheckPushFiles(const VersionRef& target, const Manifest* parent, std::vector<PushFile>* files);
 
+// Maps and encodes `files` (checked by CheckPushFiles) into a manifest whose packs are uploaded,
+// not yet published: push's and push --parts' encode. The caller holds a lease. IOError if a
+// file was truncated while it was read. `what` names the push in errors.
+Expected<Manifest> EncodePushFiles(Bucket& bucket, ChunkCache* cache, ThreadPool& pool, const VersionRef& target,
+                                   std::shared_ptr<const Manifest> parent, const std::vector<PushFile>& files,
+                                   const PushOptions& options, const std::string& what, PushResult* result);
+
 // `parent` null: the version is a base (every chunk FULL). `pool` runs the encode loop.
 Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
                                  const VersionRef& target,
