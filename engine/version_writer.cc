@@ -114,6 +114,19 @@ VersionEncoder::VersionEncoder(Bucket& bucket, ChunkCache* cache, ThreadPool& po
   m.versions = {target.version};
   m.chunk_bytes = options.chunk_bytes;
   if (state_->parent) m.parent = state_->parent->version;
+  // A parent whose history holds this version's own name (the version itself, or a descendant
+  // of it) would map the chunks inherited from that version onto this one's own (origin 0: the
+  // fresh packs), a wrong pack or an out-of-range read: refused.
+  if (state_->parent) {
+    for (const std::string& v : state_->parent->versions) {
+      if (v == target.version) {
+        state_->first_error = Status::InvalidArgument(
+            "cannot encode " + target.model + "@" + target.version + " against " + state_->parent->model + "@" +
+            state_->parent->version + ": its history already holds " + target.version);
+        break;
+      }
+    }
+  }
 }
 
 VersionEncoder::~VersionEncoder() = default;

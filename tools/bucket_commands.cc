@@ -338,8 +338,19 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
         StagedVersion(*ctx->bucket, target->model, target->version).Intent();
     if (!intent.ok()) return Fail(intent.status());
     std::optional<std::string> fixed;
+    // (No intent: published already, its staging cleared, or not staged yet.)
+    Expected<std::shared_ptr<const Manifest>> published =
+        *intent ? Expected<std::shared_ptr<const Manifest>>(Status::NotFound("staged"))
+                : ctx->bucket->ReadManifest(target->model, target->version);
     if (*intent) {
       fixed = (*intent)->second;
+    } else if (published.ok()) {
+      // This push again once the version is published (a job's retry) is checked against the
+      // version as published: encode against its parent (the latest is the version itself, or
+      // a descendant of it, whose history holds it).
+      fixed = (*published)->parent;
+    } else if (published.status().kind() != ErrorKind::kNotFound) {
+      return Fail(published.status());
     } else if (Expected<std::shared_ptr<const Manifest>> m = ctx->bucket->Latest(target->model); m.ok()) {
       fixed = (*m)->version;
     } else if (m.status().kind() != ErrorKind::kNotFound) {

@@ -373,6 +373,40 @@ TEST_F(BucketEngineTest, UnchangedVersionStoresNothing) {
   EXPECT_LT(r->manifest->stats.stored_bytes, 1000u);
 }
 
+// A version is never encoded against a parent whose history holds it (itself, or a descendant
+// of it): its inherited chunks would point at its own fresh packs. Refused before anything is
+// uploaded, on every path (one file at a time, and a whole push), with the published chain
+// untouched. (push --parts once run again after its publish encoded v1 against the latest, v1
+// itself, and died in VersionEncoder::Finish.)
+TEST_F(BucketEngineTest, AParentWhoseHistoryHoldsTheTargetIsRefused) {
+  auto chain = PushChain(3, nullptr);
+  ASSERT_EQ(chain.size(), 3u);
+  const uint64_t puts_before = store_->counters().puts.load();
+  for (const char* target : {"v2", "v1", "v0"}) {
+    SCOPED_TRACE(target);
+    VersionEncoder encoder(*bucket_, nullptr, pool_, {"acme/m", target}, chain[2], options_);
+    const std::string written = (root_ / "src/v2/model.safetensors").string();
+    std::vector<uint8_t> bytes = ReadFile(written);
+    Status added = encoder.AddFile("model.safetensors", bytes, written);
+    EXPECT_EQ(added.kind(), ErrorKind::kInvalidArgument) << added.ToString();
+    EXPECT_NE(added.message().find("history already holds"), std::string::npos) << added.ToString();
+    Expected<Manifest> finished = encoder.Finish();
+    EXPECT_FALSE(finished.ok());
+  }
+  auto files = FilesUnder((root_ / "src/v2").string());
+  ASSERT_TRUE(files.ok());
+  auto pushed = PushVersion(*bucket_, nullptr, pool_, {"acme/m", "v1"}, chain[2], *files, options_);
+  ASSERT_FALSE(pushed.ok());  // (v1 exists: a conflict before the encode; either way nothing written)
+  EXPECT_TRUE(pushed.status().kind() == ErrorKind::kInvalidArgument || pushed.status().kind() == ErrorKind::kConflict)
+      << pushed.status().ToString();
+  EXPECT_EQ(store_->counters().puts.load(), puts_before) << "nothing is uploaded for a refused encode";
+  // A sibling name (not in the parent's history) is still fine.
+  auto sibling = PushVersion(*bucket_, nullptr, pool_, {"acme/m", "v3"}, chain[2], *files, options_);
+  EXPECT_TRUE(sibling.ok()) << sibling.status().ToString();
+  Materializer verifier(bucket_.get(), nullptr);
+  for (const auto& m : chain) EXPECT_TRUE(VerifyVersion(verifier, pool_, *m).ok()) << m->version;
+}
+
 TEST_F(BucketEngineTest, ConcurrentPushesOfOneVersionHaveOneWinner) {
   auto chain = PushChain(1, nullptr);
   WriteVersion(1);

@@ -1,8 +1,10 @@
 // Many nodes, one version (docs/parts.md) through real mounts: each "node" is a mount of the same
 // bucket with its own cache directory; each writes its own shards into a draft of one version
 // and runs `weightfs commit --parts N`. Local, WebDAV (nginx) and S3 (s3rver behind a proxy that
-// honours If-None-Match) buckets; conflicts, timeouts, a discard from another node, the DCP
-// file pattern, and a node's daemon killed at random points of its part.
+// honours If-None-Match) buckets; conflicts (on a parent's file and on a new one), timeouts, a
+// discard from another node, the DCP file pattern, `push --parts` run again after the publish,
+// and a node's daemon killed at random points of its part (while it writes, before and during
+// its commit).
 #include <signal.h>
 
 #include <algorithm>
@@ -118,6 +120,8 @@ class PartsOnBucketTest : public PartsMountTest, public ::testing::WithParamInte
 TEST_P(PartsOnBucketTest, FourMountsEachWriteAQuarterAndPublishOnce) {
   StartBucket(GetParam());
   InitBase();
+  // Every shard changes in the step (so a parent's old shard in v1 cannot pass for a new one).
+  for (const std::string& s : shards_) ASSERT_NE(Sha256Of(Source(1) / s), Sha256Of(Source(0) / s)) << s;
   std::vector<Mount*> nodes;
   for (int k = 0; k < 4; ++k) nodes.push_back(&Node("node" + std::to_string(k)));
   std::map<size_t, int> fresh;
@@ -148,12 +152,16 @@ TEST_P(PartsOnBucketTest, FourMountsEachWriteAQuarterAndPublishOnce) {
   ExpectSameFiles(fresh_mount.Dir("m/x@v1"), Source(1));
   // Stored bytes are the deltas of all shards: far below the files.
   Json log = CliJson("log " + bucket_ + " m/x --json " + mount_extra_, env_);
+  int v1_entries = 0;
   for (const Json& v : log) {
     if (v.value("version", "") == "v1") {
+      ++v1_entries;
+      EXPECT_FALSE(v.value("staged", false)) << v.dump();
       EXPECT_LT(v.value("stored_bytes", uint64_t{0}) * 10, v.value("logical_bytes", uint64_t{0})) << v.dump();
       EXPECT_EQ(v.value("parent", ""), "v0");
     }
   }
+  EXPECT_EQ(v1_entries, 1) << log.dump();
 }
 
 INSTANTIATE_TEST_SUITE_P(Buckets, PartsOnBucketTest, ::testing::Values("local", "webdav", "s3"));
@@ -168,6 +176,7 @@ TEST_F(PartsMountTest, TwoNodeReproPublishesBothNewShards) {
   ASSERT_EQ(::mkdir(b.Dir("m/x@v1").c_str(), 0755), 0);
   CopyShards(a.Dir("m/x@v1"), 1, {0});
   CopyShards(b.Dir("m/x@v1"), 1, {1});
+  ASSERT_NE(Sha256Of(Source(1) / shards_[1]), Sha256Of(Source(0) / shards_[1]));  // (the parent's old shard 2 fails)
   auto ca = std::async(std::launch::async, [&] { return a.Commit("m/x@v1", "--parts 2 --timeout 120"); });
   Result rb = b.Commit("m/x@v1", "--parts 2 --timeout 120");
   Result ra = ca.get();
@@ -231,6 +240,72 @@ TEST_F(PartsMountTest, TwoPartsWritingOneFileAreRefusedAndKeepTheirData) {
   ExpectFreshMountReads({{"m/x@v1", Expected("v1", 0, {{3, 1}, {4, 2}})}});
 }
 
+// Two parts write the same NEW path (the parent has none): refused, every part's data kept; the
+// node that should not have written it removes it (no removal of a parent file, so no conflict
+// left) and commits again, then the other node does: published, with the keeper's file. (In this
+// order: a part re-committed while the other's stale record still writes the path is refused
+// again, rightly, at that moment.)
+TEST_F(PartsMountTest, TwoPartsWritingOneNewFileGoOnOnceOneRemovesIt) {
+  InitBase();
+  Mount& a = Node("a");
+  Mount& b = Node("b");
+  ASSERT_EQ(::mkdir(a.Dir("m/x@v1").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(b.Dir("m/x@v1").c_str(), 0755), 0);
+  CopyShards(a.Dir("m/x@v1"), 1, {7});
+  CopyShards(b.Dir("m/x@v1"), 1, {8});
+  const fs::path extra_a = root_ / "extra-a.bin", extra_b = root_ / "extra-b.bin";
+  WriteFile(extra_a, RandomBytes(200000, 11));
+  WriteFile(extra_b, RandomBytes(150000, 12));
+  ASSERT_EQ(Shell("cp " + extra_a.string() + " " + (a.Dir("m/x@v1") / "extra.bin").string()).exit_code, 0);
+  ASSERT_EQ(Shell("cp " + extra_b.string() + " " + (b.Dir("m/x@v1") / "extra.bin").string()).exit_code, 0);
+  auto ca = std::async(std::launch::async, [&] { return a.Commit("m/x@v1", "--parts 2 --part a --timeout 120"); });
+  Result rb = b.Commit("m/x@v1", "--parts 2 --part b --timeout 120");
+  Result ra = ca.get();
+  for (const Result* r : {&ra, &rb}) {
+    EXPECT_EQ(r->exit_code, 1) << r->out;
+    EXPECT_NE(r->out.find("extra.bin"), std::string::npos) << r->out;
+    EXPECT_NE(r->out.find("part a"), std::string::npos) << r->out;
+    EXPECT_NE(r->out.find("part b"), std::string::npos) << r->out;
+  }
+  EXPECT_EQ(Published().count("v1"), 0u);
+  EXPECT_EQ(Sha256sum(a.Dir("m/x@v1") / "extra.bin"), Sha256Of(extra_a));
+  EXPECT_EQ(Sha256sum(b.Dir("m/x@v1") / "extra.bin"), Sha256Of(extra_b));
+  EXPECT_EQ(Sha256sum(b.Dir("m/x@v1") / shards_[8]), Sha256Of(Source(1) / shards_[8]));
+  ASSERT_EQ(::unlink((b.Dir("m/x@v1") / "extra.bin").c_str()), 0) << std::strerror(errno);
+  Result b_again = b.Commit("m/x@v1", "--parts 2 --part b --timeout 60");
+  EXPECT_EQ(b_again.exit_code, 0) << b_again.out;
+  Result a_again = a.Commit("m/x@v1", "--parts 2 --part a --timeout 60");
+  EXPECT_EQ(a_again.exit_code, 0) << a_again.out;
+  const fs::path want = Expected("v1", 0, {{7, 1}, {8, 1}});
+  fs::copy_file(extra_a, want / "extra.bin");
+  ExpectFreshMountReads({{"m/x@v1", want}});
+}
+
+// `weightfs push --parts` run again once the version is published (a job's retry): 0 when the
+// version holds this part exactly, 1 naming the file when it holds another. (It encoded against
+// the model's latest, the version itself, and died with SIGSEGV in VersionEncoder::Finish.)
+TEST_F(PartsMountTest, PushPartAgainAfterThePublishIsCheckedAgainstIt) {
+  InitBase();
+  const fs::path da = root_ / "push-a", db = root_ / "push-b", dc = root_ / "push-a-other";
+  for (const fs::path& d : {da, db, dc}) fs::create_directories(d);
+  CopyShards(da, 1, {0});
+  CopyShards(db, 1, {1});
+  CopyShards(dc, 2, {0});
+  Result a = BucketCli("push", "m/x@v1 " + da.string() + " --parts 2 --part a --no-wait --no-cache");
+  EXPECT_EQ(a.exit_code, 0) << a.out;
+  Result b = BucketCli("push", "m/x@v1 " + db.string() + " --parts 2 --part b --timeout 60 --no-cache");
+  EXPECT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_EQ(Published().count("v1"), 1u);
+  Result again = BucketCli("push", "m/x@v1 " + da.string() + " --parts 2 --part a --timeout 60 --no-cache");
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+  Result other = BucketCli("push", "m/x@v1 " + dc.string() + " --parts 2 --part a --timeout 60 --no-cache");
+  EXPECT_EQ(other.exit_code, 1) << other.out;
+  EXPECT_NE(other.out.find(shards_[0]), std::string::npos) << other.out;
+  Result log = BucketCli("log", "m/x");
+  EXPECT_EQ(log.out.find("staged"), std::string::npos) << log.out;
+  ExpectFreshMountReads({{"m/x@v1", Expected("v1", 0, {{0, 1}, {1, 1}})}});
+}
+
 TEST_F(PartsMountTest, ATimedOutPartStaysStagedAndRunningAgainGoesOn) {
   InitBase();
   Mount& a = Node("a");
@@ -249,6 +324,8 @@ TEST_F(PartsMountTest, ATimedOutPartStaysStagedAndRunningAgainGoesOn) {
   EXPECT_NE(status.out.find("1 of 2 parts in"), std::string::npos) << status.out;
   EXPECT_NE(status.out.find("part rank0"), std::string::npos) << status.out;
   Result log = BucketCli("log", "m/x");
+  EXPECT_NE(log.out.find("staged m/x@v1"), std::string::npos) << log.out;
+  EXPECT_NE(log.out.find("1 of 2 parts in"), std::string::npos) << log.out;
   EXPECT_NE(log.out.find("part rank0"), std::string::npos) << log.out;
   Result rb = b.Commit("m/x@v1", "--parts 2 --part rank1 --timeout 60");
   EXPECT_EQ(rb.exit_code, 0) << rb.out;
@@ -305,8 +382,9 @@ TEST_F(PartsMountTest, DcpPatternPublishesEveryRanksFiles) {
 
 // ---- a node killed at random points of its part -------------------------------------------------
 
-// Node B's daemon is killed (SIGKILL) at a random moment after its `commit --parts 2` starts
-// (encoding, uploading, putting its record, or waiting). While B is down the version is never
+// Node B's daemon is killed (SIGKILL) at a random moment: while it writes its shard, before its
+// commit, or after its `commit --parts 2` starts (encoding, uploading, putting its record, or
+// waiting). While B is down the version is never
 // published partly: A's commit either completes the set with B's record (if it got in) or
 // times out. B is mounted again (same cache directory); both commit; the version is published
 // once, bit-exact. WEIGHTFS_PARTS_KILL_RUNS sets the runs (default 20).
@@ -321,6 +399,14 @@ TEST_F(PartsMountTest, KilledNodeResumesItsPartAndTheVersionIsNeverPartial) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   int completed_by_a = 0, timed_out = 0;
   std::map<size_t, int> state;  // shard -> the generated version its bytes are from (else v0)
+  struct Run {
+    std::string v;
+    size_t sa;
+    int ka;
+    size_t sb;
+    int kb;
+  };
+  std::vector<Run> history;
   for (int run = 1; run <= runs && !HasFatalFailure(); ++run) {
     const std::string v = "k" + std::to_string(run);
     const std::string draft = "m/x@" + v;
@@ -331,14 +417,25 @@ TEST_F(PartsMountTest, KilledNodeResumesItsPartAndTheVersionIsNeverPartial) {
     const size_t sa = rng() % shards_.size();
     const size_t sb = (sa + 1 + rng() % (shards_.size() - 1)) % shards_.size();
     const int ka = 1 + static_cast<int>(rng() % 20), kb = 1 + static_cast<int>(rng() % 20);
+    // Killed while it writes its shard (it writes it again once it is back), before its commit
+    // (its file written and closed), early in the commit (encoding, uploading), or anywhere in
+    // it (its record in, waiting).
+    const int when = static_cast<int>(rng() % 5);
+    SCOPED_TRACE("kill point " + std::to_string(when));
     CopyShards(a.Dir(draft), ka, {sa});
-    CopyShards(b.Dir(draft), kb, {sb});
-    // Killed before its commit (its file written and closed), early in the commit (encoding,
-    // uploading), or anywhere in it (its record in, waiting).
-    const int when = static_cast<int>(rng() % 4);
+    if (when == 4) {
+      auto cp = std::async(std::launch::async, [&] {
+        return Shell("cp " + (Source(kb) / shards_[sb]).string() + " " + b.Dir(draft).string() + "/");
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 20));
+      ASSERT_TRUE(b.Kill());
+      (void)cp.get();  // (ENOTCONN, or 0 if it had finished)
+    } else {
+      CopyShards(b.Dir(draft), kb, {sb});
+    }
     if (when == 0) {
       ASSERT_TRUE(b.Kill());
-    } else {
+    } else if (when != 4) {
       auto cb = std::async(std::launch::async, [&] { return b.Commit(draft, "--parts 2 --timeout 60"); });
       std::this_thread::sleep_for(std::chrono::milliseconds(rng() % (when == 1 ? 60 : 400)));
       ASSERT_TRUE(b.Kill());
@@ -357,6 +454,10 @@ TEST_F(PartsMountTest, KilledNodeResumesItsPartAndTheVersionIsNeverPartial) {
     // B comes back; its journal resumes the part.
     UnmountIfMounted(b.mnt().string());
     ASSERT_EQ(b.Start().exit_code, 0) << b.Describe();
+    if (when == 4) {
+      ASSERT_TRUE(fs::is_directory(b.Dir(draft))) << b.Describe();
+      CopyShards(b.Dir(draft), kb, {sb});
+    }
     Result rb = b.Commit(draft, "--parts 2 --timeout 60");
     EXPECT_EQ(rb.exit_code, 0) << rb.out << b.Describe();
     if (ra.exit_code != 0) {
@@ -365,6 +466,7 @@ TEST_F(PartsMountTest, KilledNodeResumesItsPartAndTheVersionIsNeverPartial) {
     }
     state[sa] = ka;
     state[sb] = kb;
+    history.push_back({v, sa, ka, sb, kb});
     // Bit-exact through A's mount: A's shard, B's (fetched from the bucket), and one inherited.
     ASSERT_TRUE(fs::is_directory(a.Dir(draft)));
     EXPECT_EQ(Sha256sum(a.Dir(draft) / shards_[sa]), Sha256Of(Source(ka) / shards_[sa]));
@@ -382,6 +484,13 @@ TEST_F(PartsMountTest, KilledNodeResumesItsPartAndTheVersionIsNeverPartial) {
     fs::copy_file(Source(k) / shards_[i], last / shards_[i], fs::copy_options::overwrite_existing);
   }
   ExpectFreshMountReads({{"m/x@k" + std::to_string(runs), last}});
+  // Every run's version through another fresh mount (empty cache): both of its new shards.
+  Mount& fresh = NewMount("fresh-every-run");
+  ASSERT_EQ(fresh.Start().exit_code, 0) << fresh.Describe();
+  for (const Run& r : history) {
+    EXPECT_EQ(Sha256sum(fresh.Dir("m/x@" + r.v) / shards_[r.sa]), Sha256Of(Source(r.ka) / shards_[r.sa])) << r.v;
+    EXPECT_EQ(Sha256sum(fresh.Dir("m/x@" + r.v) / shards_[r.sb]), Sha256Of(Source(r.kb) / shards_[r.sb])) << r.v;
+  }
   std::printf("%d runs: A completed the set with the dead node's record %d times, timed out %d times\n", runs,
               completed_by_a, timed_out);
   EXPECT_EQ(Published().size(), static_cast<size_t>(runs) + 1);
