@@ -4,10 +4,12 @@
 #include <atomic>
 #include <cstdio>
 #include <functional>
+#include <set>
 #include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "core/chunk_table.h"
 
@@ -114,8 +116,11 @@ std::string Bucket::TimeKey(std::string_view model, std::string_view version, in
   return "models/" + std::string(model) + "/times/" + ms + "-" + std::string(version);
 }
 
-std::string Bucket::FileKey(std::string_view model, std::string_view version, std::string_view path) {
+std::string Bucket::FileKey(std::string_view model, std::string_view version, const Hash128& table,
+                            std::string_view path) {
   std::string k = std::string(model) + "@" + std::string(version);
+  k.push_back('\0');
+  k.append(table.ToHex());
   k.push_back('\0');
   k.append(path);
   return k;
@@ -176,6 +181,13 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
   if (derived_) return derived_->ReadManifest(model, version);
   const std::string key = ManifestKey(model, version);
   if (std::shared_ptr<const Manifest> cached = manifests_.Get(key)) return cached;
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> read, ReadStoredManifest(model, version));
+  return manifests_.Put(key, read, MemoryOf(*read));
+}
+
+Expected<std::shared_ptr<const Manifest>> Bucket::ReadStoredManifest(std::string_view model,
+                                                                     std::string_view version) {
+  const std::string key = ManifestKey(model, version);
   // A stored manifest is its JSON or a zstd frame of it (at worst slightly larger): an object
   // beyond that is refused without being read whole.
   const uint64_t max_json = std::min<uint64_t>(max_manifest_json_bytes_, 1ull << 50);
@@ -196,8 +208,58 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
   }
   Expected<Manifest> parsed = ParseManifest(*bytes, model, version, max_manifest_json_bytes_);
   if (!parsed.ok()) return parsed.status().WithContext(store_->Describe() + "/" + key);
-  auto shared = std::make_shared<const Manifest>(std::move(parsed).value());
-  return manifests_.Put(key, shared, MemoryOf(*shared));
+  return std::make_shared<const Manifest>(std::move(parsed).value());
+}
+
+Expected<std::shared_ptr<const Manifest>> Bucket::ReadCurrentManifest(std::string_view model,
+                                                                      std::string_view version) {
+  const std::string one[] = {std::string(version)};
+  WFS_TRY(Revalidate(model, one, std::chrono::steady_clock::now()).status());
+  return ReadManifest(model, version);
+}
+
+bool Bucket::SameHead(const Manifest& a, const Manifest& b) {
+  if (a.format != b.format || a.model != b.model || a.version != b.version) return false;
+  if (a.format == kManifestFormat2) return a.table == b.table && a.table_size == b.table_size;
+  return a.packs == b.packs && SerializeManifest(a) == SerializeManifest(b);  // (format 1: rare, small buckets)
+}
+
+Expected<size_t> Bucket::Revalidate(std::string_view model, std::span<const std::string> versions,
+                                    std::chrono::steady_clock::time_point failed_at) {
+  if (derived_) return size_t{0};
+  WFS_TRY(ValidateModelName(model));
+  std::lock_guard<std::mutex> lock(revalidate_mu_);
+  if (auto it = revalidated_.find(model); it != revalidated_.end() && it->second.started >= failed_at) {
+    return it->second.changed;
+  }
+  Revalidation& record = revalidated_[std::string(model)];
+  record = {std::chrono::steady_clock::now(), 0};
+  std::vector<std::pair<std::string_view, std::shared_ptr<const Manifest>>> held;
+  std::set<std::string_view> seen;
+  for (const std::string& v : versions) {
+    if (!seen.insert(v).second) continue;
+    if (std::shared_ptr<const Manifest> m = manifests_.Get(ManifestKey(model, v))) held.emplace_back(v, std::move(m));
+  }
+  std::vector<Expected<std::shared_ptr<const Manifest>>> read(held.size(), Status::IOError("not read"));
+  Parallel(held.size(), [&](size_t i) { read[i] = ReadStoredManifest(model, held[i].first); });
+  size_t changed = 0;
+  for (size_t i = 0; i < held.size(); ++i) {
+    const std::string_view v = held[i].first;
+    if (read[i].ok() && SameHead(**read[i], *held[i].second)) continue;
+    if (!read[i].ok() && read[i].status().kind() != ErrorKind::kNotFound) return read[i].status();
+    ++changed;
+    Forget(model, v);
+    head_generation_++;
+    if (read[i].ok()) {
+      spdlog::info("{}@{} was rewritten in {} since this process read it (gc's rebase?): its new head replaces it",
+                   model, v, store_->Describe());
+      (void)manifests_.Put(ManifestKey(model, v), *read[i], MemoryOf(**read[i]));
+    } else {
+      spdlog::info("{}@{} is gone from {} (retired by gc?)", model, v, store_->Describe());
+    }
+  }
+  record.changed = changed;
+  return changed;
 }
 
 Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr<const Manifest>& manifest,
@@ -209,7 +271,7 @@ Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr
 Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const Manifest& m, const ManifestFile& file) {
   if (file.rows_loaded) return std::shared_ptr<const ManifestFile>(std::shared_ptr<const void>(), &file);
   const Manifest* manifest = &m;
-  const std::string key = FileKey(manifest->model, manifest->version, file.path);
+  const std::string key = FileKey(manifest->model, manifest->version, manifest->table, file.path);
   if (std::shared_ptr<const ManifestFile> cached = files_.Get(key)) return cached;
   const std::string where = "the chunk table of " + manifest->model + "@" + manifest->version + "/" + file.path;
   ByteBuffer section;
@@ -253,7 +315,8 @@ void Bucket::PrefetchFiles(std::string_view model, std::span<const std::string> 
   if (derived_) return;
   std::vector<std::string_view> missing;
   for (const std::string& v : versions) {
-    if (!files_.Contains(FileKey(model, v, path))) missing.push_back(v);
+    std::shared_ptr<const Manifest> head = manifests_.Get(ManifestKey(model, v));
+    if (!head || !files_.Contains(FileKey(model, v, head->table, path))) missing.push_back(v);
     if (missing.size() == kMaxPrefetch) break;
   }
   if (missing.size() < 2) return;
@@ -348,7 +411,9 @@ void Bucket::PrefetchManifests(std::string_view model, std::span<const std::stri
 
 void Bucket::Forget(std::string_view model, std::string_view version) {
   manifests_.Erase(ManifestKey(model, version));
-  files_.ErasePrefix(FileKey(model, version, ""));
+  std::string prefix = std::string(model) + "@" + std::string(version);
+  prefix.push_back('\0');
+  files_.ErasePrefix(prefix);
 }
 
 Status Bucket::PublishManifest(const Manifest& manifest) {
@@ -404,6 +469,7 @@ Status Bucket::ReplaceManifest(const Manifest& manifest, int format) {
   }
   WFS_TRY(store_->Put(ManifestKey(manifest.model, manifest.version), bytes, PutMode::kOverwrite));
   Forget(manifest.model, manifest.version);
+  head_generation_++;
   return Status::Ok();
 }
 

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <map>
@@ -118,6 +119,26 @@ class Bucket {
   Expected<std::vector<VersionTime>> VersionTimes(std::string_view model);
   // Drops a manifest from the in-memory cache (after gc removed it).
   void Forget(std::string_view model, std::string_view version);
+  // Heads are immutable except for in-place rewrites that keep every file's bytes (gc's rebase,
+  // `weightfs upgrade`; ReplaceManifest), which another process may do at any time. Reads the
+  // heads of `versions` of `model` this cache holds again, straight from the store (those it
+  // does not hold are read fresh when asked for), and replaces the ones rewritten since (their
+  // rows go with them) and forgets the ones gone. Returns how many heads changed or went.
+  // Called when a chain read with cached heads failed at `failed_at` (Materializer::Build): a
+  // check of the model that started after that instant already saw every rewrite the failure
+  // can be due to (a rewrite comes before the deletes that make old rows fail), so it is not
+  // done again and its count is returned. One check at a time (they are rare).
+  Expected<size_t> Revalidate(std::string_view model, std::span<const std::string> versions,
+                              std::chrono::steady_clock::time_point failed_at);
+  // ReadManifest of a head checked against the store first (Revalidate of that one head): for
+  // what a version is about to be built on (a draft's parent), where a head rewritten since
+  // this process read it would give rows that are gone.
+  Expected<std::shared_ptr<const Manifest>> ReadCurrentManifest(std::string_view model, std::string_view version);
+  // Counts the heads Revalidate and ReplaceManifest replaced or dropped: a reader that saw it
+  // change across a failed read used heads that have been replaced since.
+  uint64_t head_generation() const { return head_generation_.load(); }
+  // Whether two heads of a version are the same publication of it (format 2: the same table).
+  static bool SameHead(const Manifest& a, const Manifest& b);
   // Publishes a manifest with create-if-absent: Conflict if the version exists.
   Status PublishManifest(const Manifest& manifest);
   // Overwrites a published version's manifest with `manifest` (same files and bytes, other
@@ -140,14 +161,26 @@ class Bucket {
  private:
   explicit Bucket(std::shared_ptr<Store> store, int format = kManifestFormat2)
       : store_(std::move(store)), format_(format) {}
-  // A cache key of a file: "model@version\0path".
-  static std::string FileKey(std::string_view model, std::string_view version, std::string_view path);
+  // A cache key of a file's rows: "model@version\0table\0path". The table is in it because a
+  // version's head can be rewritten (gc's rebase, `weightfs upgrade`): rows are only ever
+  // handed out with the head that names their table.
+  static std::string FileKey(std::string_view model, std::string_view version, const Hash128& table,
+                             std::string_view path);
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<DerivedVersions> derived_;
   std::shared_ptr<ExternalSources> external_;
   uint64_t max_manifest_json_bytes_ = kDefaultMaxManifestJsonBytes;
   std::atomic<int> format_;
+  struct Revalidation {
+    std::chrono::steady_clock::time_point started;
+    size_t changed = 0;
+  };
+  std::atomic<uint64_t> head_generation_{0};
+  std::mutex revalidate_mu_;  // held through a check
+  std::map<std::string, Revalidation, std::less<>> revalidated_;  // by model; guarded by revalidate_mu_
+  // ReadManifest without the cache (the result is not put in it).
+  Expected<std::shared_ptr<const Manifest>> ReadStoredManifest(std::string_view model, std::string_view version);
   ByteLru<Manifest> manifests_{128ull << 20};  // by ManifestKey
   ByteLru<ManifestFile> files_{128ull << 20};  // by FileKey
   // How many manifests PrefetchManifests reads at most (a chain is at most this deep in

@@ -354,6 +354,42 @@ Status Materializer::BuildDerived(const Manifest& manifest, const ManifestFile& 
 
 Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, size_t index,
                            const std::function<std::span<uint8_t>(size_t)>& output) {
+  const uint64_t generation = bucket_->head_generation();
+  Status first = BuildChain(manifest, file, index, output);
+  if (first.ok() || manifest.derived) return first;
+  if (first.kind() != ErrorKind::kNotFound && first.kind() != ErrorKind::kCorruption) return first;
+  Expected<size_t> changed = bucket_->Revalidate(manifest.model, manifest.versions, std::chrono::steady_clock::now());
+  if (!changed.ok()) return first;
+  Expected<std::shared_ptr<const Manifest>> now = bucket_->ReadManifest(manifest.model, manifest.version);
+  if (!now.ok()) return first;  // (the version itself is gone: retired by gc)
+  if (Bucket::SameHead(**now, manifest)) {
+    if (*changed == 0 && bucket_->head_generation() == generation) return first;
+    spdlog::info("{}@{}: a version it builds on was rewritten in the bucket (gc's rebase); reading with its new "
+                 "metadata", manifest.model, manifest.version);
+    stats_.rewritten_heads++;
+    return BuildChain(manifest, file, index, output);
+  }
+  // This version's own head was rewritten: its rows of this file, from the new table.
+  Expected<std::shared_ptr<const ManifestFile>> rows = bucket_->File(*now, file.path);
+  if (!rows.ok()) return first;
+  const ManifestChunk& want = file.chunks[index];
+  if (index >= (*rows)->chunks.size() || (*rows)->chunks[index].hash != want.hash ||
+      (*rows)->chunks[index].length != want.length) {
+    return Status::Corruption(manifest.model + "@" + manifest.version + " was rewritten in the bucket with other " +
+                              "bytes (a rewrite keeps the bytes: another writer replaced the version?); " +
+                              first.message())
+        .WithContext(DescribeChunkOf(manifest, file, index));
+  }
+  spdlog::info("{}@{} was rewritten in the bucket (gc's rebase); reading with its new metadata", manifest.model,
+               manifest.version);
+  stats_.rewritten_heads++;
+  const std::shared_ptr<const Manifest> held = *now;
+  const std::shared_ptr<const ManifestFile> held_rows = *rows;
+  return BuildChain(*held, *held_rows, index, output);
+}
+
+Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& file, size_t index,
+                                const std::function<std::span<uint8_t>(size_t)>& output) {
   auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
   const bool timing = spdlog::should_log(spdlog::level::debug);
   const auto t0 = std::chrono::steady_clock::now();

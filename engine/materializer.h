@@ -60,6 +60,8 @@ struct MaterializerStats {
   std::atomic<uint64_t> chain_depth_max{0};
   std::atomic<uint64_t> build_ns{0};
   std::atomic<uint64_t> decode_ns{0};
+  // Chunks built again after a head of their chain was found rewritten in the bucket (gc).
+  std::atomic<uint64_t> rewritten_heads{0};
 };
 
 class Materializer {
@@ -119,8 +121,18 @@ class Materializer {
   // Walks the chain of chunk `index` back to a cached ancestor or a keyframe, fetches and applies
   // it. The result goes into output(length), which returns a buffer of that many bytes. Does not
   // look the chunk itself up in the cache nor insert it. REQUIRES: index < file.chunks.size().
+  //
+  // Heads can be rewritten in place (gc --keep-last rebases the versions it keeps onto new
+  // keyframes, then deletes the old tables and the retired versions' packs): a process that
+  // read a head before holds rows whose payloads or bases may be gone. A chain that fails with
+  // NotFound or Corruption is therefore checked once against the bucket (Bucket::Revalidate):
+  // if a head of the chain was rewritten, the chunk is built again from the new ones, and the
+  // chunk's hash must be the one asked for; if none was, the first error stands.
   Status Build(const Manifest& manifest, const ManifestFile& file, size_t index,
                const std::function<std::span<uint8_t>(size_t)>& output);
+  // Build without that check.
+  Status BuildChain(const Manifest& manifest, const ManifestFile& file, size_t index,
+                    const std::function<std::span<uint8_t>(size_t)>& output);
   // A chunk of a derived version (Manifest::derived): the bucket's DerivedVersions makes it;
   // neither verified nor cached here (its hash is an identifier).
   Status BuildDerived(const Manifest& manifest, const ManifestFile& file, size_t index,

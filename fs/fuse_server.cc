@@ -611,7 +611,8 @@ std::string StatsJsonOf(const Impl& s) {
                        {"chain_steps", m.chain_steps.load()},
                        {"chain_depth_max", m.chain_depth_max.load()},
                        {"build_seconds", static_cast<double>(m.build_ns.load()) / 1e9},
-                       {"decode_seconds", static_cast<double>(m.decode_ns.load()) / 1e9}};
+                       {"decode_seconds", static_cast<double>(m.decode_ns.load()) / 1e9},
+                       {"rewritten_heads", m.rewritten_heads.load()}};
   // Chunks asked of the caches: served from memory, else by the materializer (which counts its
   // disk-cache hits and its builds). Readers that joined a build in flight are neither.
   const uint64_t lookups = r.memory_hits.load() + m.chunks.load();

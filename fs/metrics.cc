@@ -46,6 +46,8 @@ constexpr Metric kMetrics[] = {
      "Time chunk builds took, fetching included."},
     {"weightfs_decode_seconds_total", "/materializer/decode_seconds", "counter",
      "Time chunk builds spent decoding (not waiting for fetches)."},
+    {"weightfs_rewritten_head_rebuilds_total", "/materializer/rewritten_heads", "counter",
+     "Chunks built again after a head of their chain was found rewritten in the bucket (gc's rebase)."},
     {"weightfs_builds_running", "/reader/builds_running", "gauge", "Chunk builds running now."},
     {"weightfs_readahead_queue", "/reader/readahead_waiting", "gauge", "Readahead jobs waiting to start."},
     {"weightfs_readahead_dropped_total", "/reader/readahead_dropped", "counter",

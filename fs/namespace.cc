@@ -742,8 +742,44 @@ Expected<VersionFile> Namespace::Open(uint64_t ino) {
     head_file = n->file;
   }
   // The file's rows: its section of the version's table (format 2), read once per open at most.
-  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_->File(manifest, *head_file));
-  return VersionFile{manifest, rows.get(), rows};
+  Expected<std::shared_ptr<const ManifestFile>> rows = bucket_->File(manifest, *head_file);
+  if (!rows.ok() && (rows.status().kind() == ErrorKind::kCorruption || rows.status().kind() == ErrorKind::kNotFound)) {
+    // Its old table gone: the head may have been rewritten (gc's rebase) since it was read.
+    Expected<std::shared_ptr<const Manifest>> now = TakeRewrittenHead(*manifest);
+    if (!now.ok()) return rows.status();
+    const ManifestFile* f = (*now)->FindFile(head_file->path);
+    if (!f) return rows.status();
+    manifest = *now;
+    rows = bucket_->File(manifest, *f);
+  }
+  if (!rows.ok()) return rows.status();
+  return VersionFile{manifest, rows->get(), *rows};
+}
+
+Expected<std::shared_ptr<const Manifest>> Namespace::TakeRewrittenHead(const Manifest& old) {
+  const std::string versions[] = {old.version};
+  WFS_TRY(bucket_->Revalidate(old.model, versions, std::chrono::steady_clock::now()).status());
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> now, bucket_->ReadManifest(old.model, old.version));
+  if (Bucket::SameHead(*now, old)) return Status::NotFound("not rewritten");
+  // A rewrite keeps the files and their bytes; anything else is not one (shown as it was).
+  bool same_files = now->files.size() == old.files.size();
+  for (size_t i = 0; same_files && i < old.files.size(); ++i) {
+    same_files = now->files[i].path == old.files[i].path && now->files[i].size == old.files[i].size &&
+                 now->files[i].sha256 == old.files[i].sha256;
+  }
+  if (!same_files) {
+    spdlog::warn("{}@{} was replaced in the bucket with other files; remount to see them", old.model, old.version);
+    return Status::NotFound("replaced");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::unique_ptr<Node>& n : nodes_) {
+    if (!n || n->manifest.get() != &old) continue;
+    if (n->file) n->file = &now->files[static_cast<size_t>(n->file - old.files.data())];
+    n->manifest = now;
+  }
+  spdlog::info("{}@{} was rewritten in the bucket (gc's rebase): its files now read with the new head", old.model,
+               old.version);
+  return now;
 }
 
 // ---- extended attributes ------------------------------------------------------------------

@@ -188,6 +188,10 @@ class Namespace {
   Expected<bool> Probe(uint64_t dir, std::string_view name);
   Status EnsureSummaries(std::span<const uint64_t> version_inos);
   Status EnsureContents(uint64_t version_ino);
+  // `old`, a head the nodes hold, checked against the bucket: when it was rewritten in place
+  // (gc's rebase: same files and bytes, new rows), every node holding it takes the new head,
+  // which is returned; NotFound when it was not.
+  Expected<std::shared_ptr<const Manifest>> TakeRewrittenHead(const Manifest& old);
   Expected<std::string> EnsureLatest(const std::string& model);
   // What a node's attributes depend on (summary, latest target), loaded.
   Status EnsureAttrInputs(uint64_t ino);

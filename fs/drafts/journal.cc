@@ -96,7 +96,7 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j)
   d->parts = j.value("parts", 0);
   d->part_id = j.value("part_id", std::string());
   if (d->parent) {
-    Expected<std::shared_ptr<const Manifest>> pm = bucket->ReadManifest(d->model, *d->parent);
+    Expected<std::shared_ptr<const Manifest>> pm = bucket->ReadCurrentManifest(d->model, *d->parent);
     if (!pm.ok()) return pm.status().WithContext("reading the parent of draft " + d->name());
     d->parent_manifest = *pm;
   }

@@ -79,6 +79,9 @@ Status Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_
   d->created_ms = NowMs();
   d->root = NodeMeta::At(mode, who.uid, who.gid, d->created_ms * 1000000);
   Expected<std::shared_ptr<const Manifest>> latest = s.bucket->Latest(model);
+  // The parent's head as the bucket has it now: one this mount read before a gc rewrote it
+  // (--keep-last rebases the versions it keeps) names rows that are gone.
+  if (latest.ok()) latest = s.bucket->ReadCurrentManifest(model, (*latest)->version);
   if (latest.ok()) {
     d->InheritAll(*latest, who.uid, who.gid);
   } else if (latest.status().kind() != ErrorKind::kNotFound) {

@@ -77,7 +77,7 @@ Status Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view va
   std::string v(value);
   while (!v.empty() && (v.back() == '\n' || v.back() == '\0')) v.pop_back();
   if (const size_t at = v.rfind('@'); at != std::string::npos) v = v.substr(at + 1);
-  Expected<std::shared_ptr<const Manifest>> pm = s.bucket->ReadManifest(d->model, v);
+  Expected<std::shared_ptr<const Manifest>> pm = s.bucket->ReadCurrentManifest(d->model, v);
   if (!pm.ok()) {
     const bool bad_name = pm.status().kind() == ErrorKind::kNotFound || pm.status().kind() == ErrorKind::kInvalidArgument;
     MutexLock lock(s.mu);
