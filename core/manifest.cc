@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -107,6 +108,82 @@ uint32_t Manifest::PackIndex(const Hash128& pack) {
   }
   packs.push_back(pack);
   return static_cast<uint32_t>(packs.size() - 1);
+}
+
+Status RebindInheritedRows(Manifest* m, const Manifest& parent,
+                           const std::function<const ManifestFile*(const std::string&)>& rows) {
+  std::map<Hash128, uint32_t> pack_index;
+  for (size_t i = 0; i < m->packs.size(); ++i) pack_index.emplace(m->packs[i], static_cast<uint32_t>(i));
+  auto pack_of = [&](const Hash128& h) {
+    auto [it, added] = pack_index.emplace(h, static_cast<uint32_t>(m->packs.size()));
+    if (added) m->packs.push_back(h);
+    return it->second;
+  };
+  auto version_of = [&](uint32_t i) -> Expected<uint32_t> {
+    if (i >= parent.versions.size()) return Status::Corruption("a row of " + parent.model + "@" + parent.version + " names no version");
+    return m->VersionIndex(parent.versions[i]);
+  };
+  for (ManifestFile& f : m->files) {
+    const ManifestFile* pf = nullptr;
+    std::multimap<Hash128, size_t> by_hash;  // built on first need
+    for (size_t ci = 0; ci < f.chunks.size(); ++ci) {
+      ManifestChunk& c = f.chunks[ci];
+      if (c.origin == 0) continue;
+      if (!pf && !(pf = rows(f.path))) {
+        return Status::Corruption(m->model + "@" + m->version + "/" + f.path + " inherits chunks from " + parent.model +
+                                  "@" + parent.version + ", which has no such file now");
+      }
+      const ManifestChunk* found = nullptr;
+      if (ci < pf->chunks.size() && pf->chunks[ci].hash == c.hash && pf->chunks[ci].length == c.length) {
+        found = &pf->chunks[ci];
+      } else {
+        if (by_hash.empty()) {
+          for (size_t i = 0; i < pf->chunks.size(); ++i) by_hash.emplace(pf->chunks[i].hash, i);
+        }
+        for (auto [it, end] = by_hash.equal_range(c.hash); it != end && !found; ++it) {
+          if (pf->chunks[it->second].length == c.length) found = &pf->chunks[it->second];
+        }
+      }
+      if (!found) {
+        return Status::Corruption(m->model + "@" + m->version + "/" + f.path + ": chunk " + std::to_string(ci) +
+                                  " inherited from " + parent.model + "@" + parent.version +
+                                  " is not among its bytes now");
+      }
+      ManifestChunk out = *found;
+      out.key = c.key;
+      out.offset = c.offset;
+      if (out.is_external()) {
+        if (found->ref.pack >= parent.sources.size()) return Status::Corruption("a row of " + parent.version + " names no source");
+        out.ref.pack = m->SourceIndex(parent.sources[found->ref.pack]);
+      } else {
+        if (found->ref.pack >= parent.packs.size()) return Status::Corruption("a row of " + parent.version + " names no pack");
+        out.ref.pack = pack_of(parent.packs[found->ref.pack]);
+      }
+      WFS_ASSIGN_OR_RETURN(out.origin, version_of(found->origin));
+      if (out.is_delta()) {
+        WFS_ASSIGN_OR_RETURN(out.base, version_of(found->base));
+      } else {
+        out.base = 0;
+      }
+      c = out;
+    }
+  }
+  // Only the packs the rows use.
+  std::vector<uint32_t> renumber(m->packs.size(), UINT32_MAX);
+  std::vector<Hash128> used;
+  for (ManifestFile& f : m->files) {
+    for (ManifestChunk& c : f.chunks) {
+      if (c.is_external()) continue;
+      if (c.ref.pack >= renumber.size()) return Status::Corruption("a row names no pack");
+      if (renumber[c.ref.pack] == UINT32_MAX) {
+        renumber[c.ref.pack] = static_cast<uint32_t>(used.size());
+        used.push_back(m->packs[c.ref.pack]);
+      }
+      c.ref.pack = renumber[c.ref.pack];
+    }
+  }
+  m->packs = std::move(used);
+  return Status::Ok();
 }
 
 namespace {

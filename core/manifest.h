@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -124,6 +125,12 @@ struct Manifest {
   // Not serialized. Set on manifests a DerivedVersions made (engine/derived_versions.h): chunk
   // hashes are identifiers, not content hashes, and sha256 may be empty (unknown).
   bool derived = false;
+  // Not serialized. The table of the parent head this version's inherited rows (origin != 0)
+  // were copied from; Bucket::PublishManifest checks the parent's head is still that one and,
+  // when gc rewrote it meanwhile (same bytes, new rows), takes them from its new head first
+  // (RebindInheritedRows). Hash128{} (no head's table): always. Unset: no check (a manifest
+  // built by other means, e.g. a benchmark's).
+  std::optional<Hash128> inherited_from;
 
   const ManifestFile* FindFile(std::string_view path) const;
   // Index of `name` in versions, adding it if absent.
@@ -131,6 +138,15 @@ struct Manifest {
   uint32_t PackIndex(const Hash128& pack);
   uint32_t SourceIndex(const std::string& source);
 };
+
+// Replaces every row of `m` inherited from its parent (origin != 0) by the row of the same file
+// and bytes (hash and length) in `parent`, a newer head of the parent (gc rewrote it: the same
+// files and bytes, other recipes), mapped into m's versions, packs and sources; `rows(path)` is
+// the parent's file of that path with its rows loaded (null: none). m's own rows stay (their
+// deltas' base is the parent's chunk of the same key, whose bytes a rewrite keeps). Packs no row
+// uses any more are dropped. Corruption if an inherited chunk's bytes are not in the parent.
+Status RebindInheritedRows(Manifest* m, const Manifest& parent,
+                           const std::function<const ManifestFile*(const std::string&)>& rows);
 
 // Serialized manifest bytes (compressed with zstd when the JSON exceeds 64 KiB).
 std::vector<uint8_t> SerializeManifest(const Manifest& manifest);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <set>
 #include <system_error>
 #include <thread>
@@ -417,6 +418,46 @@ void Bucket::Forget(std::string_view model, std::string_view version) {
 }
 
 Status Bucket::PublishManifest(const Manifest& manifest) {
+  if (!derived_ && manifest.inherited_from && manifest.parent && format_ == kManifestFormat2) {
+    // The parent as it is now: gc may have rewritten it (or retired it) since its rows were
+    // copied, and rows of a rewritten head may name payloads and bases that are gone.
+    Expected<std::shared_ptr<const Manifest>> now = ReadStoredManifest(manifest.model, *manifest.parent);
+    if (!now.ok()) {
+      if (now.status().kind() != ErrorKind::kNotFound) return now.status().WithContext("checking the parent");
+      return Status::Conflict("the parent " + manifest.model + "@" + *manifest.parent + " of " + manifest.model + "@" +
+                              manifest.version + " is gone from " + store_->Describe() +
+                              " (retired by `gc --keep-last` while this version was written); nothing was "
+                              "published: write it again on a version that is kept");
+    }
+    if ((*now)->format == kManifestFormat2 && (*now)->table != *manifest.inherited_from) {
+      if (std::shared_ptr<const Manifest> cached = manifests_.Get(ManifestKey(manifest.model, *manifest.parent));
+          cached && !SameHead(*cached, **now)) {
+        Forget(manifest.model, *manifest.parent);
+        head_generation_++;
+      }
+      std::map<std::string, std::shared_ptr<const ManifestFile>> held;
+      Status failed;
+      Manifest rebound = manifest;
+      Status st = RebindInheritedRows(&rebound, **now, [&](const std::string& path) -> const ManifestFile* {
+        const ManifestFile* head = (*now)->FindFile(path);
+        if (!head) return nullptr;
+        Expected<std::shared_ptr<const ManifestFile>> rows = File(**now, *head);
+        if (!rows.ok()) {
+          if (failed.ok()) failed = rows.status();
+          return nullptr;
+        }
+        return (held[path] = *rows).get();
+      });
+      if (!failed.ok()) return failed.WithContext("reading the rows of the parent " + manifest.model + "@" + *manifest.parent);
+      WFS_TRY(st.WithContext("publishing " + manifest.model + "@" + manifest.version));
+      if (manifest.inherited_from != Hash128{}) {
+        spdlog::info("{}@{}: its parent {} was rewritten in the bucket while it was written (gc's rebase); its "
+                     "inherited rows are the new head's", manifest.model, manifest.version, *manifest.parent);
+      }
+      rebound.inherited_from.reset();
+      return PublishManifest(rebound);
+    }
+  }
   if (derived_) {
     return Status::Unsupported("bucket " + store_->Describe() +
                                " is not a weightfs bucket (its versions are derived from another "

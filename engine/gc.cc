@@ -214,6 +214,18 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
         }
       }
     }
+    if (!report.rebased.empty() && !options.dry_run) {
+      // The leases again, after the rewrites: a push that started since may be encoding on a
+      // kept version's old rows. Its lease keeps every pack and table (below); when it
+      // publishes it takes its inherited rows from the new head (Bucket::PublishManifest). A
+      // push whose lease comes after this listing read the new head already.
+      WFS_ASSIGN_OR_RETURN(std::vector<LeaseInfo> again, ListLeases(store));
+      for (LeaseInfo& l : again) {
+        if (std::none_of(leases.begin(), leases.end(), [&](const LeaseInfo& o) { return o.key == l.key; })) {
+          leases.push_back(std::move(l));
+        }
+      }
+    }
     std::set<std::string> needed;
     std::vector<std::string> stack;
     for (const auto& m : kept) stack.push_back(m->model + "@" + m->version);

@@ -27,10 +27,12 @@
 // version whose delta recipes have their base in an old version is first rebased: those chunks
 // are materialized and stored again as keyframes, and its manifest is replaced under the same
 // key (same files and bytes, new recipes). Without `rebase`, old versions that kept ones still
-// build on are kept instead, and reported. Caveat: a reader that loaded the old manifest before
-// the rewrite and reads after the old versions are gone gets an error for the rebased chunks
-// (and succeeds after reloading); run gc with --keep-last when no long-lived mount reads the
-// kept versions, or accept that.
+// build on are kept instead, and reported. A reader that loaded the old head before the rewrite
+// and reads after the old versions are gone finds the rewrite when its chain read fails and
+// reads with the new head (Bucket::Revalidate, Materializer::Build); a version written on the
+// old head takes its inherited rows from the new one when it is published
+// (Bucket::PublishManifest). The leases are listed again after the rewrites: a push that began
+// meanwhile keeps every pack and table.
 #pragma once
 
 #include <chrono>

@@ -543,6 +543,9 @@ Expected<Manifest> StagedVersion::Assemble(const std::vector<PartRecord>& parts)
   m.version = version_;
   m.versions = {version_};
   m.parent = parent;
+  // The parts were encoded against the parent's head as each node had it: checked, and
+  // rebound, when it is published (Bucket::PublishManifest).
+  if (parent) m.inherited_from = Hash128{};
   m.chunk_bytes = base ? base->chunk_bytes : kDefaultChunkBytes;
   std::array<uint64_t, 4> tally{};
   if (base) {

@@ -113,7 +113,10 @@ VersionEncoder::VersionEncoder(Bucket& bucket, ChunkCache* cache, ThreadPool& po
   m.version = target.version;
   m.versions = {target.version};
   m.chunk_bytes = options.chunk_bytes;
-  if (state_->parent) m.parent = state_->parent->version;
+  if (state_->parent) {
+    m.parent = state_->parent->version;
+    if (state_->parent->format == kManifestFormat2) m.inherited_from = state_->parent->table;
+  }
   // A parent whose history holds this version's own name (the version itself, or a descendant
   // of it) would map the chunks inherited from that version onto this one's own (origin 0: the
   // fresh packs), a wrong pack or an out-of-range read: refused.

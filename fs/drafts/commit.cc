@@ -213,6 +213,9 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   m.version = as;
   m.versions = {as};
   m.parent = d->parent;
+  // Its files were encoded (and its inherited rows read) against the parent's head as this
+  // mount had it, maybe before a gc rewrote it: checked, and rebound, when it is published.
+  if (d->parent) m.inherited_from = Hash128{};
   m.chunk_bytes = options.push.chunk_bytes;
   std::array<uint64_t, 4> tally{};  // as DraftFile::tally, summed over the version
   std::vector<const ManifestFile*> inherited;

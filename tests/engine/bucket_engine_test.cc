@@ -746,6 +746,48 @@ TEST_F(BucketEngineTest, GcKeepLastRebasesKeptVersionsAndRemovesTheRest) {
   EXPECT_EQ((*fresh)->ReadManifest("acme/m", "v2").status().kind(), ErrorKind::kNotFound);
 }
 
+// gc in another process rewrites the parent a push is encoding against (and retires the version
+// its rows build on) before the push publishes: the push's inherited rows are taken from the
+// parent's new head when it publishes, so the version reads back bit-exact from a fresh
+// process, and this process's chain reads see the rewrite too (Bucket::Revalidate).
+TEST_F(BucketEngineTest, APushWhoseParentGcRewroteMeanwhilePublishesOnItsNewHead) {
+  auto chain = PushChain(3, nullptr);  // v0 keyframes, v1 and v2 deltas
+  // This process holds v2's old head and rows; another process runs gc --keep-last 1.
+  auto other = Bucket::Open(store_);
+  ASSERT_TRUE(other.ok());
+  auto r = CollectGarbage(**other, {.keep_last = 1});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->rebased.size(), 1u);
+  ASSERT_EQ(r->retired, (std::vector<std::string>{"acme/m@v0", "acme/m@v1"}));
+  model_.Step(300, 0.01);
+  auto pushed = Push(3, nullptr, chain[2]);  // encoded against v2's old rows
+  ASSERT_TRUE(pushed.ok()) << pushed.status().ToString();
+  auto fresh = Bucket::Open(store_);
+  ASSERT_TRUE(fresh.ok());
+  auto v3 = (*fresh)->ReadManifest("acme/m", "v3");
+  ASSERT_TRUE(v3.ok());
+  Materializer verifier(fresh->get(), nullptr);
+  EXPECT_TRUE(VerifyVersion(verifier, pool_, **v3).ok());
+  {
+    Materializer mat(fresh->get(), nullptr);
+    ASSERT_TRUE(PullVersion(mat, pool_, **v3, (root_ / "out3").string()).ok());
+    ExpectSameTree((root_ / "src/v3").string(), (root_ / "out3").string());
+  }
+  // This process: v2's old head is still what it has cached; a chain read through it fails on
+  // the retired base, finds the rewrite, and reads right.
+  Materializer mine(bucket_.get(), nullptr);
+  ASSERT_TRUE(PullVersion(mine, pool_, *chain[2], (root_ / "out2").string()).ok());
+  ExpectSameTree((root_ / "src/v2").string(), (root_ / "out2").string());
+  EXPECT_GT(mine.stats().rewritten_heads.load(), 0u);
+  // A parent retired meanwhile: an error (its chunks cannot be read, or it is gone when the
+  // push publishes), nothing published.
+  auto gone = PushVersion(*bucket_, nullptr, pool_, {"acme/m", "v9"}, chain[1], *FilesUnder((root_ / "src/v3").string()),
+                          options_);
+  ASSERT_FALSE(gone.ok());
+  EXPECT_NE(gone.status().message().find("v1"), std::string::npos) << gone.status().ToString();
+  EXPECT_EQ((*fresh)->ReadManifest("acme/m", "v9").status().kind(), ErrorKind::kNotFound);
+}
+
 TEST_F(BucketEngineTest, HeaderChangeKeepsDeltasAndPullsExactly) {
   auto chain = PushChain(2, nullptr);
   // v2 adds a tensor: every data offset shifts, chunk identity by (tensor, index) survives.
