@@ -144,6 +144,13 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
     id = f->id;
     Expected<MappedFile> m = MappedFile::Open(staging);
     if (!m.ok()) return m.status();
+    if (m->size() != f->size) {
+      // Truncated or extended by something other than the mount (the mount keeps the two
+      // equal): what it holds is not what the draft shows, and is never published.
+      return Status::IOError("staging file " + staging + " of " + d->name() + "/" + path + " holds " +
+                             std::to_string(m->size()) + " bytes where the draft's file has " + std::to_string(f->size) +
+                             ": it was changed outside the mount; write the file again (or remove it from the draft)");
+    }
     mapped = std::move(m).value();
     f->mapped++;
   }

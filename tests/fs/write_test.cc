@@ -403,6 +403,49 @@ TEST_F(WriteTest, KilledDuringUploadTheDraftResumesAndPublishesBitExact) {
   ExpectFreshMountReads({{"m/x@v0", Source(0)}, {"m/x@v2", Source(2)}, {"m/x@v" + std::to_string(kIterations), Source(kIterations)}});
 }
 
+// A staging file cut from outside the mount while the draft holds it (at a random point of its
+// encode) is never published as what it holds: either its encode was done before (then the
+// version has the bytes the draft showed) or the commit refuses, naming the file, publishes
+// nothing, and goes on once the file is written again. (It was published as 0 bytes while the
+// draft showed the whole file.) After a restart the draft shows the staging file as it finds
+// it: a cut made while the daemon is down is what the draft holds from then on.
+TEST_F(WriteTest, AStagingFileCutOutsideTheMountIsNeverPublishedAsItsRemains) {
+  Generate("8M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  const std::string name = "m/x@v1";
+  ASSERT_EQ(Errno(::mkdir(m.Dir(name).c_str(), 0755)), 0);
+  ASSERT_EQ(Shell("cp " + Source(1).string() + "/* " + m.Dir(name).string() + "/").exit_code, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::random_device{}() % 150));
+  // The largest staging file, cut to nothing.
+  fs::path largest;
+  for (const auto& e : fs::recursive_directory_iterator(m.cache() / "drafts")) {
+    if (e.is_regular_file() && e.path().parent_path().filename() == "files" &&
+        (largest.empty() || e.file_size() > fs::file_size(largest))) {
+      largest = e.path();
+    }
+  }
+  ASSERT_FALSE(largest.empty()) << "no staging file under " << (m.cache() / "drafts");
+  ASSERT_GT(fs::file_size(largest), 1000000u);
+  fs::resize_file(largest, 0);
+  Result c = m.Commit(name);
+  if (c.exit_code == 0) {
+    std::printf("[          ] encoded before the cut: published as the draft showed it\n");
+  } else {
+    std::printf("[          ] cut before its encode: the commit said: %s\n", c.out.c_str());
+    EXPECT_TRUE(c.out.find("changed outside the mount") != std::string::npos ||
+                c.out.find("not through the mount") != std::string::npos) << c.out;
+    EXPECT_FALSE(Versions().count("v1")) << "published although refused";
+    // Written again through the mount: committed.
+    ASSERT_EQ(Shell("cp " + Source(1).string() + "/* " + m.Dir(name).string() + "/").exit_code, 0);
+    Result again = m.Commit(name);
+    ASSERT_EQ(again.exit_code, 0) << again.out << m.Describe();
+  }
+  ASSERT_TRUE(Versions().count("v1"));
+  ExpectFreshMountReads({{name, Source(1)}});
+}
+
 // A file of the parent edited in place is staged "backed": its other chunks are copied up from
 // the parent when its encode starts (Fill), one by one. A truncate that cuts the file while that
 // copy-up runs must stay cut. Fill once wrote the chunks past the new end anyway (with a length
