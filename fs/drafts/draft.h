@@ -189,6 +189,16 @@ struct Draft {
       files.emplace(pf.path, std::move(f));
     }
   }
+  // Directories directly inside directory `path` ("" = the draft's own): a directory's link
+  // count is 2 plus these (its "." and its subdirectories' "..").
+  uint32_t SubdirCount(const std::string& path) const {
+    const std::string prefix = path.empty() ? "" : path + "/";
+    uint32_t n = 0;
+    for (auto it = dirs.lower_bound(prefix); it != dirs.end() && it->first.starts_with(prefix); ++it) {
+      if (it->first.find('/', prefix.size()) == std::string::npos) ++n;
+    }
+    return n;
+  }
   // Whether a file or directory lies inside directory `path`.
   bool HasEntriesUnder(const std::string& path) const {
     const std::string prefix = path + "/";

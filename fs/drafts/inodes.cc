@@ -129,6 +129,7 @@ Status Drafts::State::AttrLocked(uint64_t ino, NodeAttr* out) {
       std::shared_ptr<Draft> d = DraftLocked(r->a);
       if (!d) return GoneLocked(r->a);
       DirAttr(ino, d->root, out);
+      out->st.st_nlink = 2 + d->SubdirCount("");
       return Status::Ok();
     }
     case Type::kItem: {
@@ -140,6 +141,7 @@ Status Drafts::State::AttrLocked(uint64_t ino, NodeAttr* out) {
       }
       if (auto it = d->dirs.find(r->b); it != d->dirs.end()) {
         DirAttr(ino, it->second, out);
+        out->st.st_nlink = 2 + d->SubdirCount(r->b);
         return Status::Ok();
       }
       return Status::NotFound("no such file or directory");

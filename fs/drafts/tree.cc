@@ -64,8 +64,9 @@ Status Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_
     return Status::InvalidArgument(n + ": not a valid model name");
   }
   if (Status v = ValidateVersionName(version); !v.ok() || version == "latest") {
-    spdlog::warn("mkdir {}: not a valid version name", n);
-    return Status::InvalidArgument(n + ": not a valid version name");
+    const std::string why = v.ok() ? "'latest' is reserved for the newest version's link" : v.message();
+    spdlog::warn("mkdir {}: not a valid version name: {} (docs/drafts.md, \"Names\")", n, why);
+    return Status::InvalidArgument(n + ": not a valid version name: " + why);
   }
   const std::string draft_name = model + "@" + version;
   {

@@ -828,6 +828,21 @@ TEST_F(WriteTest, RenamesUnlinksDirectoriesAndTruncatesInADraftPublishExactlyThe
   const fs::path d2 = m.Dir("m/x@v2");
   ASSERT_EQ(Errno(::mkdir(d2.c_str(), 0755)), 0);
   EXPECT_EQ(GetXattr(d2, "user.weightfs.parent").value_or(""), "v1");
+  // Directory link counts are 2 plus the subdirectories, in a draft as in the version it
+  // inherits from (they were 2 everywhere in a draft).
+  for (const char* sub : {"", "extra", "extra/deep"}) {
+    struct stat in_draft {}, in_version {};
+    ASSERT_EQ(::stat((d2 / sub).c_str(), &in_draft), 0) << sub;
+    ASSERT_EQ(::stat((d / sub).c_str(), &in_version), 0) << sub;
+    EXPECT_EQ(in_draft.st_nlink, in_version.st_nlink) << sub;
+  }
+  {
+    struct stat top {}, extra {};
+    ASSERT_EQ(::stat(d2.c_str(), &top), 0);
+    ASSERT_EQ(::stat((d2 / "extra").c_str(), &extra), 0);
+    EXPECT_GT(top.st_nlink, 2u);
+    EXPECT_EQ(extra.st_nlink, 3u);  // extra/deep
+  }
   EXPECT_EQ(Errno(::rmdir(d2.c_str())), ENOTEMPTY);
   for (const auto& [path, bytes] : want) step("unlink " + path, ::unlink((d2 / path).c_str()));
   EXPECT_EQ(Errno(::rmdir(d2.c_str())), ENOTEMPTY);  // its sub-directories are left
