@@ -2,7 +2,8 @@
 # Installs, builds (warnings are errors) and runs every test, in about 22 minutes on 2 cores
 # (21 min 35 s on a fresh clone with the packages installed):
 #   1. the GoogleTest suites through ctest (Release build, gcc);
-#   2. the core, store, engine and sources suites again under AddressSanitizer + UndefinedBehaviorSanitizer, and
+#   2. the core, store, engine and sources suites and the in-process read path (reader_tests) again under
+#      AddressSanitizer + UndefinedBehaviorSanitizer, and
 #   3. beside them, every libFuzzer target for FUZZ_SECONDS each (default 15): both from one
 #      clang build (-O1, assertions on), so the libraries are compiled twice in all.
 # Each phase prints its wall time. JOBS sets the build's parallelism (default: the number of
@@ -30,7 +31,7 @@ phase "build (clang: ASan + UBSan + libFuzzer; the core, store, engine and sourc
 # Debug: assertions on; the sanitizer options in CMakeLists.txt set -O1 -g1.
 cmake -S "$root" -B "$root/build-san" -DCMAKE_BUILD_TYPE=Debug -DWEIGHTFS_WERROR=ON \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DWEIGHTFS_FUZZ=ON >/dev/null
-san_suites="core_tests store_tests engine_tests sources_tests"
+san_suites="core_tests store_tests engine_tests sources_tests reader_tests"
 fuzz_targets=$(cd "$root/tests/fuzz" && ls *_fuzz.cc 2>/dev/null | sed 's/\.cc$//')
 # weightfs_fs too: not run here, but compiled by clang for -Wthread-safety (fs/drafts/'s locks).
 # shellcheck disable=SC2086

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -160,6 +161,66 @@ TEST_F(ChunkReaderTest, SequentialReadersGetReadahead) {
   // Everything read since was already in memory, or being read ahead further.
   EXPECT_GE(reader.stats().memory_hits.load(), 10u);
   EXPECT_GE(reader.stats().materializations.load(), materialized);
+}
+
+// Issue 26, item 6: a queued readahead job once kept a raw pointer to a format 2 file's rows,
+// which the bucket's byte-bounded table cache owns, not the manifest: with the file closed
+// and its rows evicted before the job ran, the job read freed memory. Jobs now hold the rows.
+// Here: a metadata budget of a few KiB, payload reads held while the reader queues readahead,
+// the reader's rows dropped and the cache churned by other files' rows, then the jobs run. Under
+// AddressSanitizer (reader_tests in the sanitizer build: scripts/test.sh) a job reading freed
+// rows is a heap-use-after-free; here it must read the right bytes.
+TEST(ChunkReaderRowsTest, QueuedReadaheadOutlivesTheOpenFileAndItsCachedRows) {
+  TestBucket bucket{"QueuedReadaheadOutlivesTheOpenFile"};
+  std::map<std::string, std::vector<uint8_t>> files;
+  for (int i = 0; i < 8; ++i) files["f" + std::to_string(i) + ".bin"] = RandomBytes(8 * kChunk, 100 + i);
+  std::shared_ptr<const Manifest> head = bucket.Push("acme/m", "v0", files, kChunk);
+  ASSERT_TRUE(head);
+  Expected<std::shared_ptr<const Manifest>> fresh = bucket.bucket().ReadManifest("acme/m", "v0");
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_EQ((*fresh)->format, kManifestFormat2);
+  bucket.bucket().set_metadata_budget(4 << 10);  // a few rows' worth: every File() evicts
+  Materializer materializer(&bucket.bucket(), nullptr);
+  ChunkReader reader(&materializer, {.readahead_bytes = 6 * kChunk});
+  const std::vector<uint8_t>& want = files["f0.bin"];
+  {
+    Expected<std::shared_ptr<const ManifestFile>> rows = bucket.bucket().File(*fresh, "f0.bin");
+    ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+    ReadStream stream;
+    // Sequential reads up to the point where readahead starts; then the payload reads are held
+    // so the queued jobs wait.
+    uint64_t off = 0;
+    for (; off < (2 << 20) + (64 << 10); off += 64 << 10) {
+      Expected<ReadResult> r = reader.Read(*fresh, *rows, off, 64 << 10, &stream);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+    }
+    bucket.faults().Hold(test::FaultStore::On(test::StoreOp::kGet, "packs/"));
+    for (; off < 3 * kChunk; off += 64 << 10) {
+      (void)reader.Prefetch(*fresh, *rows, off / kChunk + 1);
+    }
+    EXPECT_GE(reader.stats().readahead_queued.load(), 1u);
+  }  // the open file's rows go
+  // Churn the table cache: the other files' rows evict f0's.
+  for (int i = 1; i < 8; ++i) {
+    Expected<std::shared_ptr<const ManifestFile>> other = bucket.bucket().File(*fresh, "f" + std::to_string(i) + ".bin");
+    ASSERT_TRUE(other.ok());
+  }
+  bucket.faults().Release();
+  // The jobs finish; what they built is f0's bytes.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((reader.readahead_waiting() > 0 || reader.builds_running() > 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Expected<std::shared_ptr<const ManifestFile>> again = bucket.bucket().File(*fresh, "f0.bin");
+  ASSERT_TRUE(again.ok());
+  ReadStream stream;
+  for (uint64_t off = 0; off < want.size(); off += kChunk) {
+    Expected<ReadResult> r = reader.Read(*fresh, *again, off, kChunk, &stream);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<uint8_t> got = Gather(*r);
+    ASSERT_EQ(got.size(), kChunk);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + static_cast<std::ptrdiff_t>(off))) << off;
+  }
 }
 
 TEST_F(ChunkReaderTest, RandomReadersGetNoReadahead) {
