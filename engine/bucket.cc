@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/chunk_table.h"
+#include "store/http_client.h"
 
 namespace weightfs {
 
@@ -47,7 +48,13 @@ uint64_t MemoryOf(const Manifest& m) {
 // Runs fn(i) for i in [0, n) on up to 8 threads (this one included). fn must not throw.
 void Parallel(size_t n, const std::function<void(size_t)>& fn) {
   std::atomic<size_t> next{0};
+  // The caller's bound on bucket requests (an interactive operation's) holds for its helpers.
+  const OperationDeadline* op = OperationDeadline::Current();
+  std::optional<std::pair<OperationDeadline::Clock::time_point, std::string>> bound;
+  if (op) bound.emplace(op->at(), op->what());
   auto work = [&]() noexcept {
+    std::optional<OperationDeadline> deadline;
+    if (bound) deadline.emplace(bound->first, bound->second);
     for (size_t i; (i = next.fetch_add(1)) < n;) {
       try {
         fn(i);

@@ -26,6 +26,7 @@
 #include "fs/mount_point.h"
 #include "fs/patch_view.h"
 #include "fs/status_errno.h"
+#include "store/http_client.h"
 
 namespace weightfs {
 namespace {
@@ -160,8 +161,22 @@ Impl& Server(fuse_req_t req) { return *static_cast<Impl*>(fuse_req_userdata(req)
 // errno is StatusToErrno's, in `context` (what the request is about; fs/status_errno.h). The
 // body replies only as its last step, so an exception always arrives before any reply was
 // sent; it is served as a failure to produce data (out of memory: ENOMEM, else EIO).
+// Requests a person waits on interactively (`ls`, `stat`, a lookup): bounded in all by
+// --metadata-timeout. Opens and reads have the per-request bound (--timeout) only.
+bool IsMetadataOp(std::string_view op) {
+  static constexpr std::string_view kOps[] = {"lookup", "getattr", "readdir", "readdirplus", "opendir",
+                                              "getxattr", "listxattr", "statfs", "readlink", "access"};
+  return std::find(std::begin(kOps), std::end(kOps), op) != std::end(kOps);
+}
+
 template <typename Body>
 void Serve(fuse_req_t req, const char* op, ErrnoContext context, Body&& body) {
+  std::optional<OperationDeadline> bound;
+  if (const std::chrono::milliseconds t = Server(req).options.metadata_timeout; t.count() > 0 && IsMetadataOp(op)) {
+    char what[64];
+    std::snprintf(what, sizeof what, "--metadata-timeout %.3g s", static_cast<double>(t.count()) / 1000);
+    bound.emplace(OperationDeadline::Clock::now() + t, what);
+  }
   Status st;
   try {
     st = body();

@@ -70,6 +70,10 @@ struct MountOptions {
   // mounted; empty: none.
   std::string metrics_file;
   std::chrono::milliseconds metrics_interval{10000};
+  // What a metadata request (lookup, getattr, readdir, xattrs, statfs, readlink) gives the bucket
+  // in all, retries included (OperationDeadline): `ls` of a bucket that is down or silent fails
+  // with EIO in about this long, not the read timeout. 0: only the per-request bounds.
+  std::chrono::milliseconds metadata_timeout{10000};
 };
 
 // What the server reads from and reports on. All must outlive the server; `cache` and `store`

@@ -8,6 +8,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "store/http_client.h"
+
 namespace weightfs {
 namespace {
 
@@ -49,7 +51,13 @@ std::vector<std::string_view> SplitPath(std::string_view path) {
 // system refuses to start more). fn must not throw.
 void ParallelFor(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
   std::atomic<size_t> next{0};
+  // The caller's bound on bucket requests (the FUSE operation's) holds for its helpers.
+  const OperationDeadline* op = OperationDeadline::Current();
+  std::optional<std::pair<OperationDeadline::Clock::time_point, std::string>> bound;
+  if (op) bound.emplace(op->at(), op->what());
   auto work = [&] {
+    std::optional<OperationDeadline> deadline;
+    if (bound) deadline.emplace(bound->first, bound->second);
     for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
   };
   std::vector<std::thread> pool;

@@ -402,14 +402,47 @@ HttpClient::HttpClient(HttpOptions options) : options_(std::move(options)) {
 
 HttpClient::~HttpClient() = default;
 
+namespace {
+thread_local const OperationDeadline* current_deadline = nullptr;
+}  // namespace
+
+OperationDeadline::OperationDeadline(Clock::time_point at, std::string what)
+    : at_(at), what_(std::move(what)), previous_(current_deadline) {
+  if (previous_ && previous_->at() < at_) {  // the earliest bound stands
+    at_ = previous_->at();
+    what_ = previous_->what();
+  }
+  current_deadline = this;
+}
+
+OperationDeadline::~OperationDeadline() { current_deadline = previous_; }
+
+const OperationDeadline* OperationDeadline::Current() { return current_deadline; }
+
 Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
   Clock::time_point deadline = Clock::now() + options_.total_timeout;
+  const OperationDeadline* op = OperationDeadline::Current();
+  if (op && op->at() < deadline) deadline = op->at();
   int rate_limit_waits = 0;
   const std::string what = request.method + " " + RedactUrl(request.url);
-  const int max_attempts = std::max(options_.max_attempts, 1);
+  // A server marked unreachable gets one attempt per request until it answers again.
+  const int max_attempts = unreachable_.load() ? 1 : std::max(options_.max_attempts, 1);
+  // The bound that ends this Send when it runs out.
+  auto bound = [&] {
+    return op && op->at() <= deadline ? op->what() : "total timeout " + std::to_string(options_.total_timeout.count()) + " ms";
+  };
+  bool answered = false;  // the last attempt got an HTTP status line
+  // The request's end as a failure: a server that gave no answer at all is marked unreachable.
+  auto unanswered = [&]() {
+    if (!answered && !unreachable_.exchange(true)) {
+      spdlog::warn("http {}: the server does not answer; until it does, requests to it fail after one attempt",
+                   RedactUrl(request.url));
+    }
+  };
   std::string method_upper = request.method;
   for (char& c : method_upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   auto give_up = [&](const Status& error, int attempts) {
+    unanswered();
     if (attempts <= 1) return error;
     return Status(error.kind(), error.message() + " (after " + std::to_string(attempts) + " attempts)");
   };
@@ -420,8 +453,7 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
     const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (remaining.count() <= 0) {
       if (!last_error.ok()) return give_up(last_error, attempt - 1);
-      return Status::Timeout(what + ": total timeout of " + std::to_string(options_.total_timeout.count()) +
-                             " ms exhausted");
+      return Status::Timeout(what + ": " + bound() + " exhausted");
     }
     std::optional<milliseconds> retry_after;
     {
@@ -532,6 +564,10 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
       long status = 0;
       curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
       response.status = status;
+      answered = status != 0;
+      if (answered && unreachable_.exchange(false)) {
+        spdlog::warn("http {}: the server answers again", RedactUrl(request.url));
+      }
 
       bool retryable = false;
       if (rc == CURLE_OK) {
@@ -580,6 +616,11 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
     }  // the handle goes back to the pool before the backoff, for others to use
 
     if (rate_limit_wait) {
+      if (op && Clock::now() + *rate_limit_wait > op->at()) {
+        return Status(last_error.kind(), last_error.message() + " (the server asks to wait " +
+                                             std::to_string(rate_limit_wait->count() / 1000) + " s, beyond " +
+                                             op->what() + ")");
+      }
       WaitForRateLimit(request, what, *rate_limit_wait, ++rate_limit_waits);
       deadline += *rate_limit_wait;  // the server's schedule, not time spent failing
       --attempt;                      // nor an attempt
@@ -595,11 +636,10 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
     milliseconds delay(static_cast<int64_t>(RandomBelow(static_cast<uint64_t>(ceiling))));
     if (retry_after) delay = std::min(*retry_after, milliseconds(cap));
     if (Clock::now() + delay >= deadline) {
-      spdlog::warn("http {}; giving up after {} attempts (total timeout {} ms)", last_error.message(), attempt,
-                   options_.total_timeout.count());
-      return Status(last_error.kind(), last_error.message() + " (after " + std::to_string(attempt) +
-                                           " attempts; total timeout " +
-                                           std::to_string(options_.total_timeout.count()) + " ms)");
+      spdlog::warn("http {}; giving up after {} attempts ({})", last_error.message(), attempt, bound());
+      unanswered();
+      return Status(last_error.kind(), last_error.message() + " (after " + std::to_string(attempt) + " attempts; " +
+                                           bound() + ")");
     }
     spdlog::warn("http {}; retry {}/{} in {} ms", last_error.message(), attempt, max_attempts - 1, delay.count());
     stats_.retries.fetch_add(1, std::memory_order_relaxed);

@@ -107,6 +107,29 @@ struct HttpStats {
   std::atomic<uint64_t> bytes_received{0};  // response bodies
 };
 
+// A bound on every request the current thread sends while it lives, retries, backoff and the
+// Hub's rate-limit waits included, on top of HttpOptions::total_timeout: the time an
+// interactive operation (a FUSE lookup, an `ls`) gives the bucket in all. Nested ones keep the
+// earliest; `what` names the bound in the error ("--metadata-timeout 10 s"). Work a thread
+// hands to others carries it along with Current()/Adopt (engine/bucket.cc's Parallel).
+class OperationDeadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  OperationDeadline(Clock::time_point at, std::string what);
+  ~OperationDeadline();
+  OperationDeadline(const OperationDeadline&) = delete;
+  OperationDeadline& operator=(const OperationDeadline&) = delete;
+  // The innermost bound of this thread, or null.
+  static const OperationDeadline* Current();
+  Clock::time_point at() const { return at_; }
+  const std::string& what() const { return what_; }
+
+ private:
+  Clock::time_point at_;
+  std::string what_;
+  const OperationDeadline* previous_;
+};
+
 class HttpClient {
  public:
   explicit HttpClient(HttpOptions options = {});
@@ -125,8 +148,17 @@ class HttpClient {
   // non-idempotent request is retried only when the connection could not be made (nothing was
   // sent); a 5xx or 429 answer to it comes back as a response like any other status. Each
   // attempt's own timeout is cut to what is left of `total_timeout`, so Send returns within
-  // about total_timeout whatever the server does (waiting for a free connection counts too).
+  // about total_timeout whatever the server does (waiting for a free connection counts too),
+  // or by the thread's OperationDeadline if that comes first.
+  //
+  // A server that cannot be reached (connection refused, no name, no connection or no answer at
+  // all within the timeouts) after a request's last attempt is marked unreachable: from then on
+  // each request makes one attempt only, without backoff, until one gets an answer. A bucket
+  // that is down then costs each operation one connection attempt (milliseconds when refused),
+  // not the retry budget again and again; one log line says it went and one that it is back.
   Expected<HttpResponse> Send(HttpRequest request);
+  // Whether the server is marked unreachable (see Send).
+  bool unreachable() const { return unreachable_.load(); }
 
   const HttpStats& stats() const { return stats_; }
   const HttpOptions& options() const { return options_; }
@@ -136,6 +168,7 @@ class HttpClient {
   HttpOptions options_;
   HttpStats stats_;
   std::unique_ptr<Pool> pool_;
+  std::atomic<bool> unreachable_{false};
 };
 
 // Maps a final HTTP status to a Status kind: 404 -> NotFound, 401/403 -> Auth, 409/412 ->

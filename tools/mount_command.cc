@@ -135,6 +135,10 @@ options:
   --timeout SECONDS    give up on a bucket request (retries included) after this long; the
                        read that needed it then fails with EIO. Waits the Hugging Face
                        Hub asks for (429, up to its 5-minute window) are not counted  [120]
+  --metadata-timeout SECONDS  what `ls`, `stat`, a lookup or an xattr may wait for the
+                       bucket in all, retries included; then EIO and a log line. A bucket
+                       that stops answering is marked so: each request then tries once,
+                       until it answers again (0: only --timeout)              [10]
   -h, --help           show this help
 )";
 
@@ -368,6 +372,11 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
     if (seconds < 0.01 || seconds > 86400) return Status::InvalidArgument("--metrics-interval expects 0.01..86400 seconds");
     c.mount.metrics_interval = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }
+  if (auto v = args.Get("--metadata-timeout")) {
+    WFS_ASSIGN_OR_RETURN(double seconds, ParseDouble(*v));
+    if (seconds < 0 || seconds > 86400) return Status::InvalidArgument("--metadata-timeout expects 0..86400 seconds (0: none)");
+    c.mount.metadata_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
   c.log = ChooseMountLog(log_file, c.foreground, c.cache_dir, c.mountpoint, level);
   WFS_ASSIGN_OR_RETURN(c.store, StoreOptionsFromArgs(args));
   MountOptions& m = c.mount;
@@ -421,7 +430,8 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
 
 int MountMain(int argc, char** argv, bool quiet) {
   ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
-                  "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval"},
+                  "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval",
+                  "--metadata-timeout"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);
