@@ -431,7 +431,7 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
   auto bound = [&] {
     return op && op->at() <= deadline ? op->what() : "total timeout " + std::to_string(options_.total_timeout.count()) + " ms";
   };
-  bool answered = false;  // the last attempt got an HTTP status line
+  bool answered = false;  // the last attempt reached a server that answered (see below)
   // The request's end as a failure: a server that gave no answer at all is marked unreachable.
   auto unanswered = [&]() {
     if (!answered && !unreachable_.exchange(true)) {
@@ -609,6 +609,9 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
           detail = "no data moved for " + std::to_string(options_.stall_timeout.count()) + " ms (stall timeout)";
         }
         const bool timed_out = rc == CURLE_OPERATION_TIMEDOUT || transfer.stalled;
+        // Refused, no name, or nothing back at all: the server does not answer (a reset or a
+        // broken reply is an answer of a kind, from a server that is there).
+        answered = !(NothingWasSent(rc) || (timed_out && status == 0));
         last_error = Status(timed_out ? ErrorKind::kTimeout : ErrorKind::kIOError, what + ": " + detail);
         retryable = (IsRetryableCurlCode(rc) || transfer.stalled) && (request.idempotent || NothingWasSent(rc));
       }

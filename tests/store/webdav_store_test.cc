@@ -453,6 +453,45 @@ TEST(HttpClientTest, NonIdempotentRequestsAreRetriedOnlyWhenNothingWasSent) {
   EXPECT_EQ(fresh.stats().requests.load(), 1u + 4u);
 }
 
+// A server that does not answer (here: refused) is marked unreachable after a request's last
+// attempt; from then on each request tries once, until one gets an answer (any status), which
+// clears the mark: a bucket that is down costs every operation one attempt, not the retry budget.
+TEST(HttpClientTest, AServerThatDoesNotAnswerGetsOneAttemptPerRequestUntilItDoes) {
+  HttpOptions o = FastOptions();
+  o.max_attempts = 4;
+  HttpClient http(o);
+  const std::string refused = "http://127.0.0.1:" + std::to_string(test::FreeLoopbackPort()) + "/x";
+  EXPECT_FALSE(http.Send(HttpRequest{.method = "GET", .url = refused}).ok());
+  EXPECT_EQ(http.stats().requests.load(), 4u);
+  EXPECT_TRUE(http.unreachable());
+  EXPECT_FALSE(http.Send(HttpRequest{.method = "GET", .url = refused}).ok());
+  EXPECT_EQ(http.stats().requests.load(), 5u);  // one attempt
+  // An answer, even a 503, clears the mark; the next request has its retries again.
+  test::FaultProxy proxy;
+  ASSERT_TRUE(proxy.Start(kNowhere));
+  proxy.SetMode("down");
+  EXPECT_FALSE(http.Send(HttpRequest{.method = "GET", .url = proxy.url() + "/y"}).ok());
+  EXPECT_EQ(http.stats().requests.load(), 6u);
+  EXPECT_FALSE(http.unreachable());
+  EXPECT_FALSE(http.Send(HttpRequest{.method = "GET", .url = proxy.url() + "/y"}).ok());
+  EXPECT_EQ(http.stats().requests.load(), 10u);
+  // An operation's deadline bounds a request's retries and backoff in all.
+  HttpOptions slow = o;
+  slow.max_attempts = 100;
+  slow.backoff_base = 200ms;
+  slow.backoff_max = 1000ms;
+  HttpClient bounded(slow);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    OperationDeadline deadline(t0 + 1500ms, "--metadata-timeout 1.5 s");
+    auto r = bounded.Send(HttpRequest{.method = "GET", .url = proxy.url() + "/z"});
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("--metadata-timeout 1.5 s"), std::string::npos) << r.status().ToString();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
+  EXPECT_EQ(OperationDeadline::Current(), nullptr);
+}
+
 TEST(HttpClientTest, MessagesNeverShowQueryStringsOrSecrets) {
   HttpOptions o = FastOptions();
   o.max_attempts = 2;
