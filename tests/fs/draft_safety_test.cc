@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -145,6 +147,114 @@ TEST_F(DraftSafetyTest, WritingAFileAgainWhileItIsEncodedNeverKillsTheDaemon) {
   Mount& fresh = NewMount("fresh");
   ASSERT_EQ(fresh.Start().exit_code, 0) << fresh.Describe();
   EXPECT_EQ(Slurp(fresh.Dir("m/x@v1") / "model.safetensors"), expect);
+}
+
+// fsx in parallel: 8 workers in one draft, each on its own file, each doing what fsx does —
+// writes at random offsets (past the end too: holes), truncates down and up, reads of random
+// ranges checked against an in-memory copy, and closes and reopens (every close starts the
+// file's encode, which then races the next writes) — then a commit, and every file read back
+// by hash through a fresh mount. Five fsx processes in one draft used to kill the mount.
+// WEIGHTFS_FSX_OPS sets each worker's operations (CI: 1,500; by hand 50,000).
+TEST_F(DraftSafetyTest, EightParallelFsxWorkersInOneDraftMatchTheirModels) {
+  int ops = 1500;
+  if (const char* n = std::getenv("WEIGHTFS_FSX_OPS")) ops = std::max(1, std::atoi(n));
+  constexpr int kWorkers = 8;
+  constexpr size_t kMaxSize = 3 << 20;
+  Generate("2M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  const fs::path draft = m.Dir("m/x@v1");
+  ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0755)), 0) << std::strerror(errno);
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::vector<std::vector<uint8_t>> model(kWorkers);
+  std::vector<std::string> failures(kWorkers);
+  std::vector<std::array<uint64_t, 5>> counts(kWorkers);  // writes, truncates, reads, reopens, bytes checked
+  auto worker = [&](int w) {
+    std::mt19937_64 rng(seed + static_cast<unsigned>(w));
+    std::vector<uint8_t>& ref = model[w];
+    const fs::path path = draft / ("fsx" + std::to_string(w) + ".bin");
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
+    if (fd < 0) {
+      failures[w] = "open: " + std::string(std::strerror(errno));
+      return;
+    }
+    std::vector<uint8_t> buf;
+    for (int i = 0; i < ops && failures[w].empty(); ++i) {
+      const uint64_t r = rng() % 100;
+      if (r < 45) {  // write
+        const size_t len = 1 + rng() % (64 << 10);
+        const size_t at = rng() % (kMaxSize - len);
+        buf.resize(len);
+        for (uint8_t& b : buf) b = static_cast<uint8_t>(rng());
+        if (::pwrite(fd, buf.data(), len, static_cast<off_t>(at)) != static_cast<ssize_t>(len)) {
+          failures[w] = "op " + std::to_string(i) + ": pwrite: " + std::strerror(errno);
+          break;
+        }
+        if (ref.size() < at + len) ref.resize(at + len, 0);
+        std::memcpy(ref.data() + at, buf.data(), len);
+        counts[w][0]++;
+      } else if (r < 55) {  // truncate, down or up
+        const size_t to = rng() % kMaxSize;
+        if (::ftruncate(fd, static_cast<off_t>(to)) != 0) {
+          failures[w] = "op " + std::to_string(i) + ": ftruncate: " + std::strerror(errno);
+          break;
+        }
+        ref.resize(to, 0);
+        counts[w][1]++;
+      } else if (r < 92) {  // read and check
+        const size_t at = ref.empty() ? 0 : rng() % ref.size();
+        const size_t len = 1 + rng() % (128 << 10);
+        buf.assign(len, 0xee);
+        const ssize_t n = ::pread(fd, buf.data(), len, static_cast<off_t>(at));
+        const size_t want = at < ref.size() ? std::min(len, ref.size() - at) : 0;
+        if (n != static_cast<ssize_t>(want) || std::memcmp(buf.data(), ref.data() + at, want) != 0) {
+          failures[w] = "op " + std::to_string(i) + ": read of " + std::to_string(len) + " at " + std::to_string(at) +
+                        " got " + std::to_string(n) + " bytes, not the model's " + std::to_string(want);
+          break;
+        }
+        counts[w][2]++;
+        counts[w][4] += want;
+      } else {  // close (its encode starts) and open again
+        if (::close(fd) != 0) {
+          failures[w] = "op " + std::to_string(i) + ": close: " + std::strerror(errno);
+          fd = -1;
+          break;
+        }
+        if (rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 30));
+        fd = ::open(path.c_str(), O_RDWR);
+        if (fd < 0) {
+          failures[w] = "op " + std::to_string(i) + ": reopen: " + std::strerror(errno);
+          break;
+        }
+        counts[w][3]++;
+      }
+    }
+    if (fd >= 0) ::close(fd);
+  };
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) threads.emplace_back(worker, w);
+  for (std::thread& t : threads) t.join();
+  std::array<uint64_t, 5> total{};
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(failures[w], "") << "worker " << w << (ProcessGone(m.pid()) ? ": the daemon died\n" + m.Describe() : "");
+    for (size_t k = 0; k < total.size(); ++k) total[k] += counts[w][k];
+  }
+  std::printf("[ fsx      ] %d workers x %d ops: %llu writes, %llu truncates, %llu reads (%.1f MB checked), %llu reopens\n",
+              kWorkers, ops, static_cast<unsigned long long>(total[0]), static_cast<unsigned long long>(total[1]),
+              static_cast<unsigned long long>(total[2]), static_cast<double>(total[4]) / 1e6,
+              static_cast<unsigned long long>(total[3]));
+  ASSERT_FALSE(ProcessGone(m.pid())) << "the daemon died\n" << m.Describe();
+  if (HasFailure()) return;
+  Result c = m.Commit("m/x@v1");
+  ASSERT_EQ(c.exit_code, 0) << c.out << m.Describe();
+  ASSERT_EQ(m.Unmount().exit_code, 0);
+  Mount& fresh = NewMount("fresh");
+  ASSERT_EQ(fresh.Start().exit_code, 0) << fresh.Describe();
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(Slurp(fresh.Dir("m/x@v1") / ("fsx" + std::to_string(w) + ".bin")), model[w]) << "worker " << w;
+  }
 }
 
 // What a process running as `uid` (and gid) gets for `op`: 0 or the errno, from a child that
