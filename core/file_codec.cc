@@ -19,7 +19,7 @@ uint64_t EncodedFile::count(ChunkEncoding e) const {
 }
 
 std::string DescribeChunk(const ChunkKey& key) {
-  if (key.tensor == kHeaderChunkName) return "header";
+  if (key.tensor == kHeaderChunkName) return "header chunk";
   if (key.tensor.empty()) return "bytes chunk " + std::to_string(key.index);
   return "tensor '" + key.tensor + "' chunk " + std::to_string(key.index);
 }
