@@ -1,5 +1,7 @@
 #include "sources/open_store.h"
 
+#include <algorithm>
+
 #include "sources/hf/hf_bucket_store.h"
 #include "sources/hf/hf_hub.h"
 #include "store/local_store.h"
@@ -37,6 +39,19 @@ Expected<OpenedStore> OpenStore(std::string_view url, const StoreOptions& option
   } else {
     std::string path(url.starts_with("file://") ? url.substr(7) : url);
     if (path.empty()) return Status::InvalidArgument("empty bucket path");
+    // "s3:/bucket", "https:host/x": a URL with its "//" missing, not a directory named "s3:" (a
+    // path that means one starts with ./).
+    static constexpr std::string_view kSchemes[] = {"s3", "http", "https", "hf", "file", "gs", "az", "webdav"};
+    if (const size_t colon = path.find(':'); colon != std::string::npos && colon < path.find('/')) {
+      const std::string_view scheme = std::string_view(path).substr(0, colon);
+      if (std::find(std::begin(kSchemes), std::end(kSchemes), scheme) != std::end(kSchemes)) {
+        std::string rest = path.substr(colon + 1);
+        while (rest.starts_with("/")) rest.erase(0, 1);
+        return Status::InvalidArgument("'" + path.substr(0, 200) + "' looks like a URL with its '//' missing; did you mean " +
+                                       std::string(scheme) + "://" + rest.substr(0, 200) +
+                                       "? (for a local directory of that name, write ./" + path.substr(0, 200) + ")");
+      }
+    }
     WFS_ASSIGN_OR_RETURN(std::unique_ptr<LocalStore> local, LocalStore::Open(path));
     inner = std::move(local);
   }

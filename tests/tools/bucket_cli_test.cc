@@ -103,6 +103,23 @@ class BucketCli : public ::testing::Test {
 };
 fs::path BucketCli::data_;
 
+// A URL with a slash missing is refused with the URL it meant, not made into a local directory
+// named "s3:" ("initialized weightfs bucket file:///.../s3:/bucket").
+TEST_F(BucketCli, AUrlWithASlashMissingIsRefusedNotMadeADirectory) {
+  const fs::path cwd = fs::current_path();
+  fs::current_path(root_);
+  Result r = RunCli("init s3:/bucket");
+  Result h = RunCli("init https:example.com/b");
+  Result ok = RunCli("init ./s3:/bucket");
+  fs::current_path(cwd);
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("did you mean s3://bucket?"), std::string::npos) << r.out;
+  EXPECT_NE(h.exit_code, 0) << h.out;
+  EXPECT_NE(h.out.find("https://example.com/b"), std::string::npos) << h.out;
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;  // said explicitly: a directory of that name
+  EXPECT_TRUE(fs::exists(root_ / "s3:" / "bucket"));
+}
+
 TEST_F(BucketCli, PushPullVerifyLogCatRoundTrip) {
   Result p0 = RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + Cache("c"));
   ASSERT_EQ(p0.exit_code, 0) << p0.out;
