@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -222,6 +223,8 @@ constexpr uint64_t kMinPartSize = 5ull << 20;  // S3's minimum for every part bu
 constexpr uint64_t kMaxParts = 10'000;
 constexpr uint64_t kMaxXmlResponse = 64ull << 20;
 constexpr int kConditionalConflictTries = 4;
+// Sends of one body whose bytes arrived changed (BadDigest, or an ETag that is not its MD5).
+constexpr int kUploadTries = 3;
 constexpr int kMaxForeignPages = 100;  // pages of skipped keys List reads before returning
 
 using Query = std::vector<std::pair<std::string, std::string>>;
@@ -431,6 +434,8 @@ class S3Store final : public Store {
   // After a 412 to a create-if-absent (or NoSuchUpload to a completion): is the object at
   // `key` the one we wrote, by a resend whose first answer was lost? OK if so, Conflict if
   // not, another error if we cannot tell.
+  // Whether a 2xx answer's ETag is an MD5 other than `md5_hex` (the server stored other bytes).
+  static bool EtagShowsOtherBytes(const HttpResponse& r, const std::string& md5_hex);
   Status CheckOwnWrite(const std::string& key, std::span<const uint8_t> data,
                        const std::string& expected_etag);
   Expected<ObjectInfo> HeadFull(const std::string& full_key, std::string* etag = nullptr) const;
@@ -691,16 +696,50 @@ Status S3Store::PutSingle(const std::string& key, std::span<const uint8_t> data,
   c.body = data;
   c.max_response_bytes = kMaxXmlResponse;
   c.headers.emplace_back("Content-Type", "application/octet-stream");
-  std::string md5_hex;
-  if (mode == PutMode::kCreateIfAbsent) {
-    const std::string md5 = Md5Raw(data);
-    md5_hex = ToHex(md5);
-    c.headers.emplace_back("Content-MD5", Base64(md5));
-    c.headers.emplace_back("If-None-Match", "*");
-  }
+  // Every PUT carries the body's MD5: S3, MinIO, Ceph and R2 refuse a body that does not match
+  // it (400 BadDigest). A server that does not check it (s3rver) still answers with the MD5 of
+  // what it stored as the ETag: compared below. Either way a bit flipped on the way up is found;
+  // the PUT is sent again (a flip in transit is transient), at most kUploadTries times.
+  const std::string md5 = Md5Raw(data);
+  const std::string md5_hex = ToHex(md5);
+  c.headers.emplace_back("Content-MD5", Base64(md5));
+  if (mode == PutMode::kCreateIfAbsent) c.headers.emplace_back("If-None-Match", "*");
+  int upload_try = 1;
   for (int conflict_try = 1;; ++conflict_try) {
     WFS_ASSIGN_OR_RETURN(HttpResponse r, Send(c));
-    if (r.status == 200 || r.status == 201 || r.status == 204) return Status::Ok();
+    if (r.status == 200 || r.status == 201 || r.status == 204) {
+      if (EtagShowsOtherBytes(r, md5_hex)) {
+        spdlog::warn("PUT {}: the server stored other bytes than were sent (ETag {}, MD5 sent {}){}", Where(key),
+                     r.Header("etag"), md5_hex, upload_try < kUploadTries ? "; sending it again" : "");
+        // Ours (it answered 2xx to our write): gone before anyone may read it as intact.
+        Call del;
+        del.method = "DELETE";
+        del.object = key;  // (the full key already)
+        del.max_response_bytes = kMaxXmlResponse;
+        if (Expected<HttpResponse> d = Send(del); !d.ok() || (d->status != 204 && d->status != 200)) {
+          return Status::Corruption(what + ": the server stored other bytes than were sent (ETag " +
+                                    std::string(r.Header("etag")) + ", MD5 sent " + md5_hex +
+                                    ") and deleting them failed: remove " + Where(key) + " before anything reads it");
+        }
+        if (++upload_try > kUploadTries) {
+          return Status::Corruption(what + ": the server stored other bytes than were sent, " +
+                                    std::to_string(kUploadTries) + " times (ETag " + std::string(r.Header("etag")) +
+                                    ", MD5 sent " + md5_hex + "); nothing is kept under that key");
+        }
+        continue;
+      }
+      return Status::Ok();
+    }
+    if (r.status == 400 && (AsText(r.body).find("BadDigest") != std::string_view::npos ||
+                            AsText(r.body).find("InvalidDigest") != std::string_view::npos)) {
+      spdlog::warn("PUT {}: the server refused the body: its MD5 is not the one sent{}", Where(key),
+                   upload_try < kUploadTries ? "; sending it again" : "");
+      if (++upload_try > kUploadTries) {
+        return Status::Corruption(what + ": the body arrived with another MD5 than was sent, " +
+                                  std::to_string(kUploadTries) + " times (BadDigest)");
+      }
+      continue;
+    }
     // The key appeared after our HEAD: another writer, or our own write resent after its answer
     // was lost (by HttpClient, or by libcurl itself on a reused connection that died).
     if (mode == PutMode::kCreateIfAbsent && r.status == 412) return CheckOwnWrite(key, data, md5_hex);
@@ -713,6 +752,17 @@ Status S3Store::PutSingle(const std::string& key, std::span<const uint8_t> data,
     }
     return s;
   }
+}
+
+bool S3Store::EtagShowsOtherBytes(const HttpResponse& r, const std::string& md5_hex) {
+  // With SSE-KMS or SSE-C the ETag is not the MD5 (and the server checked Content-MD5 itself).
+  const std::string_view sse = r.Header("x-amz-server-side-encryption");
+  if (sse.find("kms") != std::string_view::npos || !r.Header("x-amz-server-side-encryption-customer-algorithm").empty()) {
+    return false;
+  }
+  const std::string etag = NormalizeEtag(r.Header("etag"));
+  return etag.size() == 32 && std::all_of(etag.begin(), etag.end(), [](char ch) { return std::isxdigit(static_cast<unsigned char>(ch)); }) &&
+         etag != md5_hex;
 }
 
 Status S3Store::CheckOwnWrite(const std::string& key, std::span<const uint8_t> data,
@@ -808,16 +858,29 @@ Status S3Store::PutMultipart(const std::string& key, std::span<const uint8_t> da
         c.query = {{"partNumber", std::to_string(i + 1)}, {"uploadId", upload_id}};
         c.body = data.subspan(off, std::min<uint64_t>(part_size, size - off));
         c.max_response_bytes = kMaxXmlResponse;
-        auto r = Send(c);
-        if (!r.ok()) {
-          s = r.status();
-        } else if (r->status != 200) {
-          s = ErrorFrom(*r, "PUT " + Where(key) + " part " + std::to_string(i + 1));
-        } else if (r->Header("etag").empty()) {
-          s = Status::Corruption("PUT " + Where(key) + " part " + std::to_string(i + 1) +
-                                 ": response has no ETag");
-        } else {
-          etags[i] = std::string(r->Header("etag"));
+        const std::string part_md5 = Md5Raw(c.body);
+        c.headers.emplace_back("Content-MD5", Base64(part_md5));  // checked as in PutSingle
+        const std::string what_part = "PUT " + Where(key) + " part " + std::to_string(i + 1);
+        for (int upload_try = 1;; ++upload_try) {
+          auto r = Send(c);
+          const bool bad_digest = r.ok() && r->status == 400 && AsText(r->body).find("BadDigest") != std::string_view::npos;
+          if (r.ok() && ((r->status == 200 && EtagShowsOtherBytes(*r, ToHex(part_md5))) || bad_digest)) {
+            if (upload_try < kUploadTries) {
+              spdlog::warn("{}: the server got other bytes than were sent; sending it again", what_part);
+              continue;
+            }
+            s = Status::Corruption(what_part + ": the server got other bytes than were sent, " +
+                                   std::to_string(kUploadTries) + " times");
+          } else if (!r.ok()) {
+            s = r.status();
+          } else if (r->status != 200) {
+            s = ErrorFrom(*r, what_part);
+          } else if (r->Header("etag").empty()) {
+            s = Status::Corruption(what_part + ": response has no ETag");
+          } else {
+            etags[i] = std::string(r->Header("etag"));
+          }
+          break;
         }
       } catch (...) {
         s = StatusOfCurrentException("uploading a part");

@@ -18,6 +18,8 @@ namespace weightfs {
 namespace {
 
 constexpr std::string_view kTmpDir = ".weightfs-tmp";
+// Sends of one body that read back changed (a bit flipped on the way up).
+constexpr int kUploadTries = 3;
 // A PROPFIND answer larger than this is refused (about a million entries of one collection).
 constexpr uint64_t kMaxPropfindBytes = uint64_t{256} << 20;
 
@@ -327,6 +329,8 @@ class WebDavStore final : public Store {
   std::optional<bool> TempExists(const std::string& tmp);
   void DeleteTemp(const std::string& tmp);
   Status Move(const std::string& tmp, std::string_view key, PutMode mode);
+  // Whether temporary `tmp` holds exactly `data` (a GET).
+  Expected<bool> SameBytes(const std::string& tmp, std::span<const uint8_t> data);
   // Appends to `out`, in key order, the objects under collection `dir` ("" = the root) that
   // match, stopping once `out` holds `limit` entries.
   Status Walk(const std::string& dir, std::string_view prefix, std::string_view continuation, size_t limit,
@@ -499,20 +503,43 @@ Status WebDavStore::Put(std::string_view key, std::span<const uint8_t> data, Put
     WFS_TRY(MakeParentCollections(tmp).WithContext(What("PUT", key)));
     tmp_dir_ready_.store(true, std::memory_order_release);
   }
-  Expected<HttpResponse> r = Send("PUT", UrlOf(tmp), {}, data);
-  if (r.ok() && r->status == 409) {  // the temporary directory went away: make it again
-    WFS_TRY(MakeParentCollections(tmp).WithContext(What("PUT", key)));
-    r = Send("PUT", UrlOf(tmp), {}, data);
-  }
-  if (!r.ok()) {
-    tmp_dir_ready_.store(false, std::memory_order_release);  // check again next time
-    return r.status().WithContext(What("PUT", key));          // unreachable: nothing to clean
-  }
-  if (r->status < 200 || r->status > 299) {
-    DeleteTemp(tmp);  // the server answered, so this is cheap; normally there is nothing to delete
-    return ErrorFrom(*r, "PUT", key);
+  for (int upload_try = 1;; ++upload_try) {
+    Expected<HttpResponse> r = Send("PUT", UrlOf(tmp), {}, data);
+    if (r.ok() && r->status == 409) {  // the temporary directory went away: make it again
+      WFS_TRY(MakeParentCollections(tmp).WithContext(What("PUT", key)));
+      r = Send("PUT", UrlOf(tmp), {}, data);
+    }
+    if (!r.ok()) {
+      tmp_dir_ready_.store(false, std::memory_order_release);  // check again next time
+      return r.status().WithContext(What("PUT", key));          // unreachable: nothing to clean
+    }
+    if (r->status < 200 || r->status > 299) {
+      DeleteTemp(tmp);  // the server answered, so this is cheap; normally there is nothing to delete
+      return ErrorFrom(*r, "PUT", key);
+    }
+    // WebDAV servers check no digest of what they receive (nginx ignores Content-MD5 and
+    // Digest): the temporary is read back and compared before it is moved under its name, so
+    // a bit flipped on the way up never reaches a key a reader uses. It costs a download of
+    // every upload (measured in tests/store/upload_check_test.cc); a flip is transient, so the
+    // body is sent again, at most kUploadTries times.
+    WFS_ASSIGN_OR_RETURN(bool same, SameBytes(tmp, data));
+    if (same) break;
+    DeleteTemp(tmp);
+    if (upload_try >= kUploadTries) {
+      return Status::Corruption(What("PUT", key) + ": the server stored other bytes than were sent, " +
+                                std::to_string(kUploadTries) + " times (read back and compared); nothing is kept "
+                                "under that key");
+    }
+    spdlog::warn("webdav {}: {} read back other bytes than were sent; sending it again", Describe(), What("PUT", key));
   }
   return Move(tmp, key, mode);
+}
+
+Expected<bool> WebDavStore::SameBytes(const std::string& tmp, std::span<const uint8_t> data) {
+  // Room for an error answer's body too (a 503 page), which is retried like any GET.
+  WFS_ASSIGN_OR_RETURN(HttpResponse r, Send("GET", UrlOf(tmp), {}, {}, std::max<uint64_t>(data.size() + 1, 64 << 10)));
+  if (r.status != 200) return ErrorFrom(r, "GET (reading back)", tmp);
+  return r.body.size() == data.size() && std::equal(data.begin(), data.end(), r.body.begin());
 }
 
 Status WebDavStore::Delete(std::string_view key) {

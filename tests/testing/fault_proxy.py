@@ -19,7 +19,8 @@ to stdout (logs, with --verbose, go to stderr). Stops on SIGTERM/SIGINT.
 Modes: --down answers 503 to everything. --mode-file names a file read before each request (a
 missing or empty file means "normal") holding one word: normal (faults at the given rates) |
 down (503 to everything) | stall (stall every request, as --stall-where says) | stall-before |
-stall-body (stall every request there) | reset (reset every connection). A test switches modes
+stall-body (stall every request there) | reset (reset every connection) | flip-put (flip one bit
+of every PUT body; --flip-put-rate does it to a fraction of them in normal mode). A test switches modes
 by rewriting the file (atomically: write a temporary, rename it over).
 
 Headers: Host is passed through unchanged by default, so request signatures that cover it
@@ -86,6 +87,12 @@ class Config:
         except OSError:
             return "normal"
         return word or "normal"
+
+    def flip_put(self):
+        if self.args.flip_put_rate <= 0:
+            return False
+        with self.rng_lock:
+            return self.rng.random() < self.args.flip_put_rate
 
     def fault(self):
         """The fault for the next request: None, 'error', 'stall', ('stall', where) or 'reset'."""
@@ -191,6 +198,14 @@ class Handler(BaseHTTPRequestHandler):
             cfg.count("resets")
             self.reset_connection()
             return
+        if self.command == "PUT" and body and (cfg.mode() == "flip-put" or cfg.flip_put()):
+            # One bit on the way up, as a bad NIC or a broken middlebox would: the request
+            # goes through otherwise unchanged (headers, length, signature).
+            with cfg.rng_lock:
+                at = cfg.rng.randrange(len(body))
+                bit = 1 << cfg.rng.randrange(8)
+            body = body[:at] + bytes([body[at] ^ bit]) + body[at + 1:]
+            cfg.count("flipped_puts")
         stall_body = False
         where = cfg.args.stall_where
         if isinstance(fault, tuple):
@@ -308,6 +323,8 @@ def main():
     p.add_argument("--stall-seconds", type=float, default=5.0)
     p.add_argument("--stall-where", choices=("before", "body"), default="before")
     p.add_argument("--reset-rate", type=float, default=0.0)
+    p.add_argument("--flip-put-rate", type=float, default=0.0,
+                   help="flip one bit of this fraction of non-empty PUT bodies on their way up")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--down", action="store_true", help="answer 503 to everything")
     p.add_argument("--mode-file", default=None, help="file holding normal|down|stall|reset")

@@ -102,7 +102,7 @@ inline void RunStoreConformance(Store& store, const std::string& scope) {
     EXPECT_EQ(info->size, all_bytes.size());
     EXPECT_EQ(info->key, K("bin/all-bytes"));
   }
-  ASSERT_TRUE(store.Put(K("bin/empty"), {}).ok());
+  { Status st = store.Put(K("bin/empty"), {}); ASSERT_TRUE(st.ok()) << st.ToString(); }
   {
     auto got = store.Get(K("bin/empty"));
     ASSERT_TRUE(got.ok()) << got.status().ToString();
