@@ -209,13 +209,14 @@ Expected<nlohmann::json> Drafts::State::ReplayJournal(const std::string& dir, ui
   Expected<std::string> log = ReadWholeFile(dir + "/journal.log");
   if (!log.ok() || log->empty() || j.value("published", false)) return j;
   std::map<std::string, nlohmann::json> files, dirs;
-  for (auto& e : j.at("files")) files[e.at("path").get<std::string>()] = std::move(e);
+  // (The key first: `m[key(e)] = std::move(e)` moves e before it reads the key.)
+  for (auto& e : j.at("files")) {
+    const std::string p = e.at("path").get<std::string>();
+    files[p] = std::move(e);
+  }
   for (auto& e : j.at("dirs")) {
-    if (e.is_string()) {
-      dirs[e.get<std::string>()] = nlohmann::json::object({{"path", e.get<std::string>()}});
-    } else {
-      dirs[e.at("path").get<std::string>()] = std::move(e);
-    }
+    const std::string p = e.is_string() ? e.get<std::string>() : e.at("path").get<std::string>();
+    dirs[p] = e.is_string() ? nlohmann::json::object({{"path", p}}) : std::move(e);
   }
   size_t pos = 0, applied = 0;
   while (pos < log->size()) {
