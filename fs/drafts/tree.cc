@@ -181,13 +181,16 @@ Status Drafts::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
   WFS_TRY(s.DirOfLocked(ino, &d, &dir));
   out->push_back({".", ino, S_IFDIR});
   out->push_back({"..", ino, S_IFDIR});
+  // The nodes under `dir` are a range of each map (all of them for the draft's root).
   std::map<std::string, mode_t> names;
-  for (const auto& [p, meta] : d->dirs) {
-    if (ParentPath(p) == dir) names[p] = S_IFDIR;
-  }
-  for (const auto& [p, f] : d->files) {
-    if (ParentPath(p) == dir) names[p] = S_IFREG;
-  }
+  const std::string prefix = dir.empty() ? std::string() : dir + "/";
+  auto collect = [&](const auto& nodes, mode_t type) {
+    for (auto it = nodes.lower_bound(prefix); it != nodes.end() && it->first.starts_with(prefix); ++it) {
+      if (it->first.find('/', prefix.size()) == std::string::npos) names[it->first] = type;
+    }
+  };
+  collect(d->dirs, S_IFDIR);
+  collect(d->files, S_IFREG);
   for (const auto& [p, type] : names) {
     out->push_back({p.substr(dir.empty() ? 0 : dir.size() + 1), s.InoLocked(State::Type::kItem, d->name(), p), type});
   }
