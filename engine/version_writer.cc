@@ -162,9 +162,10 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
   }
   // SHA-256 of the whole file, alongside the chunk loop. Nothing may escape its thread, and the
   // thread is joined on every way out of here (a joinable thread's destructor ends the process).
+  // A small file's is computed here after the loop: a thread would cost more than the hash.
   std::string sha;
   Status sha_error;
-  std::thread sha_thread([&]() noexcept {
+  auto hash_file = [&]() noexcept {
     try {
       Sha256 h;
       h.Update(data);
@@ -172,7 +173,10 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     } catch (...) {
       sha_error = StatusOfCurrentException("SHA-256");
     }
-  });
+  };
+  constexpr size_t kHashInline = 1 << 20;
+  std::thread sha_thread;
+  if (data.size() > kHashInline) sha_thread = std::thread(hash_file);
   struct Joiner {
     std::thread& thread;
     ~Joiner() {
@@ -279,7 +283,11 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     MutexLock lock(mu);
     if (st.first_error.ok()) st.first_error = std::move(s);
   }
-  sha_thread.join();
+  if (sha_thread.joinable()) {
+    sha_thread.join();
+  } else {
+    hash_file();
+  }
   if (st.first_error.ok() && !sha_error.ok()) st.first_error = sha_error.WithContext(path);
   if (!st.first_error.ok()) return st.first_error;
   if (st.cache && options.cache_new_chunks && !local_abs.empty()) {
@@ -306,6 +314,11 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
   manifest.files.push_back(std::move(mf));
   manifest.stats.logical_bytes += data.size();
   return Status::Ok();
+}
+
+std::array<uint64_t, 4> VersionEncoder::Tally() const {
+  const State& st = *state_;
+  return {st.manifest.stats.elements, st.manifest.stats.changed_elements, st.other_elements, st.other_changed};
 }
 
 Expected<Manifest> VersionEncoder::Finish(PushResult* result) {

@@ -15,6 +15,7 @@
 // packs. The new version's chunks are recorded in the cache as references to the pushed files.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -79,6 +80,9 @@ class VersionEncoder {
   // Files must be added in path order.
   Status AddFile(const std::string& path, std::span<const uint8_t> data,
                  const std::string& local_path);
+  // The element tallies so far, as PushResult counts them (tensor elements, tensor changed,
+  // other elements, other changed): the difference around an AddFile is that file's.
+  std::array<uint64_t, 4> Tally() const;
   // Waits for the uploads and returns the manifest (created = now), not yet published.
   Expected<Manifest> Finish(PushResult* result = nullptr);
 

@@ -203,7 +203,7 @@ fuse_entry_param EntryOf(const NodeAttr& a) {
   e.ino = a.ino;
   e.generation = 1;
   e.attr = a.st;
-  e.attr_timeout = a.timeout_s;
+  e.attr_timeout = a.AttrTimeout();
   e.entry_timeout = a.timeout_s;
   return e;
 }
@@ -299,18 +299,18 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     if (s.Owned(ino)) {
       NodeAttr da;
       WFS_TRY(s.drafts->GetAttr(ino, &da));
-      fuse_reply_attr(req, &da.st, da.timeout_s);
+      fuse_reply_attr(req, &da.st, da.AttrTimeout());
       return Status::Ok();
     }
     if (s.Patch(ino)) {
       NodeAttr pa;
       WFS_TRY(s.patches->GetAttr(ino, &pa));
-      fuse_reply_attr(req, &pa.st, pa.timeout_s);
+      fuse_reply_attr(req, &pa.st, pa.AttrTimeout());
       return Status::Ok();
     }
     Expected<NodeAttr> a = Server(req).names.GetAttr(ino);
     if (!a.ok()) return a.status();
-    fuse_reply_attr(req, &a->st, a->timeout_s);
+    fuse_reply_attr(req, &a->st, a->AttrTimeout());
     return Status::Ok();
   });
 }
@@ -775,7 +775,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
     NodeAttr a;
     DraftHandle* handle = fi ? reinterpret_cast<OpenFile*>(fi->fh)->draft.get() : nullptr;
     WFS_TRY(s.drafts->SetAttr(ino, c, handle, &a));
-    fuse_reply_attr(req, &a.st, a.timeout_s);
+    fuse_reply_attr(req, &a.st, a.AttrTimeout());
     return Status::Ok();
   });
 }

@@ -68,6 +68,11 @@ struct NodeAttr {
   uint64_t ino = 0;
   struct stat st {};
   double timeout_s = 0;  // for both the attributes and the directory entry
+  // The attributes' own, when it differs (negative: timeout_s). A draft's nodes keep their
+  // names uncached (a commit gives the name to the published version) but their attributes
+  // change only through this mount, which the kernel sees.
+  double attr_timeout_s = -1;
+  double AttrTimeout() const { return attr_timeout_s >= 0 ? attr_timeout_s : timeout_s; }
 };
 
 struct DirEntry {

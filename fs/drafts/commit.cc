@@ -12,6 +12,18 @@
 
 namespace weightfs {
 
+namespace {
+// The bytes a file of an encoded part stored itself (its fresh payloads; an inherited chunk
+// stores nothing), as the part's stats counted them when it held the file alone.
+uint64_t StoredBytes(const ManifestFile& f) {
+  uint64_t n = 0;
+  for (const ManifestChunk& c : f.chunks) {
+    if (c.origin == 0 && !c.is_external()) n += c.ref.length;
+  }
+  return n;
+}
+}  // namespace
+
 // Tensor elements and other bytes of an unchanged file, as push counts them: a safetensors
 // file's header chunk is parsed for its tensors (it is small and usually cached).
 Expected<std::pair<uint64_t, uint64_t>> Drafts::State::ElementsOf(const Manifest& pm, const ManifestFile& pf) {
@@ -79,8 +91,8 @@ Status Drafts::State::BeginCommit(const std::shared_ptr<Draft>& d, const std::st
   return Status::Ok();
 }
 
-Expected<std::map<std::string, Manifest>> Drafts::State::EncodedFiles(const std::shared_ptr<Draft>& d,
-                                                                      const std::vector<std::string>& paths) {
+Expected<std::map<std::string, Drafts::State::EncodedFile>> Drafts::State::EncodedFiles(
+    const std::shared_ptr<Draft>& d, const std::vector<std::string>& paths) {
   // A renamed inherited file is materialized under its new path (its recipes name the old one).
   for (const std::string& path : paths) {
     MutexLock lock(mu);
@@ -91,12 +103,13 @@ Expected<std::map<std::string, Manifest>> Drafts::State::EncodedFiles(const std:
     if (f->id == 0) {
       WFS_TRY(StageLocked(*d, *f, /*backed=*/true).WithContext("staging " + path));
       f->generation++;
+      d->Changed(path);
     }
   }
   for (int attempt = 0;; ++attempt) {
-    for (const std::string& path : paths) WFS_TRY(EnsureEncoded(d, path));
-    std::map<std::string, Manifest> parts;
-    std::vector<std::pair<std::string, std::string>> part_files;
+    WFS_TRY(EnsureAllEncoded(d, paths));
+    std::map<std::string, EncodedFile> files;
+    std::vector<std::pair<std::string, std::string>> part_files;  // path, part
     {
       MutexLock lock(mu);
       for (auto& [path, f] : d->files) {
@@ -106,39 +119,56 @@ Expected<std::map<std::string, Manifest>> Drafts::State::EncodedFiles(const std:
         part_files.emplace_back(path, f->encoded);
       }
     }
+    // Each part file read once (small files share one).
+    std::map<std::string, std::shared_ptr<const Manifest>> parts;
     for (auto& [path, part] : part_files) {
-      Expected<std::string> text = ReadWholeFile(d->PartPath(part));
-      if (!text.ok()) return text.status();
-      Expected<Manifest> pm = ParseManifest(std::span<const uint8_t>(
-          reinterpret_cast<const uint8_t*>(text->data()), text->size()));
-      if (!pm.ok()) return pm.status().WithContext("the encoded part of " + path);
-      parts.emplace(path, std::move(pm).value());
+      std::shared_ptr<const Manifest>& pm = parts[part];
+      if (!pm) {
+        Expected<std::string> text = ReadWholeFile(d->PartPath(part));
+        if (!text.ok()) return text.status();
+        Expected<Manifest> parsed = ParseManifest(std::span<const uint8_t>(
+            reinterpret_cast<const uint8_t*>(text->data()), text->size()));
+        if (!parsed.ok()) return parsed.status().WithContext("the encoded part of " + path);
+        pm = std::make_shared<const Manifest>(std::move(parsed).value());
+      }
+      // Encoded under this path (Encoded checked encoded_path): the part's file of that name.
+      const ManifestFile* mf = pm->FindFile(path);
+      if (!mf) return Status::Corruption("the encoded part " + part + " of " + d->name() + " has no " + path);
+      files.emplace(path, EncodedFile{pm, mf});
     }
-    // A draft left alone longer than its lease may have lost its packs to gc.
-    std::vector<std::string> lost;
-    for (auto& [path, pm] : parts) {
+    // A draft left alone longer than its lease may have lost its packs to gc: each pack its
+    // files wrote is checked once.
+    std::map<Hash128, std::vector<std::string>> packs;  // pack -> files with payloads in it
+    for (auto& [path, ef] : files) {
       std::set<uint32_t> own;
-      for (const ManifestChunk& c : pm.files[0].chunks) {
+      for (const ManifestChunk& c : ef.file->chunks) {
         if (c.origin == 0 && !c.is_external()) own.insert(c.ref.pack);
       }
-      for (uint32_t p : own) {
-        Expected<ObjectInfo> h = bucket->store().Head(Bucket::PackKey(pm.packs[p]));
-        if (h.ok()) continue;
-        if (h.status().kind() != ErrorKind::kNotFound) return h.status().WithContext("checking the draft's packs");
-        lost.push_back(path);
-        break;
+      for (uint32_t p : own) packs[ef.part->packs[p]].push_back(path);
+    }
+    std::set<std::string> lost;
+    for (auto& [pack, users] : packs) {
+      Expected<ObjectInfo> h = bucket->store().Head(Bucket::PackKey(pack));
+      if (h.ok()) continue;
+      if (h.status().kind() != ErrorKind::kNotFound) return h.status().WithContext("checking the draft's packs");
+      lost.insert(users.begin(), users.end());
+    }
+    if (lost.empty()) return files;
+    if (attempt > 0) return Status::IOError("packs of " + *lost.begin() + " vanished from the bucket twice");
+    std::vector<std::string> drop;  // part files no file uses any more
+    {
+      MutexLock lock(mu);
+      for (const std::string& path : lost) {
+        spdlog::warn("draft {}: the packs of {} are gone from the bucket (gc?); encoding it again", d->name(), path);
+        if (auto it = d->files.find(path); it != d->files.end()) {
+          MutexLock flock(it->second->mu);
+          if (d->ReleasePart(it->second->encoded)) drop.push_back(it->second->encoded);
+          it->second->encoded.clear();
+          d->Changed(path);
+        }
       }
     }
-    if (lost.empty()) return parts;
-    if (attempt > 0) return Status::IOError("packs of " + lost[0] + " vanished from the bucket twice");
-    MutexLock lock(mu);
-    for (const std::string& path : lost) {
-      spdlog::warn("draft {}: the packs of {} are gone from the bucket (gc?); encoding it again", d->name(), path);
-      if (auto it = d->files.find(path); it != d->files.end()) {
-        MutexLock flock(it->second->mu);
-        it->second->encoded.clear();
-      }
-    }
+    for (const std::string& part : drop) ::unlink(d->PartPath(part).c_str());
   }
 }
 
@@ -158,7 +188,7 @@ void Drafts::State::FinishPublished(const std::shared_ptr<Draft>& d, std::shared
     d->error.clear();
     d->encode_error.clear();
   }
-  (void)SaveJournal(*d, /*published=*/true);
+  (void)SaveJournal(*d, {.published = true});
   d->lease.reset();
   for (const std::string& dir : retire) {
     std::error_code ec;
@@ -203,7 +233,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   std::vector<std::string> paths;
   WFS_TRY(BeginCommit(d, as_in, /*part=*/false, /*wait_for_resumed=*/false, &paths));
   CommitDone done{this, d.get()};
-  WFS_TRY(SaveJournal(*d));
+  WFS_TRY(SaveJournal(*d, {.sync = true}));
   WFS_ASSIGN_OR_RETURN(auto parts, EncodedFiles(d, paths));
 
   Manifest m;
@@ -245,10 +275,9 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
       if (part == parts.end()) {
         return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
       }
-      const Manifest& pm = part->second;
-      AppendFileFrom(pm, pm.files[0], &m, /*src_is_dst=*/true);
-      m.stats.logical_bytes += pm.stats.logical_bytes;
-      m.stats.stored_bytes += pm.stats.stored_bytes;
+      AppendFileFrom(*part->second.part, *part->second.file, &m, /*src_is_dst=*/true);
+      m.stats.logical_bytes += part->second.file->size;
+      m.stats.stored_bytes += StoredBytes(*part->second.file);
     }
   }
   // Inherited files count as unchanged, with the elements push would count for them.
@@ -262,7 +291,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   m.stats.elements = tensors ? tally[0] : tally[2];
   m.stats.changed_elements = tensors ? tally[1] : tally[3];
   m.chunk_bytes = parts.empty() ? (d->parent_manifest ? d->parent_manifest->chunk_bytes : m.chunk_bytes)
-                                : parts.begin()->second.chunk_bytes;
+                                : parts.begin()->second.part->chunk_bytes;
   m.created = FormatUtc(NowMs());
   // Other nodes writing this version in parts: publishing it from here alone would publish one
   // node's view of it (its files beside the parent's old ones).
@@ -333,7 +362,7 @@ Status Drafts::State::CommitPartOf(const std::shared_ptr<Draft>& d, const PartCo
     d->part_state = "encoding";
   }
   // The part's id is in the journal before anything of it is in the bucket.
-  WFS_TRY(SaveJournal(*d));
+  WFS_TRY(SaveJournal(*d, {.sync = true}));
   StagedVersion staged(*bucket, d->model, d->version);
   staged.set_element_counter([this](const Manifest& pm, const ManifestFile& pf) { return ElementsOf(pm, pf); });
   // Refuse before encoding against the wrong parent (the first part fixed it).
@@ -341,9 +370,9 @@ Status Drafts::State::CommitPartOf(const std::shared_ptr<Draft>& d, const PartCo
   // request that timed out before that is an I/O error.
   auto io = [](Status st) { return st.kind() == ErrorKind::kTimeout ? Status::IOError(st.message()) : st; };
   WFS_TRY(io(staged.Join(part.parts, d->parent)));
-  Expected<std::map<std::string, Manifest>> encoded = EncodedFiles(d, paths);
+  Expected<std::map<std::string, EncodedFile>> encoded = EncodedFiles(d, paths);
   if (!encoded.ok()) return io(encoded.status());
-  std::map<std::string, Manifest> files = std::move(encoded).value();
+  std::map<std::string, EncodedFile> files = std::move(encoded).value();
 
   PartRecord record;
   record.meta.parts = part.parts;
@@ -357,14 +386,14 @@ Status Drafts::State::CommitPartOf(const std::shared_ptr<Draft>& d, const PartCo
   m.versions = {d->version};
   m.parent = d->parent;
   m.chunk_bytes = d->parent_manifest ? d->parent_manifest->chunk_bytes : options.push.chunk_bytes;
-  if (!files.empty()) m.chunk_bytes = files.begin()->second.chunk_bytes;
+  if (!files.empty()) m.chunk_bytes = files.begin()->second.part->chunk_bytes;
   {
     MutexLock lock(mu);
     record.meta.id = d->part_id;
-    for (auto& [path, pm] : files) {
-      AppendFileFrom(pm, pm.files[0], &m, /*src_is_dst=*/true);
-      record.meta.logical_bytes += pm.stats.logical_bytes;
-      record.meta.stored_bytes += pm.stats.stored_bytes;
+    for (auto& [path, ef] : files) {
+      AppendFileFrom(*ef.part, *ef.file, &m, /*src_is_dst=*/true);
+      record.meta.logical_bytes += ef.file->size;
+      record.meta.stored_bytes += StoredBytes(*ef.file);
       if (auto it = d->files.find(path); it != d->files.end()) {
         MutexLock flock(it->second->mu);
         for (size_t i = 0; i < 4; ++i) record.meta.tally[i] += it->second->tally[i];

@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -96,6 +98,10 @@ struct DraftFile {
   // `parent_file` change only under State::mu as well; `rows` is set once (EnsureRows).
   mutable Mutex mu;
   NodeMeta meta WFS_GUARDED_BY(mu);
+  // Where the file is in its draft now ("" once unlinked or renamed over). Guarded by
+  // State::mu (the analysis cannot name it from here): a handle finds its file's path without
+  // scanning the draft.
+  std::string path;
   uint64_t id = 0;
   std::string staging WFS_GUARDED_BY(mu);
   int fd WFS_GUARDED_BY(mu) = -1;
@@ -113,10 +119,13 @@ struct DraftFile {
   uint64_t generation WFS_GUARDED_BY(mu) = 0;  // bumped by every change of the bytes
   bool encoding WFS_GUARDED_BY(mu) = false;
   int mapped WFS_GUARDED_BY(mu) = 0;  // encodes holding a map of the staging file: it must not shrink in place
-  std::string encoded WFS_GUARDED_BY(mu);       // part file name; "" = not encoded
+  // The part file (parts/) that holds the file's encoded manifest, "" = not encoded. A part
+  // may hold many files (small files are encoded together, their payloads in shared packs):
+  // the file is the part's file `encoded_path`. Draft::part_refs counts its users.
+  std::string encoded WFS_GUARDED_BY(mu);
   std::string encoded_path WFS_GUARDED_BY(mu);  // the path it was encoded as
   uint64_t encoded_generation WFS_GUARDED_BY(mu) = 0;
-  bool journal_dirty WFS_GUARDED_BY(mu) = false;  // `present` changed since the journal was written
+  bool journal_dirty WFS_GUARDED_BY(mu) = false;  // times or `present` changed since its last journal record
   // A write failed (disk full...): the file is not what its writer meant; commit refuses it
   // until it is truncated to zero, rewritten with O_TRUNC or removed.
   std::string write_error WFS_GUARDED_BY(mu);
@@ -166,9 +175,42 @@ struct Draft {
   std::string encode_error;  // the last background encode's failure
   std::unique_ptr<Lease> lease;
   std::string dir;
-  // Journal writes: built under State::mu, written in sequence order under journal_mu.
+  // Users of each part file (DraftFile::encoded), under State::mu: a part holding many
+  // files is deleted when the last of them is encoded again or removed.
+  std::map<std::string, size_t> part_refs;
+
+  // ---- the journal (journal.cc): a snapshot (journal.json) and records appended after it
+  // (journal.log). Records are built under State::mu and queued in sequence order in
+  // `journal_out`; whoever holds journal_mu writes what is queued, in that order.
+  // Under State::mu: paths whose node changed since the last record (a file, a directory, a
+  // path removed); the next record says what each is now. `journal_snapshot`: the next write
+  // is a whole snapshot (a new parent, a failed append).
+  std::set<std::string> journal_paths;
+  bool journal_snapshot = false;
+  uint64_t journal_seq = 0;
+  struct JournalOut {
+    std::optional<std::string> snapshot;  // written first, then the log starts again
+    std::string records;                  // lines after it
+    uint64_t last_seq = 0;
+  };
+  std::mutex journal_out_mu;  // a leaf: guards journal_out
+  JournalOut journal_out;
+  // Under journal_mu (taken after State::mu is released, never under it).
   std::mutex journal_mu;
-  uint64_t journal_seq = 0, journal_written = 0;
+  uint64_t journal_written = 0;  // every record up to this one is in the page cache
+  int journal_fd = -1;           // journal.log, O_APPEND
+  bool journal_unsynced = false;
+  int64_t journal_synced_ns = 0;
+  // Read under State::mu to decide when to compact.
+  std::atomic<uint64_t> journal_log_bytes{0}, journal_snapshot_bytes{0};
+  std::atomic<bool> journal_failed{false};  // an append failed: the next write is a snapshot
+
+  Draft() = default;
+  Draft(const Draft&) = delete;
+  Draft& operator=(const Draft&) = delete;
+  ~Draft() {
+    if (journal_fd >= 0) ::close(journal_fd);
+  }
 
   std::string name() const { return model + "@" + version; }
   // The draft lists exactly the parent's files, unchanged (a new draft, or a new parent);
@@ -176,11 +218,14 @@ struct Draft {
   void InheritAll(std::shared_ptr<const Manifest> manifest, uid_t uid, gid_t gid) {
     parent_manifest = std::move(manifest);
     parent = parent_manifest->version;
+    for (auto& [p, f] : files) f->path.clear();
     files.clear();
     dirs.clear();
+    journal_snapshot = true;  // the whole tree changed
     const int64_t t = parent_manifest->created_ms * 1000000;
     for (const ManifestFile& pf : parent_manifest->files) {
       auto f = std::make_shared<DraftFile>(NodeMeta::At(0644, uid, gid, t));
+      f->path = pf.path;
       f->parent_path = pf.path;
       f->parent_file = &pf;
       for (std::string p = ParentPath(pf.path); !p.empty(); p = ParentPath(p)) {
@@ -199,12 +244,18 @@ struct Draft {
     }
     return n;
   }
-  // Whether a file or directory lies inside directory `path`.
+  // Whether a file or directory lies inside directory `path` (the maps are sorted: the first
+  // key after "path/" tells).
   bool HasEntriesUnder(const std::string& path) const {
     const std::string prefix = path + "/";
-    auto under = [&](const auto& e) { return e.first.starts_with(prefix); };
-    return std::any_of(files.begin(), files.end(), under) || std::any_of(dirs.begin(), dirs.end(), under);
+    auto f = files.lower_bound(prefix);
+    auto d = dirs.lower_bound(prefix);
+    return (f != files.end() && f->first.starts_with(prefix)) || (d != dirs.end() && d->first.starts_with(prefix));
   }
+  // The journal's next record says what `path` is now (a file, a directory, or gone). REQUIRES
+  // State::mu.
+  void Changed(const std::string& path) { journal_paths.insert(path); }
+  // Directory `path`'s entries changed: its mtime and ctime are now.
   // The owner and times of directory `path` ("" = the draft's own); null if there is none.
   NodeMeta* DirMeta(const std::string& path) {
     if (path.empty()) return &root;
@@ -214,6 +265,20 @@ struct Draft {
   // Directory `path`'s entries changed: its mtime and ctime are now.
   void TouchDir(const std::string& path) {
     if (NodeMeta* m = DirMeta(path)) m->Touch(NowNs());
+    if (!path.empty()) Changed(path);  // (the root's meta is in every record)
+  }
+  // A part file gains or loses a user. Release returns true when it has none left (the
+  // caller deletes it). REQUIRES State::mu.
+  void RetainPart(const std::string& part) {
+    if (!part.empty()) part_refs[part]++;
+  }
+  bool ReleasePart(const std::string& part) {
+    if (part.empty()) return false;
+    auto it = part_refs.find(part);
+    if (it == part_refs.end()) return true;
+    if (--it->second > 0) return false;
+    part_refs.erase(it);
+    return true;
   }
   std::string StagingPath(uint64_t id_) const { return dir + "/files/" + std::to_string(id_); }
   std::string PartPath(const std::string& part) const { return dir + "/parts/" + part; }

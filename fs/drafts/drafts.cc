@@ -51,11 +51,12 @@ Status Drafts::Load() {
   for (const auto& entry : std::filesystem::directory_iterator(s.options.state_dir, ec)) {
     if (!entry.is_directory()) continue;
     const std::string dir = entry.path().string();
-    Expected<std::string> text = ReadWholeFile(dir + "/journal.json");
-    if (!text.ok()) continue;  // a draft whose creation did not finish
+    if (::access((dir + "/journal.json").c_str(), F_OK) != 0) continue;  // a draft whose creation did not finish
     Status st;
     try {
-      st = s.LoadDraft(dir, nlohmann::json::parse(*text));
+      uint64_t seq = 0;
+      Expected<nlohmann::json> j = State::ReplayJournal(dir, &seq);
+      st = j.ok() ? s.LoadDraft(dir, *j, seq) : j.status();
     } catch (const std::exception& e) {
       st = Status::Corruption(std::string("bad journal: ") + e.what());
     }

@@ -9,11 +9,14 @@
 // Local state, per bucket, under `state_dir` (in the cache directory):
 //   lock                    flock: one mount of a bucket per cache directory owns its drafts
 //   <draft id>/journal.json the draft: names, parent, files (inherited or staged), encoded parts
+//   <draft id>/journal.log  the changes since journal.json, a record a line (journal.cc)
 //   <draft id>/files/<n>    staging files
-//   <draft id>/parts/<n>    a staged file encoded: a one-file manifest whose packs are uploaded
-// The journal is rewritten atomically (write, fsync, rename, fsync the directory) on every
-// change of the draft's tree, before the change is acknowledged; staging data is as durable
-// as the user makes it (fsync). A crash therefore loses at most unsynced writes; the next
+//   <draft id>/parts/<n>    staged files encoded: a manifest whose packs are uploaded (one file,
+//                           or many small files encoded together)
+// A change of the draft's tree is appended to the journal before it is acknowledged (synced
+// on fsync, commit, and a second later); journal.json is rewritten atomically when the log
+// outgrows it. Staging data is as durable as the user makes it (fsync). A crash of the daemon
+// therefore loses at most unsynced writes, one of the machine the last second of them; the next
 // mount reloads the drafts, re-encodes what was not encoded, and finishes commits that were
 // requested. A published draft's staging files stay (its journal says "published") as the
 // chunk cache's source for the next draft of the model's deltas, until a newer version of that

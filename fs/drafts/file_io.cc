@@ -40,7 +40,9 @@ Status Drafts::Create(uint64_t parent, std::string_view name, mode_t mode, int f
       auto f = std::make_shared<DraftFile>(NodeMeta::At(mode, who.uid, who.gid, NowNs()));
       MutexLock flock(f->mu);
       WFS_TRY(s.StageLocked(*d, *f, false));
+      f->path = path;
       d->files[path] = f;
+      d->Changed(path);
       d->TouchDir(dir);
       created = true;
     } else if (flags & O_EXCL) {
@@ -96,6 +98,7 @@ Status Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handl
       if (flags & O_TRUNC) f.meta.Touch(NowNs());
       h->write = true;
     }
+    if (journal) d->Changed(r->b);
   }
   if (journal && !s.SaveJournal(*h->draft).ok()) {
     MutexLock flock(h->file->mu);
@@ -133,9 +136,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
       d = handle->draft;
       f = handle->file;
       if (s.DraftLocked(d->name()) != d) return s.GoneLocked(d->name());
-      for (const auto& [p, file] : d->files) {
-        if (file == f) path = p;
-      }
+      path = f->path;
     } else {
       if (!r) return Status::NotFound("no such file or directory");
       // The directories above the versions are the mount's, not a draft's: nothing to keep
@@ -150,6 +151,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
     if (!f && (r->type == State::Type::kDraftDir || d->dirs.count(r->b))) {
       if (size) return Status::IsDirectory("is a directory");
       apply(*d->DirMeta(r->type == State::Type::kDraftDir ? std::string() : r->b));
+      if (r->type != State::Type::kDraftDir) d->Changed(r->b);
     } else {
       if (!f) {
         auto it = d->files.find(r->b);
@@ -164,6 +166,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
       }
       if (size) spare_id = d->next_id++;  // in case the file must move (ResizeLocked)
       apply(f->meta);
+      if (!path.empty()) d->Changed(path);
     }
   }
   if (size) {
@@ -357,7 +360,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
   // A journal that said "the parent's" for a chunk the staging file now holds would, after a
   // crash of the daemon, show the parent's bytes where this write put its own.
   if (marked) {
-    if (Status js = s.SaveJournal(*h.draft); !js.ok()) {
+    if (Status js = s.SaveJournal(*h.draft, {.file = &f}); !js.ok()) {
       MutexLock lock(f.mu);
       f.write_error = "cannot record the write in the draft's journal: " + js.message();
       return js;
@@ -367,15 +370,13 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
 }
 
 Status Drafts::Fsync(DraftHandle& h) {
-  bool dirty;
   {
     MutexLock lock(h.file->mu);
     if (h.file->id == 0) return Status::Ok();
     WFS_TRY(DataSync(h.file->fd, h.file->staging));
-    dirty = h.file->journal_dirty;
   }
-  if (dirty) WFS_TRY(state_->SaveJournal(*h.draft));
-  return Status::Ok();
+  // The file's entry (its times; its creation, still in the page cache) is on disk too.
+  return state_->SaveJournal(*h.draft, {.file = h.file.get(), .sync = true});
 }
 
 void Drafts::Release(std::unique_ptr<DraftHandle> h) {
@@ -388,15 +389,13 @@ void Drafts::Release(std::unique_ptr<DraftHandle> h) {
     dirty = h->file->journal_dirty;
   }
   state_->encoded_cv.NotifyAll();
-  if (dirty) (void)state_->SaveJournal(*h->draft);
+  if (dirty) (void)state_->SaveJournal(*h->draft, {.file = h->file.get()});
   if (!last) return;
   // Encode under the file's path as it is now (it may have been renamed while open).
   std::string path;
   {
     MutexLock lock(state_->mu);
-    for (const auto& [p, f] : h->draft->files) {
-      if (f == h->file) path = p;
-    }
+    if (state_->DraftLocked(h->draft->name()) == h->draft) path = h->file->path;
   }
   if (!path.empty()) state_->Enqueue(h->draft->name(), path);
 }

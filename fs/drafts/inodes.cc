@@ -97,7 +97,12 @@ void Drafts::State::DirAttr(uint64_t ino, const NodeMeta& meta, NodeAttr* out) c
   out->st.st_size = 4096;
   out->st.st_blksize = 1 << 20;
   meta.Fill(&out->st);
+  // Names are looked up every time (a commit or set-parent changes what a name is), but the
+  // attributes of a node change only through this mount's own operations, after which the
+  // kernel drops what it cached: without a timeout, every permission check of a path walk
+  // (default_permissions) and every fstat was a GETATTR round trip, four per file created.
   out->timeout_s = 0;
+  out->attr_timeout_s = 1;
 }
 
 void Drafts::State::FileAttr(uint64_t ino, DraftFile& f, NodeAttr* out) const {

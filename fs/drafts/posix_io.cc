@@ -93,6 +93,16 @@ Status PreadAll(int fd, uint8_t* p, size_t n, uint64_t off, std::string_view wha
   return Status::Ok();
 }
 
+Status SyncFileSystemOf(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return LastErrnoStatus("cannot open " + path);
+  const int rc = ::syncfs(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return StatusOfErrno(err, "syncfs " + path);
+  return Status::Ok();
+}
+
 Status DataSync(int fd, std::string_view what) {
   if (::fdatasync(fd) != 0) return LastErrnoStatus(std::string("fsync ") + std::string(what));
   return Status::Ok();

@@ -26,6 +26,9 @@ Expected<std::string> ReadWholeFile(const std::string& path);
 Status PwriteAll(int fd, const uint8_t* p, size_t n, uint64_t off, std::string_view what);
 // Reads up to n bytes; short only at the end of the file (the rest is left zero).
 Status PreadAll(int fd, uint8_t* p, size_t n, uint64_t off, std::string_view what);
+// syncfs of the file system holding `path`: every file written there is on disk (one sync for
+// many files, where an fdatasync each would cost a disk flush each).
+Status SyncFileSystemOf(const std::string& path);
 // fdatasync(fd), as a Status.
 Status DataSync(int fd, std::string_view what);
 // Copies the first `size` bytes of `from` into `to` (copy_file_range, or read and write where

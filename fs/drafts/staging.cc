@@ -115,7 +115,7 @@ Status Drafts::State::Fill(Draft& d, DraftFile& f) {
     f.backed = false;
     f.present.clear();
   }
-  return SaveJournal(d);
+  return SaveJournal(d, {.file = &f});
 }
 
 }  // namespace weightfs

@@ -6,6 +6,7 @@
 //   State::mu              the drafts, their trees, the inode table (the *Locked functions)
 //   DraftFile::mu          one file's bytes, size, copy-up map, encode state
 //   Draft::journal_mu      the order of journal writes (SaveJournal; never with mu held)
+//   Draft::journal_out_mu  records queued for the journal (a leaf)
 //   queue_mu               the background queue (a leaf)
 // No bucket I/O, encoding or staging-file I/O of a whole file runs under State::mu.
 //
@@ -16,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <map>
 #include <memory>
@@ -35,6 +37,13 @@
 #include "fs/drafts/drafts.h"
 
 namespace weightfs {
+
+// What SaveJournal writes besides the draft's changed paths.
+struct JournalWrite {
+  const DraftFile* file = nullptr;  // its path changed (a write, fsync, close: by handle)
+  bool sync = false;                // fdatasync the journal too (fsync, commit)
+  bool published = false;           // the draft was published: a last snapshot saying so
+};
 
 struct Drafts::State {
   Bucket* bucket;
@@ -70,6 +79,14 @@ struct Drafts::State {
   uint64_t next_ino WFS_GUARDED_BY(mu) = kFirstIno;
 
   // Background work: encode (draft, path) or commit (draft, "").
+  // Small files closed wait in `small` (by draft) until a pack's worth of them, a second
+  // without another, or a commit; then they are encoded together (EncodeSmall). The worker's.
+  struct SmallBatch {
+    std::vector<std::string> paths;
+    uint64_t bytes = 0;
+    std::chrono::steady_clock::time_point last;
+  };
+  std::map<std::string, SmallBatch> small;  // by draft; only the worker thread uses it
   Mutex queue_mu;
   CondVar queue_cv;
   std::deque<std::pair<std::string, std::string>> queue WFS_GUARDED_BY(queue_mu);
@@ -126,11 +143,18 @@ struct Drafts::State {
   void FileAttr(uint64_t ino, DraftFile& f, NodeAttr* out) const;
   Status AttrLocked(uint64_t ino, NodeAttr* out) WFS_REQUIRES(mu);
 
-  // ---- journal ----
+  // ---- journal (journal.cc) ----
+  // The whole draft (a snapshot: journal.json), and one record of what changed since the last
+  // (a line of journal.log: the paths in Draft::journal_paths).
   nlohmann::json JournalLocked(Draft& d, bool published = false) WFS_REQUIRES(mu);
+  std::string RecordLocked(Draft& d, uint64_t seq) WFS_REQUIRES(mu);
 
-  // Writes the draft's journal as it is now. REQUIRES mu not held.
-  Status SaveJournal(Draft& d, bool published = false) WFS_EXCLUDES(mu);
+  // Makes what changed in the draft (its journal_paths, `w.file`) part of its journal: a
+  // record appended to journal.log, or a snapshot when the log has grown past the last
+  // snapshot's size (compaction). The record is in the page cache when this returns (a daemon
+  // killed after it loses nothing); it reaches the disk with the next sync (fsync, commit, or
+  // a second after the last one). REQUIRES mu not held.
+  Status SaveJournal(Draft& d, JournalWrite w = {}) WFS_EXCLUDES(mu);
 
   // ---- staging (REQUIRES mu and f.mu) ----
   Status StageLocked(Draft& d, DraftFile& f, bool backed) WFS_REQUIRES(mu, f.mu);
@@ -161,6 +185,19 @@ struct Drafts::State {
   Status EncodeNow(const std::shared_ptr<Draft>& d, const std::shared_ptr<DraftFile>& f, const std::string& path,
                    uint64_t generation);
 
+  // Small files (one chunk at most: Small) are encoded together: one VersionEncoder, their
+  // payloads in shared packs, one part file naming them all, one journal record. Files of
+  // `paths` that are encoded already, being encoded, open for writing or gone are skipped
+  // (EnsureEncoded deals with them). REQUIRES no lock held.
+  Status EncodeSmall(const std::shared_ptr<Draft>& d, std::vector<std::string> paths);
+  // Whether a staged file is small enough to be encoded with others. REQUIRES f.mu.
+  bool Small(const DraftFile& f) const WFS_REQUIRES(f.mu) {
+    return f.id != 0 && !f.backed && f.size <= options.push.chunk_bytes;
+  }
+  // Encodes every file of `paths` not encoded yet: the small ones together, the others one
+  // by one (EnsureEncoded).
+  Status EnsureAllEncoded(const std::shared_ptr<Draft>& d, const std::vector<std::string>& paths);
+
   // Tensor elements and other bytes of an unchanged file, as push counts them: a safetensors
   // file's header chunk is parsed for its tensors (it is small and usually cached).
   Expected<std::pair<uint64_t, uint64_t>> ElementsOf(const Manifest& pm, const ManifestFile& pf);
@@ -181,16 +218,32 @@ struct Drafts::State {
   // background after a remount) instead of refusing at once.
   Status BeginCommit(const std::shared_ptr<Draft>& d, const std::string& as_in, bool part, bool wait_for_resumed,
                      std::vector<std::string>* paths);
-  // Encodes `paths` (what is not encoded yet) and returns their one-file manifests by path,
-  // after checking that their packs are still in the bucket (re-encoding the lost ones once).
-  Expected<std::map<std::string, Manifest>> EncodedFiles(const std::shared_ptr<Draft>& d,
-                                                         const std::vector<std::string>& paths);
+  // Encodes `paths` (what is not encoded yet) and returns every staged file's encoded
+  // manifest (a part may hold several files) by path, after checking that their packs are
+  // still in the bucket (re-encoding the lost ones once).
+  struct EncodedFile {
+    std::shared_ptr<const Manifest> part;
+    const ManifestFile* file = nullptr;  // in *part
+  };
+  Expected<std::map<std::string, EncodedFile>> EncodedFiles(const std::shared_ptr<Draft>& d,
+                                                            const std::vector<std::string>& paths);
   // Published as `published`: the mount shows it, the draft becomes history.
   void FinishPublished(const std::shared_ptr<Draft>& d, std::shared_ptr<const Manifest> published);
   // Forgets draft `d` and deletes its staging directory. Busy while it is committed.
   Status RemoveDraft(const std::shared_ptr<Draft>& d);
   void WorkerMain();
-  Status LoadDraft(const std::string& dir, const nlohmann::json& j);
+  // One job of the queue: a commit, a file encoded now, or a small file added to its batch.
+  void RunJob(const std::pair<std::string, std::string>& job);
+  // Takes the draft's lease (packs are written under it) if it has none.
+  Status EnsureLease(Draft& d);
+  // A batch of small files goes when it holds this many files or a pack's worth of bytes, or
+  // when no small file of its draft was closed for this long.
+  static constexpr size_t kSmallBatchFiles = 16384;
+  static constexpr std::chrono::milliseconds kSmallIdle{1000};
+  // The draft as its journal in `dir` says (snapshot and log); *max_seq: its last record.
+  static Expected<nlohmann::json> ReplayJournal(const std::string& dir, uint64_t* max_seq);
+  // Loads a draft from its replayed journal (`seq`: its last record) and compacts the journal.
+  Status LoadDraft(const std::string& dir, const nlohmann::json& j, uint64_t seq);
 };
 
 }  // namespace weightfs

@@ -79,6 +79,7 @@ Status Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_
   d->version = version;
   d->created_ms = NowMs();
   d->root = NodeMeta::At(mode, who.uid, who.gid, d->created_ms * 1000000);
+  d->journal_snapshot = true;  // its journal starts with a snapshot
   Expected<std::shared_ptr<const Manifest>> latest = s.bucket->Latest(model);
   // The parent's head as the bucket has it now: one this mount read before a gc rewrote it
   // (--keep-last rebases the versions it keeps) names rows that are gone.
@@ -184,13 +185,16 @@ Status Drafts::ReadDir(uint64_t ino, std::vector<DirEntry>* out) {
   WFS_TRY(s.DirOfLocked(ino, &d, &dir));
   out->push_back({".", ino, S_IFDIR});
   out->push_back({"..", ino, S_IFDIR});
+  // The nodes under `dir` are a range of each map (all of them for the draft's root).
   std::map<std::string, mode_t> names;
-  for (const auto& [p, meta] : d->dirs) {
-    if (ParentPath(p) == dir) names[p] = S_IFDIR;
-  }
-  for (const auto& [p, f] : d->files) {
-    if (ParentPath(p) == dir) names[p] = S_IFREG;
-  }
+  const std::string prefix = dir.empty() ? std::string() : dir + "/";
+  auto collect = [&](const auto& nodes, mode_t type) {
+    for (auto it = nodes.lower_bound(prefix); it != nodes.end() && it->first.starts_with(prefix); ++it) {
+      if (it->first.find('/', prefix.size()) == std::string::npos) names[it->first] = type;
+    }
+  };
+  collect(d->dirs, S_IFDIR);
+  collect(d->files, S_IFREG);
   for (const auto& [p, type] : names) {
     out->push_back({p.substr(dir.empty() ? 0 : dir.size() + 1), s.InoLocked(State::Type::kItem, d->name(), p), type});
   }
@@ -210,6 +214,7 @@ Status Drafts::Mkdir(uint64_t parent, std::string_view name, mode_t mode, const 
     if (!ValidateFilePath(path).ok()) return Status::InvalidArgument(path + " is not a valid path");
     if (d->files.count(path) || d->dirs.count(path)) return Status::Conflict(path + " exists already");
     d->dirs.emplace(path, NodeMeta::At(mode, who.uid, who.gid, NowNs()));
+    d->Changed(path);
     d->TouchDir(dir);
   }
   WFS_TRY(s.SaveJournal(*d));
@@ -230,6 +235,7 @@ Status Drafts::Rmdir(uint64_t parent, std::string_view name) {
     if (!d->dirs.count(path)) return Status::NotFound("no such file or directory");
     if (d->HasEntriesUnder(path)) return Status::NotEmpty("directory not empty");
     d->dirs.erase(path);
+    d->Changed(path);
     d->TouchDir(dir);
     s.RetireLocked(d->name(), path, {});
   }
@@ -241,6 +247,7 @@ Status Drafts::Unlink(uint64_t parent, std::string_view name) {
   if (DirPath(parent)) return Status::PermissionDenied("files live in versions");
   std::shared_ptr<Draft> d;
   std::shared_ptr<DraftFile> f;
+  std::string part;  // its encoded part, if no other file shares it
   {
     MutexLock lock(s.mu);
     std::string dir;
@@ -251,8 +258,13 @@ Status Drafts::Unlink(uint64_t parent, std::string_view name) {
     if (it == d->files.end()) return Status::NotFound("no such file or directory");
     f = it->second;
     d->files.erase(it);
+    f->path.clear();
+    d->Changed(path);
     d->TouchDir(dir);
     s.RetireLocked(d->name(), path, f);
+    MutexLock flock(f->mu);
+    if (d->ReleasePart(f->encoded)) part = f->encoded;
+    f->encoded.clear();
   }
   // The staging file goes first: on a full disk removing files is how space comes back, and
   // the journal write below needs some. (A journal still naming the file after a crash is
@@ -261,7 +273,7 @@ Status Drafts::Unlink(uint64_t parent, std::string_view name) {
     MutexLock flock(f->mu);
     if (f->id != 0) {
       ::unlink(f->staging.c_str());  // open handles keep reading through their descriptor
-      if (!f->encoded.empty()) ::unlink(d->PartPath(f->encoded).c_str());
+      if (!part.empty()) ::unlink(d->PartPath(part).c_str());
       if (f.use_count() == 1 && f->fd >= 0) {  // nobody has it open: release the space now
         ::close(f->fd);
         f->fd = -1;
@@ -280,6 +292,7 @@ Status Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_paren
   if (DirPath(parent) || DirPath(new_parent)) return Status::CrossDevice("a rename above the versions");
   std::shared_ptr<Draft> d, d2;
   std::shared_ptr<DraftFile> replaced;
+  std::string replaced_part;  // the replaced file's encoded part, if no other file shares it
   {
     MutexLock lock(s.mu);
     std::string dir, dir2;
@@ -303,11 +316,18 @@ Status Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_paren
       if (to_file) {
         replaced = d->files[to];
         d->files.erase(to);
+        replaced->path.clear();
         s.RetireLocked(d->name(), to, replaced);
+        MutexLock rlock(replaced->mu);
+        if (d->ReleasePart(replaced->encoded)) replaced_part = replaced->encoded;
+        replaced->encoded.clear();
       }
       auto f = d->files[from];
       d->files.erase(from);
       d->files[to] = f;
+      f->path = to;
+      d->Changed(from);
+      d->Changed(to);
       MutexLock flock(f->mu);
       if (f->id != 0 && f->writers == 0 && !f->Encoded(to) && !f->encoding) s.Enqueue(d->name(), to);
     } else {
@@ -317,20 +337,40 @@ Status Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_paren
         d->dirs.erase(to);
         s.RetireLocked(d->name(), to, {});
       }
-      std::map<std::string, std::shared_ptr<DraftFile>> files;
-      for (auto& [p, f] : d->files) {
-        files[p.starts_with(from + "/") ? to + p.substr(from.size()) : p] = f;
+      // Only the nodes under `from` move: a range of each map.
+      const std::string prefix = from + "/";
+      std::vector<std::pair<std::string, std::shared_ptr<DraftFile>>> files;
+      for (auto it = d->files.lower_bound(prefix); it != d->files.end() && it->first.starts_with(prefix);) {
+        d->Changed(it->first);
+        files.emplace_back(to + it->first.substr(from.size()), std::move(it->second));
+        it = d->files.erase(it);
       }
-      std::map<std::string, NodeMeta> dirs;
-      for (const auto& [p, meta] : d->dirs) {
-        dirs.emplace(p == from ? to : p.starts_with(from + "/") ? to + p.substr(from.size()) : p, meta);
+      std::vector<std::pair<std::string, NodeMeta>> dirs;
+      if (auto it = d->dirs.find(from); it != d->dirs.end()) {
+        dirs.emplace_back(to, it->second);
+        d->dirs.erase(it);
       }
-      d->files = std::move(files);
-      d->dirs = std::move(dirs);
-      for (auto& [p, f] : d->files) {
-        if (!p.starts_with(to + "/")) continue;
-        MutexLock flock(f->mu);
-        if (f->id != 0 && f->writers == 0 && !f->Encoded(p) && !f->encoding) s.Enqueue(d->name(), p);
+      for (auto it = d->dirs.lower_bound(prefix); it != d->dirs.end() && it->first.starts_with(prefix);) {
+        d->Changed(it->first);
+        dirs.emplace_back(to + it->first.substr(from.size()), it->second);
+        it = d->dirs.erase(it);
+      }
+      d->Changed(from);
+      for (auto& [p, f] : files) {
+        f->path = p;
+        d->Changed(p);
+        d->files[p] = std::move(f);
+      }
+      for (auto& [p, meta] : dirs) {
+        d->Changed(p);
+        d->dirs[p] = meta;
+      }
+      for (auto it = d->files.lower_bound(to + "/"); it != d->files.end() && it->first.starts_with(to + "/"); ++it) {
+        MutexLock flock(it->second->mu);
+        if (it->second->id != 0 && it->second->writers == 0 && !it->second->Encoded(it->first) &&
+            !it->second->encoding) {
+          s.Enqueue(d->name(), it->first);
+        }
       }
     }
     s.RekeyLocked(d->name(), from, to);
@@ -346,10 +386,8 @@ Status Drafts::Rename(uint64_t parent, std::string_view name, uint64_t new_paren
   }
   if (replaced) {
     MutexLock flock(replaced->mu);
-    if (replaced->id != 0) {
-      ::unlink(replaced->staging.c_str());
-      if (!replaced->encoded.empty()) ::unlink(d->PartPath(replaced->encoded).c_str());
-    }
+    if (replaced->id != 0) ::unlink(replaced->staging.c_str());
+    if (!replaced_part.empty()) ::unlink(d->PartPath(replaced_part).c_str());
   }
   return s.SaveJournal(*d);
 }
