@@ -135,8 +135,8 @@ void Drafts::State::RunJob(const std::pair<std::string, std::string>& job) {
     d = DraftLocked(job.first);
     if (d && !job.second.empty()) {
       if (auto it = d->files.find(job.second); it != d->files.end()) {
-        MutexLock flock(it->second->mu);
         const DraftFile& f = *it->second;
+        MutexLock flock(f.mu);
         if (f.Encoded(job.second) || f.writers > 0 || f.encoding) return;  // nothing to do, or done elsewhere
         batch = Small(f) && f.write_error.empty();
         size = f.size;
@@ -186,8 +186,8 @@ Status Drafts::State::EnsureAllEncoded(const std::shared_ptr<Draft>& d, const st
     for (const std::string& path : paths) {
       auto it = d->files.find(path);
       if (it == d->files.end()) continue;
-      MutexLock flock(it->second->mu);
       const DraftFile& f = *it->second;
+      MutexLock flock(f.mu);
       if (f.Encoded(path) || !Small(f) || f.encoding || f.writers > 0 || !f.write_error.empty()) continue;
       if (bytes + f.size > options.push.pack_bytes || batches.back().size() >= kSmallBatchFiles) {
         batches.emplace_back();
