@@ -408,7 +408,7 @@ TEST(FileCodecDeterminismTest, OneAndFourThreadsProduceTheSamePayloads) {
 }
 
 TEST(FileCodecDescribeTest, DescribeChunkNamesTheChunk) {
-  EXPECT_EQ(DescribeChunk({kHeaderChunkName, 0}), "header");
+  EXPECT_EQ(DescribeChunk({kHeaderChunkName, 0}), "header chunk");
   EXPECT_EQ(DescribeChunk({"", 7}), "bytes chunk 7");
   EXPECT_EQ(DescribeChunk({"model.embed_tokens.weight", 3}),
             "tensor 'model.embed_tokens.weight' chunk 3");
