@@ -2,8 +2,11 @@
 // them. Plain data: Drafts::State (state.h) holds the drafts and says which lock guards what.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <array>
@@ -104,7 +107,11 @@ struct DraftFile {
   std::string path;
   uint64_t id = 0;
   std::string staging WFS_GUARDED_BY(mu);
+  // The staging file's descriptor: open while a handle has the file open (and briefly for the
+  // encoder, a truncate or copy-up), else closed: a draft of 100,000 files must not hold
+  // 100,000 descriptors (it ran out at ~20,000). EnsureFd before any use.
   int fd WFS_GUARDED_BY(mu) = -1;
+  int handles WFS_GUARDED_BY(mu) = 0;  // open handles (DraftHandle) of the file
   uint64_t size WFS_GUARDED_BY(mu) = 0;
   std::string parent_path;                  // inherited or backed: the parent's file
   const ManifestFile* parent_file = nullptr;  // in the draft's parent manifest (its head)
@@ -146,6 +153,20 @@ struct DraftFile {
   // REQUIRES mu; `rows` loaded.
   bool StillBackedAt(size_t c) const WFS_REQUIRES(mu) {
     return backed && c < present.size() && present[c] == '0' && rows->chunks[c].offset < backing_limit;
+  }
+  // Opens the staging file if its descriptor is closed. REQUIRES mu.
+  Status EnsureFd() WFS_REQUIRES(mu) {
+    if (fd >= 0 || id == 0) return Status::Ok();
+    fd = ::open(staging.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return StatusOfErrno(errno, "cannot open staging file " + staging);
+    return Status::Ok();
+  }
+  // Closes the descriptor if no handle uses it. REQUIRES mu.
+  void CloseIdleFd() WFS_REQUIRES(mu) {
+    if (handles == 0 && fd >= 0) {
+      ::close(fd);
+      fd = -1;
+    }
   }
   bool Encoded(const std::string& path) const WFS_REQUIRES(mu) {
     return id == 0 || (!encoded.empty() && encoded_generation == generation && encoded_path == path);

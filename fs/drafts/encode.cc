@@ -277,7 +277,10 @@ Status Drafts::State::EncodeSmall(const std::shared_ptr<Draft>& d, std::vector<s
                                ": it was changed outside the mount; write the file again (or remove it from the draft)");
       }
       i.bytes.resize(i.f->size);
-      WFS_TRY(PreadAll(i.f->fd, i.bytes.data(), i.bytes.size(), 0, "staging file " + i.f->staging));
+      WFS_TRY(i.f->EnsureFd());
+      Status read = PreadAll(i.f->fd, i.bytes.data(), i.bytes.size(), 0, "staging file " + i.f->staging);
+      i.f->CloseIdleFd();
+      WFS_TRY(read);
       i.staging = i.f->staging;
       i.current = true;
       total += i.bytes.size();
@@ -355,7 +358,10 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
   {
     MutexLock lock(f->mu);
     if (f->generation != generation) return Status::Ok();  // changed: encoded on its next close
-    WFS_TRY(DataSync(f->fd, f->staging));
+    WFS_TRY(f->EnsureFd());
+    Status synced = DataSync(f->fd, f->staging);
+    f->CloseIdleFd();
+    WFS_TRY(synced);
     staging = f->staging;
     id = f->id;
     Expected<MappedFile> m = MappedFile::Open(staging);

@@ -102,8 +102,13 @@ Status Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handl
   }
   if (journal && !s.SaveJournal(*h->draft).ok()) {
     MutexLock flock(h->file->mu);
-    h->file->writers--;
+    if (h->write) h->file->writers--;
+    h->file->CloseIdleFd();
     return Status::IOError("cannot record the open in the draft's journal");
+  }
+  {
+    MutexLock flock(h->file->mu);
+    h->file->handles++;
   }
   if (!unlink_after.empty()) ::unlink(unlink_after.c_str());
   *handle = std::move(h);
@@ -193,6 +198,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
       MutexLock flock(f->mu);
       const ManifestChunk& c = f->rows->chunks[*cut];
       if (f->StillBackedAt(*cut)) {
+        WFS_TRY(f->EnsureFd());
         WFS_TRY(PwriteAll(f->fd, (*bytes)->data(),
                           std::min<uint64_t>({c.length, *size - c.offset, f->backing_limit - c.offset}), c.offset,
                           "staging file " + f->staging));
@@ -200,7 +206,9 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
       }
     }
     MutexLock flock(f->mu);
-    WFS_TRY(s.ResizeLocked(*d, *f, *size, spare_id, &unlink_after));
+    Status resized = s.ResizeLocked(*d, *f, *size, spare_id, &unlink_after);
+    f->CloseIdleFd();  // (a truncate by path opened it)
+    WFS_TRY(resized);
     if (*size == 0) f->write_error.clear();
     if (f->backed) f->backing_limit = std::min(f->backing_limit, *size);
     f->generation++;
@@ -246,6 +254,7 @@ Status Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<ui
   // and close the descriptor.
   auto pread_staged = [&f](uint8_t* p, size_t n, uint64_t off) {
     MutexLock lock(f.mu);
+    WFS_TRY(f.EnsureFd());
     return PreadAll(f.fd, p, n, off, "staging file " + f.staging);
   };
   out->clear();
@@ -322,6 +331,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
     if (!bytes.ok()) return ParentBytes(bytes.status(), "copy-up of " + h.draft->name() + "/" + h.path);
     MutexLock lock(f.mu);
     if (f.StillBackedAt(*need)) {
+      WFS_TRY(f.EnsureFd());
       const ManifestChunk& ch = f.rows->chunks[*need];
       const uint64_t len = std::min<uint64_t>(ch.length, f.backing_limit - ch.offset);
       WFS_TRY(PwriteAll(f.fd, (*bytes)->data(), len, ch.offset, "staging file " + f.staging));
@@ -332,6 +342,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
   bool marked = copied;  // the copy-up map changed: journaled before the write is acknowledged
   {
     MutexLock lock(f.mu);
+    WFS_TRY(f.EnsureFd());
     if (Status st = PwriteAll(f.fd, data.data(), data.size(), offset, "staging file " + f.staging); !st.ok()) {
       spdlog::error("write {}/{} at {}: {}; the draft cannot be committed until the file is written again or "
                     "removed", h.draft->name(), h.path, offset, st.message());
@@ -373,6 +384,7 @@ Status Drafts::Fsync(DraftHandle& h) {
   {
     MutexLock lock(h.file->mu);
     if (h.file->id == 0) return Status::Ok();
+    WFS_TRY(h.file->EnsureFd());
     WFS_TRY(DataSync(h.file->fd, h.file->staging));
   }
   // The file's entry (its times; its creation, still in the page cache) is on disk too.
@@ -380,13 +392,20 @@ Status Drafts::Fsync(DraftHandle& h) {
 }
 
 void Drafts::Release(std::unique_ptr<DraftHandle> h) {
-  if (!h->write) return;
+  if (!h->write) {
+    MutexLock flock(h->file->mu);
+    h->file->handles--;
+    h->file->CloseIdleFd();
+    return;
+  }
   bool last, dirty;
   {
     MutexLock lock(state_->mu);
     MutexLock flock(h->file->mu);
     last = --h->file->writers == 0;
     dirty = h->file->journal_dirty;
+    h->file->handles--;
+    h->file->CloseIdleFd();
   }
   state_->encoded_cv.NotifyAll();
   if (dirty) (void)state_->SaveJournal(*h->draft, {.file = h->file.get()});

@@ -315,14 +315,12 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j,
     if (f->id == 0 && !f->parent_file) return Status::Corruption("draft " + d->name() + ": " + path + " has no data");
     if (f->id != 0) {
       f->staging = d->StagingPath(f->id);
-      f->fd = ::open(f->staging.c_str(), O_RDWR | O_CLOEXEC);
-      if (f->fd < 0) {
+      struct stat st {};
+      if (::stat(f->staging.c_str(), &st) != 0) {  // (opened when it is used: DraftFile::EnsureFd)
         spdlog::error("draft {}: {}; the file is dropped", d->name(),
                       LastErrnoStatus("the staging file of " + path + " is gone").message());
         continue;
       }
-      struct stat st {};
-      ::fstat(f->fd, &st);
       f->size = static_cast<uint64_t>(st.st_size);
       f->backed = e.value("backed", false);
       if (f->backed) {

@@ -44,6 +44,7 @@ Status Drafts::State::StageLocked(Draft& d, DraftFile& f, bool backed) {
 // *unlink_after: the caller removes it once the journal names the new one (a crash before
 // leaves the old, consistent state). REQUIRES f.mu.
 Status Drafts::State::ResizeLocked(Draft& d, DraftFile& f, uint64_t size, uint64_t spare_id, std::string* unlink_after) {
+  WFS_TRY(f.EnsureFd());
   if (f.mapped == 0 || size >= f.size) {
     if (::ftruncate(f.fd, static_cast<off_t>(size)) != 0) return LastErrnoStatus("resizing " + f.staging);
     f.size = size;
@@ -104,6 +105,7 @@ Status Drafts::State::Fill(Draft& d, DraftFile& f) {
     if (!bytes.ok()) return bytes.status().WithContext("copying " + f.parent_path + " from the parent");
     MutexLock lock(f.mu);
     if (!f.StillBackedAt(c)) continue;
+    WFS_TRY(f.EnsureFd());
     const uint64_t off = pf->chunks[c].offset;
     const uint64_t len = std::min<uint64_t>(bytes->size(), f.backing_limit - off);
     WFS_TRY(PwriteAll(f.fd, bytes->data(), len, off, "staging file " + f.staging));
@@ -111,7 +113,10 @@ Status Drafts::State::Fill(Draft& d, DraftFile& f) {
   }
   {
     MutexLock lock(f.mu);
-    WFS_TRY(DataSync(f.fd, f.staging));
+    WFS_TRY(f.EnsureFd());
+    Status synced = DataSync(f.fd, f.staging);
+    f.CloseIdleFd();
+    WFS_TRY(synced);
     f.backed = false;
     f.present.clear();
   }
