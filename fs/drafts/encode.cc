@@ -216,6 +216,21 @@ Status Drafts::State::EnsureLease(Draft& d) {
   return Status::Ok();
 }
 
+// A small staged file's bytes, read whole through its open descriptor; refused when the staging
+// file's size is not the draft's (changed outside the mount; as in EncodeNow). REQUIRES f.mu.
+static Status ReadSmallStaged(const Draft& d, const std::string& path, DraftFile& f, std::vector<uint8_t>* bytes)
+    WFS_REQUIRES(f.mu) {
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) return LastErrnoStatus("stat of staging file " + f.staging);
+  if (static_cast<uint64_t>(st.st_size) != f.size) {
+    return Status::IOError("staging file " + f.staging + " of " + d.name() + "/" + path + " holds " +
+                           std::to_string(st.st_size) + " bytes where the draft's file has " + std::to_string(f.size) +
+                           ": it was changed outside the mount; write the file again (or remove it from the draft)");
+  }
+  bytes->resize(f.size);
+  return PreadAll(f.fd, bytes->data(), bytes->size(), 0, "staging file " + f.staging);
+}
+
 Status Drafts::State::EncodeSmall(const std::shared_ptr<Draft>& d, std::vector<std::string> paths) {
   std::sort(paths.begin(), paths.end());  // (VersionEncoder takes files in path order)
   paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
@@ -268,17 +283,8 @@ Status Drafts::State::EncodeSmall(const std::shared_ptr<Draft>& d, std::vector<s
     for (Item& i : items) {
       MutexLock flock(i.f->mu);
       if (i.f->generation != i.generation) continue;
-      struct stat st {};
-      if (::fstat(i.f->fd, &st) != 0) return LastErrnoStatus("stat of staging file " + i.f->staging);
-      if (static_cast<uint64_t>(st.st_size) != i.f->size) {  // as in EncodeNow
-        return Status::IOError("staging file " + i.f->staging + " of " + d->name() + "/" + i.path + " holds " +
-                               std::to_string(st.st_size) + " bytes where the draft's file has " +
-                               std::to_string(i.f->size) +
-                               ": it was changed outside the mount; write the file again (or remove it from the draft)");
-      }
-      i.bytes.resize(i.f->size);
       WFS_TRY(i.f->EnsureFd());
-      Status read = PreadAll(i.f->fd, i.bytes.data(), i.bytes.size(), 0, "staging file " + i.f->staging);
+      Status read = ReadSmallStaged(*d, i.path, *i.f, &i.bytes);
       i.f->CloseIdleFd();
       WFS_TRY(read);
       i.staging = i.f->staging;

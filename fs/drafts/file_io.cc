@@ -98,17 +98,20 @@ Status Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handl
       if (flags & O_TRUNC) f.meta.Touch(NowNs());
       h->write = true;
     }
+    // The descriptor is open while a handle is: an unlink of the path leaves it readable.
+    if (Status st = f.EnsureFd(); !st.ok()) {
+      if (h->write) f.writers--;
+      return st;
+    }
+    f.handles++;
     if (journal) d->Changed(r->b);
   }
   if (journal && !s.SaveJournal(*h->draft).ok()) {
     MutexLock flock(h->file->mu);
     if (h->write) h->file->writers--;
+    h->file->handles--;
     h->file->CloseIdleFd();
     return Status::IOError("cannot record the open in the draft's journal");
-  }
-  {
-    MutexLock flock(h->file->mu);
-    h->file->handles++;
   }
   if (!unlink_after.empty()) ::unlink(unlink_after.c_str());
   *handle = std::move(h);

@@ -274,10 +274,7 @@ Status Drafts::Unlink(uint64_t parent, std::string_view name) {
     if (f->id != 0) {
       ::unlink(f->staging.c_str());  // open handles keep reading through their descriptor
       if (!part.empty()) ::unlink(d->PartPath(part).c_str());
-      if (f.use_count() == 1 && f->fd >= 0) {  // nobody has it open: release the space now
-        ::close(f->fd);
-        f->fd = -1;
-      }
+      f->CloseIdleFd();  // nobody has it open: release the space now
     }
   }
   (void)s.SaveJournal(*d);  // logs its failure; the unlink itself is done

@@ -6,6 +6,7 @@
 // WEIGHTFS_MANY_FILES (default 5,000) files of WEIGHTFS_MANY_FILES_BYTES (default 4096) bytes;
 // scripts/bench_many_files.sh measures 100,000 against the same loop on local disk.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -186,6 +187,47 @@ TEST_F(ManyFilesTest, KilledWhileManyFilesAreCreatedTheClosedOnesSurviveAndCommi
   if (there.size() > n) {  // (the file being created: its bytes are anyone's)
     ASSERT_EQ(Errno(::unlink((draft / NameOf(n)).c_str())), 0);
   }
+  Result c = m.Commit("m/x@v1");
+  ASSERT_EQ(c.exit_code, 0) << c.out << m.LogText();
+  Mount& fresh = NewMount("fresh");
+  ASSERT_EQ(fresh.Start().exit_code, 0) << fresh.Describe();
+  ExpectFiles(fresh.Dir("m/x@v1"), n, bytes);
+}
+
+// A draft holds more files than the daemon may have descriptors open: a staged file's
+// descriptor is open only while it is used (each kept one for the draft's life, and creating
+// files failed with EIO at `ulimit -n`, ~20,000 here). The daemon runs with a soft limit of 256.
+TEST_F(ManyFilesTest, ADraftHoldsMoreFilesThanTheDaemonMayOpenDescriptors) {
+  const size_t n = 1200, bytes = 512;
+  ASSERT_EQ(Cli("init " + bucket_).exit_code, 0);
+  Mount& m = NewMount("a");
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = 256;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);  // (the daemon inherits it)
+  Result started = m.Start();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_EQ(started.exit_code, 0) << m.Describe();
+  const fs::path draft = m.Dir("m/x@v1");
+  ASSERT_EQ(Errno(::mkdir(draft.parent_path().c_str(), 0755)), 0);
+  ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0755)), 0);
+  for (int d = 0; d < 8; ++d) ASSERT_EQ(Errno(::mkdir((draft / ("d" + std::to_string(d))).c_str(), 0755)), 0);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(CreateFile(draft / NameOf(i), Content(i, bytes))) << NameOf(i) << ": " << std::strerror(errno)
+                                                                  << m.LogText();
+  }
+  // Read back through the draft, some written again (a staged file opened anew), all closed.
+  for (size_t i = 0; i < n; i += 97) ASSERT_TRUE(CreateFile(draft / NameOf(i), Content(i, bytes)));
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += Slurp(draft / NameOf(i)) != Content(i, bytes);
+  EXPECT_EQ(bad, 0u) << m.LogText();
+  // A restart loads the draft without opening its files.
+  ASSERT_TRUE(m.Kill());
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  started = m.Start();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_EQ(started.exit_code, 0) << m.Describe();
   Result c = m.Commit("m/x@v1");
   ASSERT_EQ(c.exit_code, 0) << c.out << m.LogText();
   Mount& fresh = NewMount("fresh");
