@@ -272,7 +272,8 @@ void ChunkCodec::EncodeFullHashed(DType dtype, std::span<const uint8_t> data, ui
 }
 
 ChunkEncoding ChunkCodec::EncodeDelta(DType dtype, std::span<const uint8_t> parent,
-                                      std::span<const uint8_t> data, std::vector<uint8_t>* out) {
+                                      std::span<const uint8_t> data, std::vector<uint8_t>* out,
+                                      uint64_t* changed) {
   out->clear();
   if (Width(dtype, data.size()) != DTypeSize(dtype)) dtype = DType::kOpaque;
   const EncodeOptions& opt = impl_->options;
@@ -303,6 +304,9 @@ ChunkEncoding ChunkCodec::EncodeDelta(DType dtype, std::span<const uint8_t> pare
     const bool sparse_ok =
         n <= std::numeric_limits<uint32_t>::max() &&
         sparse::FindChanges(width, parent.data(), data.data(), n, cap, &impl_->positions);
+    if (changed) {
+      *changed = sparse_ok ? impl_->positions.size() : sparse::CountChanges(width, parent.data(), data.data(), n);
+    }
     if (sparse_ok && impl_->positions.empty()) return ChunkEncoding::kSame;
     hashes();
     if (sparse_ok) {

@@ -133,8 +133,12 @@ class ChunkCodec {
   // the call (a caller reading a file others may write, a mapped staging file, copies the chunk
   // first, as VersionEncoder does). Input that does change anyway never crashes the encoder;
   // the payload it makes then fails its hash check when decoded.
+  // `changed` (optional), when parent and data have the same length: how many elements differ
+  // (elements of `dtype`, bytes when its size does not divide the length), from the changes
+  // the encoder finds anyway; untouched otherwise.
   ChunkEncoding EncodeDelta(DType dtype, std::span<const uint8_t> parent,
-                            std::span<const uint8_t> data, std::vector<uint8_t>* out);
+                            std::span<const uint8_t> data, std::vector<uint8_t>* out,
+                            uint64_t* changed = nullptr);
 
   // Decodes `payload` into `out`, which must be exactly raw_len bytes (see Inspect). `parent`
   // is required for delta encodings and ignored otherwise. The output is checked against

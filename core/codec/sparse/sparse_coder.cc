@@ -178,6 +178,23 @@ bool FindChangesT(const uint8_t* a, const uint8_t* b, size_t n, size_t cap,
   return positions->size() <= cap;
 }
 
+template <typename T>
+uint64_t CountChangesT(const uint8_t* a, const uint8_t* b, size_t n) {
+  constexpr size_t kBlock = 32 / sizeof(T);
+  uint64_t changed = 0;
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    const uint8_t* pa = a + i * sizeof(T);
+    const uint8_t* pb = b + i * sizeof(T);
+    uint64_t diff = 0;
+    for (size_t w = 0; w < 4; ++w) diff |= Load<uint64_t>(pa + 8 * w) ^ Load<uint64_t>(pb + 8 * w);
+    if (diff == 0) continue;
+    for (size_t j = 0; j < kBlock; ++j) changed += Load<T>(pa + j * sizeof(T)) != Load<T>(pb + j * sizeof(T));
+  }
+  for (; i < n; ++i) changed += Load<T>(a + i * sizeof(T)) != Load<T>(b + i * sizeof(T));
+  return changed;
+}
+
 }  // namespace
 
 // Reads the header, then the body version's stream, and applies the changes (see internal.h).
@@ -235,6 +252,10 @@ bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, siz
   return elem::DispatchWidth(width, [&]<typename T>() {
     return detail::FindChangesT<T>(a, b, n, cap, positions);
   });
+}
+
+uint64_t CountChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n) {
+  return elem::DispatchWidth(width, [&]<typename T>() { return detail::CountChangesT<T>(a, b, n); });
 }
 
 void Encode(DType dtype, size_t width, const uint8_t* parent, const uint8_t* data, size_t n,
