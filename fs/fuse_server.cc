@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -113,6 +114,41 @@ struct FuseServer::Impl {
   std::atomic<bool> publish_at_exit{true};
   fuse_session* session = nullptr;
   bool mounted = false;
+  std::mutex cache_warned_mu;
+  std::map<std::string, int> cache_warned;  // model -> the worst warning given (1, 2)
+
+  // Says once per model when the chunk cache cannot hold what reading the model's versions
+  // needs: a version read whole (1), or two (2: a node following a run builds N+1 from N's
+  // chunks in the cache). Without it a too-small cache costs whole-chunk fetches silently.
+  void WarnIfCacheTooSmall(const Manifest& m) {
+    if (!parts.cache) return;
+    const uint64_t size = m.stats.logical_bytes, room = parts.cache->max_bytes();
+    const int level = size > room ? 1 : 2 * size > room ? 2 : 0;
+    if (level == 0) return;
+    {
+      std::lock_guard<std::mutex> lock(cache_warned_mu);
+      int& given = cache_warned[m.model];
+      if (given != 0 && given <= level) return;
+      given = level;
+    }
+    auto gib = [](uint64_t b) { return fmt::format("{:.1f} GiB", static_cast<double>(b) / (1ull << 30)); };
+    // (Two versions and an eighth for the indexes and the packs a read keeps; whole GiB, as
+    // --cache-size takes it.)
+    const std::string need = std::to_string((2 * size + size / 8 + (1ull << 30) - 1) >> 30) + "GiB";
+    if (level == 1) {
+      spdlog::warn("{}@{} is {} and the chunk cache holds {} (--cache-size): a version read whole evicts its own "
+                   "chunks, and reading the next version fetches whole chunks again instead of deltas; mount with "
+                   "--cache-size {} to follow this model",
+                   m.model, m.version, gib(size), gib(room),
+                   need);
+    } else {
+      spdlog::warn("{}@{} is {} and the chunk cache holds {} (--cache-size): a node that reads one version after "
+                   "another builds each from the one before, and both do not fit; mount with --cache-size {} to "
+                   "follow this model",
+                   m.model, m.version, gib(size), gib(room),
+                   need);
+    }
+  }
 
   Impl(ServerParts p, MountOptions o)
       : parts(p), options(std::move(o)), names(p.bucket, NamesOptions(options)),
@@ -510,6 +546,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     }
     Expected<VersionFile> f = s.names.Open(ino);
     if (!f.ok()) return f.status();
+    s.WarnIfCacheTooSmall(*f->manifest);
     auto file = std::make_unique<OpenFile>();
     file->file = std::move(f).value();
     fi->fh = reinterpret_cast<uint64_t>(file.get());

@@ -90,5 +90,41 @@ TEST_F(MountMessagesTest, SetParentRefusalsSayWhy) {
   EXPECT_EQ(GetXattr(d, "user.weightfs.parent").value_or(""), "v0");
 }
 
+// A chunk cache too small to follow a model (a version read whole, or two: N+1 is built from
+// N's chunks in the cache) is said once per model, with the --cache-size that fits.
+TEST_F(MountMessagesTest, ACacheTooSmallToFollowAModelIsSaidOnceWithTheSizeThatFits) {
+  Generate("1M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  ASSERT_EQ(Cli("push " + bucket_ + " m/x@v1 " + Source(1).string() + " --no-cache").exit_code, 0);
+  const uint64_t size = fs::file_size(Source(1) / "model.safetensors");
+  auto warnings = [](const std::string& log) {
+    size_t n = 0;
+    for (size_t at = log.find("to follow this model"); at != std::string::npos;
+         at = log.find("to follow this model", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  // Room for one version, not two.
+  Mount& m = NewMount("a", "--cache-size " + std::to_string(size * 3 / 2));
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  EXPECT_EQ(Slurp(m.Dir("m/x@v1") / "model.safetensors"), Slurp(Source(1) / "model.safetensors"));
+  EXPECT_EQ(Slurp(m.Dir("m/x@v0") / "model.safetensors"), Slurp(Source(0) / "model.safetensors"));
+  std::string log = m.LogText();
+  EXPECT_EQ(warnings(log), 1u) << log;
+  EXPECT_NE(log.find("both do not fit; mount with --cache-size 1GiB"), std::string::npos) << log;
+  // Room for less than one version: said again, worse.
+  Mount& tiny = NewMount("b", "--cache-size " + std::to_string(size / 2));
+  ASSERT_EQ(tiny.Start().exit_code, 0) << tiny.Describe();
+  EXPECT_EQ(Slurp(tiny.Dir("m/x@v1") / "model.safetensors"), Slurp(Source(1) / "model.safetensors"));
+  log = tiny.LogText();
+  EXPECT_NE(log.find("a version read whole evicts its own chunks"), std::string::npos) << log;
+  // The default cache: nothing said.
+  Mount& roomy = NewMount("c");
+  ASSERT_EQ(roomy.Start().exit_code, 0) << roomy.Describe();
+  EXPECT_EQ(Slurp(roomy.Dir("m/x@v1") / "model.safetensors"), Slurp(Source(1) / "model.safetensors"));
+  EXPECT_EQ(warnings(roomy.LogText()), 0u);
+}
+
 }  // namespace
 }  // namespace weightfs
