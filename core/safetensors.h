@@ -20,6 +20,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -56,6 +57,14 @@ Expected<uint64_t> SafetensorsPrefixLength(std::span<const uint8_t> prefix);
 // `file_size` is the size of the whole file (the data section must end exactly there).
 Expected<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix,
                                                    uint64_t file_size);
+
+// Whether a file to be stored that claims to be safetensors is one. It claims to by its name
+// (`*.safetensors`) or by its first bytes (a header length that fits the file, then '{').
+// Ok for a valid file and for one that makes no claim (opaque bytes); otherwise
+// InvalidArgument naming `path` and what is wrong (truncated, JSON that does not parse, a
+// tensor outside the file or over another...). `file` holds the whole file (at least the 8 + N
+// prefix), `file_size` bytes in all.
+Status CheckSafetensors(std::string_view path, std::span<const uint8_t> file, uint64_t file_size);
 
 // Builds the 8 + N prefix bytes of a safetensors file for `tensors` laid out in the given order
 // (their begin/end are rewritten to be contiguous from 0), padded with spaces so that the data

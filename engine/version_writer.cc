@@ -10,6 +10,7 @@
 
 #include "core/file_codec.h"
 #include "core/mutex.h"
+#include "core/safetensors.h"
 #include "engine/lease.h"
 #include "engine/mapped_file.h"
 #include "engine/materializer.h"
@@ -127,6 +128,13 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
   if (!local_path.empty()) {
     std::error_code abs_ec;
     local_abs = std::filesystem::absolute(local_path, abs_ec).string();
+  }
+  if (Status valid = CheckSafetensors(path, data, data.size()); !valid.ok()) {
+    if (!options.allow_invalid) {
+      return Status::InvalidArgument(std::string(valid.message()) +
+                                     "; fix the file or leave it out, or store it as opaque bytes with --allow-invalid");
+    }
+    spdlog::warn("{}; stored as opaque bytes (--allow-invalid)", valid.message());
   }
   ChunkPlan plan = PlanFile(data, data.size(), options.chunk_bytes);
   // The parent's file of this path, with its rows (format 2 reads the file's table section).

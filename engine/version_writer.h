@@ -45,6 +45,10 @@ struct PushOptions {
   // Record every chunk of the pushed files in the cache as a reference to the local file, so
   // the next push (whose parent this version is) finds its bases without the bucket.
   bool cache_new_chunks = true;
+  // Store a file that claims to be safetensors (by name or header) and is not one (truncated,
+  // a header that does not parse or lies) as opaque bytes, with a warning, instead of refusing
+  // it: a broken checkpoint must not become @latest by accident (CheckSafetensors).
+  bool allow_invalid = false;
   // Called from worker threads (serialized) with logical bytes done and total.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };

@@ -225,7 +225,7 @@ int PushMain(int argc, char** argv) {
                                         "--keyframe-depth", "--json", "--base-repo", "--base-name",
                                         "--parts", "--part", "--timeout"}),
                  Concat(kCommonFlags, {"--no-cache", "--stats", "--base", "--allow-no-weights", "--allow-nested",
-                                       "--no-wait"}));
+                                       "--no-wait", "--allow-invalid"}));
   std::string help = std::string(R"(usage: weightfs push BUCKET MODEL@VERSION PATH... [options]
        weightfs push BUCKET MODEL@VERSION [PATH...] --base hf://ORG/REPO[@REVISION]
 
@@ -250,6 +250,9 @@ options:
                        .ckpt, .gguf, .npy, .npz, .h5, .msgpack, .onnx, ...); refused otherwise
   --allow-nested       publish a directory that holds version directories (step-1/ step-2/,
                        or MODEL@VERSION/, each with weights) as one version; refused otherwise
+  --allow-invalid      store a file that claims to be safetensors (by its name or its
+                       header) and does not parse (truncated, a header that lies about its
+                       tensors) as opaque bytes; refused otherwise, naming the file
   --chunk-size BYTES   chunk size                                           [4MiB]
   --pack-size BYTES    target pack size                                      [32MiB]
   --keyframe-ratio X   store a chunk FULL once its delta chain would exceed X times its FULL
@@ -296,6 +299,7 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
     if (Status s = CheckHasWeights({pos.begin() + 2, pos.end()}, files); !s.ok()) return Fail(s.message());
   }
   PushOptions opts;
+  opts.allow_invalid = args.Has("--allow-invalid");
   auto size_opt = [&](const char* name, uint64_t* out) -> Status {
     if (auto v = args.Get(name)) {
     WFS_ASSIGN_OR_RETURN(*out, ParseSize(*v));

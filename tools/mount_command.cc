@@ -117,6 +117,10 @@ options:
   --chunk-size BYTES   chunk size of the versions drafts publish (as push's)  [4MiB]
   --threads N          FUSE worker threads                                    [16]
   --read-only          mount read-only: no drafts (published versions always are)
+  --allow-invalid      publish a draft's file that claims to be safetensors (by
+                       name or header) and does not parse (truncated, a header
+                       that lies) as opaque bytes; such a draft is refused at
+                       commit otherwise, the message naming the file
   --allow-other        let other users read the mount (non-root users need
                        user_allow_other in /etc/fuse.conf)
   -o OPTS              more FUSE mount options, comma-separated
@@ -412,6 +416,7 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
       return Status::InvalidArgument("--chunk-size takes 4KiB..64MiB");
     }
   }
+  m.drafts.push.allow_invalid = args.Has("--allow-invalid");
   m.names.uid = ::getuid();
   m.names.gid = ::getgid();
   // Drafts of this bucket live in the cache directory, under a name derived from the URL.
@@ -432,7 +437,7 @@ int MountMain(int argc, char** argv, bool quiet) {
   ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval",
                   "--metadata-timeout"},
-                 {"--foreground", "-f", "--read-only", "--allow-other", "--help", "-h"});
+                 {"--foreground", "-f", "--read-only", "--allow-other", "--allow-invalid", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);
   if (!config.ok()) return Fail(config.status().message());

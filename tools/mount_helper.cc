@@ -140,6 +140,8 @@ int MountHelperMain(int argc, char** argv) {
         args.push_back("--read-only");
       } else if (key == "allow_other" && eq == std::string::npos) {
         args.push_back("--allow-other");
+      } else if (key == "allow_invalid" && eq == std::string::npos) {
+        args.push_back("--allow-invalid");
       } else {
         fuse.push_back(opt);
       }

@@ -680,5 +680,76 @@ TEST(SafetensorsParse, SurvivesRandomMutations) {
   EXPECT_GT(accepted, 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// CheckSafetensors: what push and commit refuse.
+
+// A valid file of one BF16 tensor of 4 elements.
+std::vector<uint8_t> ValidFile() {
+  std::vector<TensorInfo> tensors = {{"w", DType::kBF16, {4}, 0, 0}};
+  std::vector<uint8_t> file = BuildSafetensorsHeader(tensors, {});
+  file.resize(file.size() + 8, 0x3f);
+  return file;
+}
+
+Status Check(std::string_view path, const std::vector<uint8_t>& file) {
+  return CheckSafetensors(path, file, file.size());
+}
+
+TEST(CheckSafetensors, AValidFileAndOpaqueBytesPass) {
+  EXPECT_TRUE(Check("model.safetensors", ValidFile()).ok());
+  EXPECT_TRUE(Check("weights.bin", ValidFile()).ok());  // a safetensors file by another name
+  const std::vector<uint8_t> text = {'{', '"', 'a', '"', ':', '1', '}'};
+  EXPECT_TRUE(Check("config.json", text).ok());
+  EXPECT_TRUE(Check("notes.txt", {}).ok());
+  std::vector<uint8_t> noise(4096);
+  std::mt19937 rng(7);
+  for (uint8_t& b : noise) b = static_cast<uint8_t>(rng());
+  EXPECT_TRUE(Check("optimizer.pt", noise).ok());
+}
+
+TEST(CheckSafetensors, ATruncatedFileIsRefusedByItsNameOrItsHeader) {
+  std::vector<uint8_t> file = ValidFile();
+  file.resize(file.size() - 3);  // the data section cut short
+  Status named = Check("model-00001-of-00002.safetensors", file);
+  ASSERT_FALSE(named.ok());
+  EXPECT_EQ(named.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_NE(named.message().find("model-00001-of-00002.safetensors is not a valid safetensors file (by its name): "),
+            std::string::npos)
+      << named.message();
+  Status unnamed = Check("shard.bin", file);
+  ASSERT_FALSE(unnamed.ok());
+  EXPECT_NE(unnamed.message().find("(by its first bytes)"), std::string::npos) << unnamed.message();
+  // Cut inside the header: said so by name only (the first bytes no longer fit the file).
+  file.resize(20);
+  Status header_cut = Check("model.safetensors", file);
+  ASSERT_FALSE(header_cut.ok());
+  EXPECT_NE(header_cut.message().find("truncated?"), std::string::npos) << header_cut.message();
+  EXPECT_TRUE(Check("shard.bin", file).ok());
+  EXPECT_FALSE(Check("model.safetensors", std::vector<uint8_t>{1, 2, 3}).ok());
+  EXPECT_FALSE(Check("model.safetensors", {}).ok());
+}
+
+TEST(CheckSafetensors, AHeaderThatDoesNotParseOrLiesIsRefused) {
+  auto with_json = [](std::string_view json, size_t data) {
+    std::vector<uint8_t> file = Prefix(json);
+    file.resize(file.size() + data, 0);
+    return file;
+  };
+  Status garbage = Check("model.safetensors", with_json("{\"w\": {\"dtype\": ", 8));
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_NE(garbage.message().find("its header: "), std::string::npos) << garbage.message();
+  // Offsets past the end of the file.
+  EXPECT_FALSE(
+      Check("model.safetensors", with_json(R"({"w":{"dtype":"BF16","shape":[4],"data_offsets":[0,64]}})", 8)).ok());
+  // Two tensors over the same bytes.
+  Status overlap = Check("model.safetensors", with_json(R"({"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]},)"
+                                                          R"("b":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]}})",
+                                                          8));
+  EXPECT_FALSE(overlap.ok());
+  // Shape and offsets that disagree.
+  EXPECT_FALSE(
+      Check("x.safetensors", with_json(R"({"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,8]}})", 8)).ok());
+}
+
 }  // namespace
 }  // namespace weightfs

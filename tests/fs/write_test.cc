@@ -1056,5 +1056,55 @@ TEST_F(WriteTest, ACommitReportsTheSameChangedFractionAsPushForTheSameFiles) {
   }
 }
 
+// A draft's file that claims to be safetensors and is not (a save cut short) is refused at
+// commit, the message naming the file and the reason; nothing is published. Written again
+// whole, the draft commits. A mount with --allow-invalid stores such a file as bytes.
+TEST_F(WriteTest, ATruncatedSafetensorsFileInADraftIsRefusedAtCommitNamingIt) {
+  Generate("12M", 1, "--shard-size 10M");
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  auto Put = [](const fs::path& p, const std::vector<uint8_t>& b) {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+    out.close();
+    return out.good();
+  };
+  const fs::path draft = m.Dir("m/x@v1");
+  ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0755)), 0) << std::strerror(errno);
+  std::string shard;
+  for (const std::string& f : FilesUnder(Source(1))) {
+    if (f.ends_with(".safetensors")) shard = f;
+  }
+  ASSERT_FALSE(shard.empty());
+  std::vector<uint8_t> bytes = Slurp(Source(1) / shard);
+  const std::vector<uint8_t> whole = bytes;
+  bytes.resize(bytes.size() * 2 / 3);
+  ASSERT_TRUE(Put(draft / shard, bytes));
+  Result refused = m.Commit("m/x@v1");
+  EXPECT_NE(refused.exit_code, 0) << refused.out;
+  EXPECT_NE(refused.out.find(shard + " is not a valid safetensors file (by its name)"), std::string::npos)
+      << refused.out << m.LogText();
+  EXPECT_NE(refused.out.find("--allow-invalid"), std::string::npos) << refused.out;
+  EXPECT_FALSE(m.DraftStatus("m/x@v1").is_null());  // still a draft, its bytes kept
+  EXPECT_EQ(Slurp(draft / shard), bytes);
+  ASSERT_TRUE(Put(draft / shard, whole));
+  Result ok = m.Commit("m/x@v1");
+  ASSERT_EQ(ok.exit_code, 0) << ok.out << m.LogText();
+  EXPECT_EQ(Slurp(draft / shard), whole);
+
+  Mount& lax = NewMount("b", "--allow-invalid");
+  ASSERT_EQ(lax.Start().exit_code, 0) << lax.Describe();
+  const fs::path d2 = lax.Dir("m/x@v2");
+  ASSERT_EQ(Errno(::mkdir(d2.c_str(), 0755)), 0) << std::strerror(errno);
+  ASSERT_TRUE(Put(d2 / shard, bytes));
+  Result stored = lax.Commit("m/x@v2");
+  ASSERT_EQ(stored.exit_code, 0) << stored.out << lax.LogText();
+  EXPECT_NE(lax.LogText().find("stored as opaque bytes (--allow-invalid)"), std::string::npos);
+  Mount& fresh = NewMount("c");
+  ASSERT_EQ(fresh.Start().exit_code, 0) << fresh.Describe();
+  EXPECT_EQ(Slurp(fresh.Dir("m/x@v2") / shard), bytes);
+}
+
 }  // namespace
 }  // namespace weightfs
