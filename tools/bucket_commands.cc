@@ -374,6 +374,16 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
     if (m.ok()) parent = *m;
     else if (m.status().kind() != ErrorKind::kNotFound) return Fail(m.status());
   }
+  if (!parent && !args.Has("--base")) {
+    // A new model: said, with the models the name may have meant (`push BUCKET rl@step-1` for
+    // acme/rl stores a full base of a model nobody reads).
+    std::string alike = NoSuchModel(*ctx->bucket, target->model, pos[0]);
+    const size_t mean = alike.find("; did you mean ");
+    std::printf("new model %s (no versions yet): storing a full base%s\n", target->model.c_str(),
+                mean == std::string::npos ? "" : (" (" + alike.substr(mean + 2, alike.size() - mean - 3) +
+                                                   " Push to that name to store deltas against it)")
+                                                      .c_str());
+  }
   std::shared_ptr<Progress> progress;
   opts.progress = ProgressFn("push " + pos[1], &progress);
   if (args.Has("--parts")) {
@@ -586,6 +596,23 @@ bool ManifestsOwnFailure(const Status& s) {
   }
 }
 
+// "no model NAME in the bucket", with the models it may have meant (a typo, the organisation
+// forgotten) or, when none looks alike, a few that are there. `bucket_url` for the message.
+std::string NoSuchModel(Bucket& bucket, const std::string& model, const std::string& bucket_url) {
+  std::string message = "no model " + model + " in " + bucket_url;
+  Expected<std::vector<VersionInfo>> all = bucket.ListVersions();
+  if (!all.ok()) return message;
+  std::vector<std::string> models;
+  for (const VersionInfo& v : *all) {
+    if (models.empty() || models.back() != v.model) models.push_back(v.model);
+  }
+  std::vector<std::string> alike = LookAlike(model, models);
+  if (!alike.empty()) return message + "; did you mean " + OrList(alike) + "?";
+  if (models.empty()) return message + " (it holds no models yet)";
+  if (models.size() > 5) models.resize(5);
+  return message + " (its models: " + OrList(models) + (all->size() > 5 ? ", ..." : "") + ")";
+}
+
 int LogMain(int argc, char** argv) {
   ArgParser args(Concat(kCommonValues, {"--last"}), Concat(kCommonFlags, {"--json"}));
   std::string help = std::string(R"(usage: weightfs log BUCKET [MODEL] [--last N] [--json]
@@ -734,12 +761,16 @@ options:
     }
     std::printf("%s]\n", printed ? "\n" : "");
   } else {
-    if (printed == 0 && staged.empty()) std::printf("no versions%s\n", pos.size() > 1 ? (" of " + pos[1]).c_str() : "");
+    if (printed == 0 && staged.empty() && pos.size() == 1) std::printf("no versions\n");
     PrintStaged(staged);
   }
   if (unreadable) {
     std::fprintf(stderr, "weightfs log: %zu version%s could not be read (see above)\n", unreadable,
                  unreadable == 1 ? "" : "s");
+  }
+  if (pos.size() > 1 && versions->empty() && staged.empty()) {
+    std::fprintf(stderr, "weightfs log: %s\n", NoSuchModel(*ctx->bucket, pos[1], pos[0]).c_str());
+    return 1;
   }
   return unreadable ? 1 : 0;
 }

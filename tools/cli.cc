@@ -64,6 +64,57 @@ std::string FormatBytes(double bytes) {
   return buf;
 }
 
+namespace {
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string_view LastComponent(std::string_view s) {
+  const size_t slash = s.rfind('/');
+  return slash == std::string_view::npos ? s : s.substr(slash + 1);
+}
+
+}  // namespace
+
+std::vector<std::string> LookAlike(std::string_view name, const std::vector<std::string>& candidates) {
+  std::vector<std::pair<size_t, std::string>> ranked;
+  const size_t bound = std::max<size_t>(2, name.size() / 4);
+  for (const std::string& c : candidates) {
+    if (c == name) continue;
+    const size_t d = EditDistance(name, c);
+    const bool same_leaf = LastComponent(c) == LastComponent(name) ||
+                           (c.size() > name.size() && c.ends_with(name) && c[c.size() - name.size() - 1] == '/');
+    if (d <= bound || same_leaf) ranked.emplace_back(same_leaf ? 0 : d, c);
+  }
+  std::sort(ranked.begin(), ranked.end());
+  std::vector<std::string> out;
+  for (size_t i = 0; i < ranked.size() && out.size() < 5; ++i) {
+    if (out.empty() || out.back() != ranked[i].second) out.push_back(ranked[i].second);
+  }
+  return out;
+}
+
+std::string OrList(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? " or " : ", ";
+    out += names[i];
+  }
+  return out;
+}
+
 ArgParser::ArgParser(std::vector<std::string> value_options, std::vector<std::string> flag_options)
     : value_options_(std::move(value_options)), flag_options_(std::move(flag_options)) {}
 

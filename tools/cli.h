@@ -25,6 +25,13 @@ Expected<double> ParseDouble(std::string_view text);
 // Human form: 1536 -> "1.5 KiB".
 std::string FormatBytes(double bytes);
 
+// The names of `candidates` a typo of `name` may have meant, closest first (at most 5): a
+// small edit distance, the same last path component ("rl" for "acme/rl": the organisation
+// forgotten), or one ending in "/" + name. Never `name` itself.
+std::vector<std::string> LookAlike(std::string_view name, const std::vector<std::string>& candidates);
+// "a", "a or b", "a, b or c".
+std::string OrList(const std::vector<std::string>& names);
+
 // A minimal GNU-style parser: "--name value", "--name=value", boolean "--flag", positionals.
 // Unknown options are errors, so a typo is reported instead of silently ignored.
 class ArgParser {

@@ -9,13 +9,16 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "fs/mount_point.h"
 #include "tools/cli.h"
@@ -43,6 +46,9 @@ options:
   --timeout S      give up after S seconds                                 [forever]
   --interval S     seconds between checks                                      [0.1]
   --newer-than V   wait for a version newer than V (with MODEL@latest)
+  --create-ok      wait for the first version of a model the mount does not have
+                   yet (without it, a model that is not there is an error at once:
+                   most often a typo, which would wait forever)
   -h, --help       show this help
 )";
 
@@ -51,6 +57,23 @@ constexpr int kTimedOut = 124;
 int Usage(const std::string& message) {
   std::fprintf(stderr, "weightfs: wait: %s (see --help)\n", message.c_str());
   return 2;
+}
+
+// The models of the mount directory `dir` (names before '@' of its entries), or nullopt if
+// `dir` cannot be read (it is not there: no model of that organisation).
+std::optional<std::vector<std::string>> ModelsIn(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::string> models;
+  for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t at = name.find('@');
+    if (at != std::string::npos && at > 0) models.push_back(name.substr(0, at));
+  }
+  if (ec) return std::nullopt;
+  std::sort(models.begin(), models.end());
+  models.erase(std::unique(models.begin(), models.end()), models.end());
+  return models;
 }
 
 // Creation time of a version directory (its mtime), in ns.
@@ -63,7 +86,7 @@ std::optional<int64_t> CreatedNs(const std::string& path) {
 }  // namespace
 
 int WaitMain(int argc, char** argv) {
-  ArgParser args({"--timeout", "--interval", "--newer-than"}, {"--help", "-h"});
+  ArgParser args({"--timeout", "--interval", "--newer-than"}, {"--help", "-h", "--create-ok"});
   if (auto rc = ParseArgs(args, argc, argv, kWaitHelp, 1)) return *rc;
   std::string path = AbsolutePath(args.positionals()[0]);
   while (path.size() > 1 && path.back() == '/') path.pop_back();
@@ -96,6 +119,7 @@ int WaitMain(int argc, char** argv) {
   const std::string leaf = name.substr(0, at);
   const auto start = std::chrono::steady_clock::now();
   bool warned = false;
+  bool model_checked = args.Has("--create-ok");
   for (;;) {
     std::optional<std::string> found;
     int err = 0;
@@ -129,6 +153,30 @@ int WaitMain(int argc, char** argv) {
     if (found) {
       std::printf("%s\n", found->c_str());
       return 0;
+    }
+    if (!model_checked && (err == 0 || err == ENOENT)) {
+      // Once: is the model there at all? (The lookup above asked the bucket for the version
+      // itself; a model the mount has no version of is most often a typo.)
+      model_checked = true;
+      const std::optional<std::vector<std::string>> models = ModelsIn(dir);
+      if (!models || !std::binary_search(models->begin(), models->end(), leaf)) {
+        struct stat st {};
+        if (!newer_than && ::stat(path.c_str(), &st) == 0) {  // published meanwhile
+          std::printf("%s\n", path.c_str());
+          return 0;
+        }
+        const std::string prefix = dir.size() > root.size() ? dir.substr(root.size() + 1) + "/" : "";
+        const std::string model = prefix + leaf;
+        std::vector<std::string> alike;
+        if (models) {
+          std::vector<std::string> full;
+          for (const std::string& m : *models) full.push_back(prefix + m);
+          alike = LookAlike(model, full);
+        }
+        return Fail("no model " + model + " in the mount " + root +
+                    (alike.empty() ? "" : " (did you mean " + OrList(alike) + "?)") +
+                    "; to wait for the first version of a new model, give --create-ok");
+      }
     }
     if (err != 0 && err != ENOENT) {
       // A bucket that fails (EIO, a timeout) may come back: say so once and keep waiting.

@@ -153,6 +153,24 @@ TEST_F(RlSyncTest, WaitReturnsWhenTheVersionIsPublishedAndTimesOutWithItsOwnStat
   EXPECT_NE(elsewhere.out.find("not in a weightfs mount"), std::string::npos) << elsewhere.out;
   Result usage = Cli("wait " + b.Dir("m/x").string());
   EXPECT_EQ(usage.exit_code, 2) << usage.out;
+  // A model the mount does not have: said at once with the one meant, not waited on forever;
+  // --create-ok waits for its first version.
+  const auto asked = Clock::now();
+  Result typo = Cli("wait " + b.Dir("m/xx@v9").string());
+  EXPECT_EQ(typo.exit_code, 1) << typo.out;
+  EXPECT_LT(Clock::now() - asked, 5s);
+  EXPECT_NE(typo.out.find("no model m/xx in the mount " + b.mnt().string() + " (did you mean m/x?)"), std::string::npos)
+      << typo.out;
+  EXPECT_NE(typo.out.find("--create-ok"), std::string::npos) << typo.out;
+  Result org = Cli("wait " + b.Dir("n/x@v1").string());
+  EXPECT_EQ(org.exit_code, 1) << org.out;
+  EXPECT_NE(org.out.find("no model n/x"), std::string::npos) << org.out;
+  auto created = std::async(std::launch::async,
+                            [&] { return Cli("wait " + b.Dir("m/y@v0").string() + " --create-ok --timeout 60"); });
+  EXPECT_EQ(created.wait_for(300ms), std::future_status::timeout) << "returned before m/y existed";
+  ASSERT_EQ(Cli("push " + bucket_ + " m/y@v0 " + Source(0).string() + " --no-cache").exit_code, 0);
+  Result c = created.get();
+  EXPECT_EQ(c.exit_code, 0) << c.out;
 }
 
 // gc --keep-last 1 between the steps of a run rewrites the version it keeps (its deltas on the

@@ -422,4 +422,28 @@ TEST_F(BucketCli, ACorruptSafetensorsFileIsRefusedUnlessAllowed) {
   EXPECT_EQ(Slurp((root_ / "out" / shard).string()), Slurp((dir / shard).string()));
 }
 
+// Typos that did damage quietly: `log` of a model that is not there exits 1 naming the ones
+// meant; `push` of a new model (its organisation forgotten) says it stores a full base and
+// names the model that looks alike.
+TEST_F(BucketCli, AModelNameThatIsNotThereIsSaidWithTheOnesMeant) {
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/rl@v0 " + Version(0) + Cache("c")).exit_code, 0);
+  Result typo = RunCli("log " + bucket_ + " acme/rll");
+  EXPECT_EQ(typo.exit_code, 1) << typo.out;
+  EXPECT_NE(typo.out.find("no model acme/rll in " + bucket_ + "; did you mean acme/rl?"), std::string::npos) << typo.out;
+  Result json = RunCli("log " + bucket_ + " zeta/other --json");
+  EXPECT_EQ(json.exit_code, 1) << json.out;
+  EXPECT_NE(json.out.find("(its models: acme/rl)"), std::string::npos) << json.out;
+  Result ok = RunCli("log " + bucket_ + " acme/rl");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  Result fresh = RunCli("push " + bucket_ + " rl@v1 " + Version(1) + Cache("c"));
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.out;
+  EXPECT_NE(fresh.out.find("new model rl (no versions yet): storing a full base (did you mean acme/rl? Push to that "
+                           "name to store deltas against it)"),
+            std::string::npos)
+      << fresh.out;
+  Result next = RunCli("push " + bucket_ + " acme/rl@v1 " + Version(1) + Cache("c"));
+  ASSERT_EQ(next.exit_code, 0) << next.out;
+  EXPECT_EQ(next.out.find("new model"), std::string::npos) << next.out;
+}
+
 }  // namespace
