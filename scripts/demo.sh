@@ -4,21 +4,42 @@
 # lists the versions and reads the latest one through the mount, checking every file's SHA-256
 # against the source, then saves one more step through the mount as a draft (mkdir + cp +
 # weightfs commit). Leaves the mount up for you to explore and says how to unmount it.
-# Environment: PARAMS (25M), VERSIONS (3 after the base), WORK (/tmp/weightfs-demo).
+# Environment: PARAMS (25M), VERSIONS (3 after the base), WORK (a new private directory under
+# /tmp; a WORK of your own must be empty or a previous demo's, which is cleaned).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 params=${PARAMS:-25M}
 versions=${VERSIONS:-3}
-work=${WORK:-/tmp/weightfs-demo}
+if [[ -n "${WORK:-}" ]]; then
+  work=$WORK
+  if [[ -d "$work" && -n "$(ls -A "$work" 2>/dev/null)" && ! -f "$work/.weightfs-demo" ]]; then
+    echo "weightfs demo: WORK=$work holds files that are not a previous demo's; give an empty or new directory" >&2
+    exit 1
+  fi
+else
+  work=$(mktemp -d /tmp/weightfs-demo.XXXXXX)
+fi
 "$root/scripts/setup.sh"
 echo "== building weightfs (Release; the first build takes about 5 minutes on 2 cores, then seconds)"
-echo "   full compiler output: $work-build.log"
-mkdir -p "$(dirname "$work")"
+build_log="$work.build.log"
+echo "   full compiler output: $build_log"
 # The build's own [ NN%] lines, condensed to one line per 10%, so a first build is not silent.
-if ! TARGET=weightfs "$root/scripts/build.sh" 2>&1 | tee "$work-build.log" |
-  awk '/^\[ *[0-9]+%\]/ { p = $2 + 0; if (p >= next_p) { printf "   %s\n", $0; fflush(); next_p = p - p % 10 + 10 } }'
-then
-  echo "weightfs demo: the build failed; see $work-build.log" >&2
+# (A bash loop reads line by line; mawk, Debian's awk, reads a pipe in blocks and printed
+# nothing for minutes, then everything at once.)
+progress() {
+  local next=0 line p
+  while IFS= read -r line; do
+    if [[ $line =~ ^\[\ *([0-9]+)%\] ]]; then
+      p=${BASH_REMATCH[1]}
+      if ((p >= next)); then
+        echo "   $line"
+        next=$((p - p % 10 + 10))
+      fi
+    fi
+  done
+}
+if ! TARGET=weightfs "$root/scripts/build.sh" 2>&1 | tee "$build_log" | progress; then
+  echo "weightfs demo: the build failed; see $build_log" >&2
   exit 1
 fi
 wfs="$root/build/tools/weightfs"
@@ -29,6 +50,7 @@ if awk -v m="$mnt" '$5 == m { found = 1 } END { exit !found }' /proc/self/mounti
 fi
 rm -rf "$work"
 mkdir -p "$work" "$mnt"
+touch "$work/.weightfs-demo"
 echo "== generating a $params-parameter model and $versions training steps (lr 1e-6)"
 "$wfs" gen "$work/src" --params "$params" --versions "$((versions + 1))" --lr 1e-6 --shard-size 20M --seed 7
 "$wfs" init "$work/bucket"

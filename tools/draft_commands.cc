@@ -465,7 +465,26 @@ std::optional<nlohmann::json> MountStatus(const std::string& root) { return Stat
 int PublishDrafts(const std::string& mountpoint) {
   std::optional<nlohmann::json> st = StatusOf(mountpoint);
   if (!st || (*st)["drafts"].empty()) return 0;
-  std::fprintf(stderr, "publishing %zu draft(s) of %s\n", (*st)["drafts"].size(), mountpoint.c_str());
+  // Named: the ones to publish, and those left as they are (empty, or still their parent: a
+  // mkdir alone is not a new version).
+  std::vector<std::string> publish;
+  for (const auto& d : (*st)["drafts"]) {
+    const std::string name = d.value("name", "");
+    if (d.value("files", uint64_t{0}) == 0) {
+      std::fprintf(stderr, "draft %s has no files: not published\n", name.c_str());
+    } else if (d.value("unchanged", false) && d.value("state", "") == "draft") {
+      std::fprintf(stderr, "draft %s is unchanged from its parent %s: not published (it stays a draft; "
+                   "`weightfs commit` publishes it, `weightfs discard` removes it)\n", name.c_str(),
+                   d.value("parent", nlohmann::json("")).is_string() ? d["parent"].get<std::string>().c_str() : "");
+    } else {
+      publish.push_back(name);
+    }
+  }
+  if (publish.empty()) return 0;
+  std::string names;
+  for (const std::string& n : publish) names += (names.empty() ? "" : ", ") + n;
+  std::fprintf(stderr, "publishing %zu draft%s of %s: %s\n", publish.size(), publish.size() == 1 ? "" : "s",
+               mountpoint.c_str(), names.c_str());
   const int err = WithProgress(mountpoint, "", "publishing the drafts of " + mountpoint + " (encoded and uploaded)", [&] {
     return ::setxattr(mountpoint.c_str(), "user.weightfs.commit_all", "", 0, 0) == 0 ? 0 : errno;
   });

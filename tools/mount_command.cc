@@ -96,9 +96,11 @@ Sparse weight patches (read-only; docs/patch.md):
                                      made on first use into CACHE_DIR/patches (up to a quarter
                                      of --cache-size, LRU); .patch is hidden from ls of v3
 
-Extended attributes: user.weightfs.{parent,stored_bytes,changed_fraction} on version
-directories, user.weightfs.{parent,sha256,stored_bytes} on files; user.weightfs.pid and
-user.weightfs.stats (JSON counters) on MOUNTPOINT itself.
+Extended attributes: user.weightfs.{parent,stored_bytes,changed_fraction,newest} on version
+directories, user.weightfs.{parent,sha256,stored_bytes} on files; user.weightfs.error on a
+draft (its last commit's failure); on MOUNTPOINT itself user.weightfs.pid,
+user.weightfs.stats (JSON counters), user.weightfs.status (JSON: the drafts, their state and
+errors, as `weightfs status` prints them) and user.weightfs.staged (versions staged in parts).
 
 options:
   -f, --foreground     stay in the foreground, log to stderr; tells systemd when the

@@ -14,7 +14,8 @@ constexpr const char* kUsage = R"(weightfs - a FUSE filesystem for versioned mod
 usage: weightfs <command> [options]
 
 commands:
-  init         make a directory, WebDAV server or S3 bucket a weightfs bucket
+  init         make a directory, WebDAV server, S3 bucket or Hugging Face Storage
+               Bucket (hf://buckets/NS/NAME) a weightfs bucket
   push         encode files as a new version (deltas against its parent) and publish it
   pull         materialize a version into a directory (verified by SHA-256)
   cat          write a file of a version, or a byte range of it, to stdout

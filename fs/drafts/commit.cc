@@ -541,13 +541,19 @@ Status Drafts::CommitAll() {
   }
   Status first;
   for (auto& d : all) {
-    bool empty;
+    bool empty, unchanged;
     {
       MutexLock lock(s.mu);
       empty = d->files.empty();
+      unchanged = !d->commit_requested && d->Unchanged();
     }
     if (empty) {
       spdlog::info("draft {} has no files: not published", d->name());
+      continue;
+    }
+    if (unchanged) {
+      spdlog::info("draft {} is unchanged from its parent {}: not published (it stays a draft; `weightfs commit` "
+                   "publishes it)", d->name(), d->parent.value_or("?"));
       continue;
     }
     Status st = s.CommitDraft(d, d->commit_as);

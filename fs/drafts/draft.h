@@ -255,6 +255,17 @@ struct Draft {
       files.emplace(pf.path, std::move(f));
     }
   }
+  // Whether the draft is still its parent: the parent's files, none written, renamed or
+  // removed, none added. Unmount does not publish such a draft (a mkdir alone made a new
+  // @latest of 0 changes). REQUIRES State::mu.
+  bool Unchanged() const {
+    if (!parent_manifest || files.size() != parent_manifest->files.size()) return false;
+    for (const auto& [p, f] : files) {
+      MutexLock flock(f->mu);
+      if (f->id != 0 || !f->parent_file || f->parent_path != p) return false;
+    }
+    return true;
+  }
   // Directories directly inside directory `path` ("" = the draft's own): a directory's link
   // count is 2 plus these (its "." and its subdirectories' "..").
   uint32_t SubdirCount(const std::string& path) const {

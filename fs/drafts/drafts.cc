@@ -100,6 +100,7 @@ std::string Drafts::StatusJson() {
       }
     }
     dj["files"] = d->files.size();
+    dj["unchanged"] = d->Unchanged();
     dj["staged_files"] = staged;
     dj["staged_bytes"] = staged_bytes;
     dj["encoded_files"] = encoded;

@@ -334,10 +334,21 @@ TEST_F(WriteTest, UnmountKeepDraftsLeavesThemStagedAndTheNextMountResumesThem) {
   EXPECT_EQ(st["staged_files"], 2) << st.dump();
   EXPECT_EQ(st["parent"], "v0") << st.dump();
   ExpectSameFiles(m.Dir("m/x@v1"), Source(1));
+  // A draft made and left as it is (its parent's files, untouched) is not a new version.
+  ASSERT_EQ(Errno(::mkdir(m.Dir("m/x@v9").c_str(), 0755)), 0);
   u = m.Unmount();  // publishes
   ASSERT_EQ(u.exit_code, 0) << u.out << m.Describe();
   EXPECT_TRUE(Versions().count("v1"));
+  EXPECT_NE(u.out.find("publishing 1 draft of " + m.mnt().string() + ": m/x@v1"), std::string::npos) << u.out;
+  EXPECT_NE(u.out.find("draft m/x@v9 is unchanged from its parent v0: not published"), std::string::npos) << u.out;
+  EXPECT_FALSE(Versions().count("v9")) << u.out;
   ExpectFreshMountReads({{"m/x@v1", Source(1)}});
+  // Still a draft on the next mount; an explicit commit publishes it.
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  EXPECT_TRUE(m.DraftStatus("m/x@v9").is_object()) << m.Status().dump();
+  Result c = m.Commit("m/x@v9");
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  EXPECT_TRUE(Versions().count("v9"));
 }
 
 // ---- 4: the daemon killed while it uploads ---------------------------------------------------
