@@ -211,6 +211,23 @@ options:
 
 // ---- push -------------------------------------------------------------------------------------
 
+// "no model NAME in the bucket", with the models it may have meant (a typo, the organisation
+// forgotten) or, when none looks alike, a few that are there. `bucket_url` for the message.
+std::string NoSuchModel(Bucket& bucket, const std::string& model, const std::string& bucket_url) {
+  std::string message = "no model " + model + " in " + bucket_url;
+  Expected<std::vector<VersionInfo>> all = bucket.ListVersions();
+  if (!all.ok()) return message;
+  std::vector<std::string> models;
+  for (const VersionInfo& v : *all) {
+    if (models.empty() || models.back() != v.model) models.push_back(v.model);
+  }
+  std::vector<std::string> alike = LookAlike(model, models);
+  if (!alike.empty()) return message + "; did you mean " + OrList(alike) + "?";
+  if (models.empty()) return message + " (it holds no models yet)";
+  if (models.size() > 5) models.resize(5);
+  return message + " (its models: " + OrList(models) + (all->size() > 5 ? ", ..." : "") + ")";
+}
+
 int PushMain(int argc, char** argv) {
   // `--base hf://ORG/REPO[@REV]` takes a value; a bare `--base` is a flag. Tell them apart here.
   std::vector<std::string> argv_copy(argv, argv + argc);
@@ -380,7 +397,7 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
     std::string alike = NoSuchModel(*ctx->bucket, target->model, pos[0]);
     const size_t mean = alike.find("; did you mean ");
     std::printf("new model %s (no versions yet): storing a full base%s\n", target->model.c_str(),
-                mean == std::string::npos ? "" : (" (" + alike.substr(mean + 2, alike.size() - mean - 3) +
+                mean == std::string::npos ? "" : (" (" + alike.substr(mean + 2) +
                                                    " Push to that name to store deltas against it)")
                                                       .c_str());
   }
@@ -594,23 +611,6 @@ bool ManifestsOwnFailure(const Status& s) {
     case ErrorKind::kUnsupported: return true;
     default: return false;
   }
-}
-
-// "no model NAME in the bucket", with the models it may have meant (a typo, the organisation
-// forgotten) or, when none looks alike, a few that are there. `bucket_url` for the message.
-std::string NoSuchModel(Bucket& bucket, const std::string& model, const std::string& bucket_url) {
-  std::string message = "no model " + model + " in " + bucket_url;
-  Expected<std::vector<VersionInfo>> all = bucket.ListVersions();
-  if (!all.ok()) return message;
-  std::vector<std::string> models;
-  for (const VersionInfo& v : *all) {
-    if (models.empty() || models.back() != v.model) models.push_back(v.model);
-  }
-  std::vector<std::string> alike = LookAlike(model, models);
-  if (!alike.empty()) return message + "; did you mean " + OrList(alike) + "?";
-  if (models.empty()) return message + " (it holds no models yet)";
-  if (models.size() > 5) models.resize(5);
-  return message + " (its models: " + OrList(models) + (all->size() > 5 ? ", ..." : "") + ")";
 }
 
 int LogMain(int argc, char** argv) {

@@ -280,6 +280,30 @@ int CommitMain(int argc, char** argv) {
   const std::string name = DraftName(root, dir);
   const auto start = std::chrono::steady_clock::now();
   std::fprintf(stderr, "committing %s%s\n", name.c_str(), as.empty() ? "" : (" as " + as).c_str());
+  // What becomes of the files the draft inherits: kept as the parent's, or left out (shards a
+  // written index no longer names: a reshard).
+  if (std::optional<std::string> text = GetXattr(dir, "user.weightfs.inherited")) {
+    const nlohmann::json plan = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    const std::string parent = GetXattr(dir, "user.weightfs.parent").value_or("the parent");
+    if (plan.is_object() && plan.contains("dropped") && plan["dropped"].is_object()) {
+      for (const auto& [path, index] : plan["dropped"].items()) {
+        std::fprintf(stderr, "leaving out %s of %s: %s, written into the draft, does not name it\n", path.c_str(),
+                     parent.c_str(), index.is_string() ? index.get<std::string>().c_str() : "its index");
+      }
+    }
+    if (plan.is_object() && plan.contains("kept") && plan["kept"].is_array() && !plan["kept"].empty()) {
+      std::string list;
+      size_t shown = 0;
+      for (const auto& p : plan["kept"]) {
+        if (!p.is_string() || shown == 8) continue;
+        list += (shown++ ? ", " : "") + p.get<std::string>();
+      }
+      if (plan["kept"].size() > shown) list += " and " + std::to_string(plan["kept"].size() - shown) + " more";
+      std::fprintf(stderr, "keeping %zu file%s of %s as %s: %s\n", plan["kept"].size(),
+                   plan["kept"].size() == 1 ? "" : "s", parent.c_str(), plan["kept"].size() == 1 ? "it is" : "they are",
+                   list.c_str());
+    }
+  }
   const int err = WithProgress(root, name, "commit " + name + " (encoded and uploaded)", [&] {
     return ::setxattr(dir.c_str(), "user.weightfs.commit", as.data(), as.size(), 0) == 0 ? 0 : errno;
   });

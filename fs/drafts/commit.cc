@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "engine/staged_version.h"
@@ -261,7 +265,13 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
   }
   {
     MutexLock lock(mu);
+    const InheritedPlan plan = PlanInheritedLocked(*d);
+    for (const auto& [path, index] : plan.dropped) {
+      spdlog::info("{}: {} of {} is left out: {}, written into the draft, does not name it", d->name(), path,
+                   d->parent.value_or("?"), index);
+    }
     for (auto& [path, f] : d->files) {
+      if (plan.dropped.count(path)) continue;
       MutexLock flock(f->mu);
       if (f->id == 0) {
         if (!f->rows) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
@@ -530,6 +540,45 @@ std::string Drafts::StagedJson() {
   Expected<std::vector<StagedSummary>> staged = StagedVersion::List(*state_->bucket);
   if (!staged.ok()) return nlohmann::json{{"error", staged.status().ToString()}}.dump();
   return weightfs::StagedJson(*staged);
+}
+
+Drafts::State::InheritedPlan Drafts::State::PlanInheritedLocked(Draft& d) {
+  InheritedPlan plan;
+  // The shards each written index names, by the index's directory ("" = the draft's own).
+  constexpr std::string_view kIndex = ".safetensors.index.json";
+  std::map<std::string, std::pair<std::string, std::set<std::string>>> named;  // dir -> (index, shards)
+  for (auto& [path, f] : d.files) {
+    if (!path.ends_with(kIndex)) continue;
+    MutexLock flock(f->mu);
+    if (f->id == 0 || f->size > (64u << 20)) continue;
+    std::ifstream in(f->staging, std::ios::binary);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+      spdlog::warn("{}: {} has no weight_map: the inherited shards of its directory are kept", d.name(), path);
+      continue;
+    }
+    const std::string dir = ParentPath(path);
+    auto& [index, shards] = named[dir];
+    if (!index.empty()) {  // two indexes in one directory: which rules is not ours to guess
+      named.erase(dir);
+      continue;
+    }
+    index = path;
+    for (const auto& [tensor, shard] : j["weight_map"].items()) {
+      if (shard.is_string()) shards.insert((dir.empty() ? "" : dir + "/") + shard.get<std::string>());
+    }
+  }
+  for (auto& [path, f] : d.files) {
+    MutexLock flock(f->mu);
+    if (f->id != 0) continue;
+    auto it = named.find(ParentPath(path));
+    if (it != named.end() && path.ends_with(".safetensors") && !it->second.second.count(path)) {
+      plan.dropped.emplace(path, it->second.first);
+    } else {
+      plan.kept.push_back(path);
+    }
+  }
+  return plan;
 }
 
 Status Drafts::CommitAll() {

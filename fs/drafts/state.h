@@ -198,6 +198,17 @@ struct Drafts::State {
   // by one (EnsureEncoded).
   Status EnsureAllEncoded(const std::shared_ptr<Draft>& d, const std::vector<std::string>& paths);
 
+  // What a commit does with the files the draft inherits unchanged: `kept` are published as
+  // the parent's; `dropped` are shards a written `*.safetensors.index.json` no longer names
+  // (after a reshard, `cp new/* draft/` writes the new shards and index, and the parent's old
+  // shards would otherwise stay in the version beside them), each with the index that left it
+  // out. REQUIRES mu (takes the files' locks).
+  struct InheritedPlan {
+    std::vector<std::string> kept;
+    std::map<std::string, std::string> dropped;  // path -> the index that does not name it
+  };
+  InheritedPlan PlanInheritedLocked(Draft& d) WFS_REQUIRES(mu);
+
   // Tensor elements and other bytes of an unchanged file, as push counts them: a safetensors
   // file's header chunk is parsed for its tensors (it is small and usually cached).
   Expected<std::pair<uint64_t, uint64_t>> ElementsOf(const Manifest& pm, const ManifestFile& pf);

@@ -1,5 +1,6 @@
 // The extended attributes of a draft directory: user.weightfs.parent (settable while nothing
-// changed), .state and .error.
+// changed), .state, .error and .inherited.
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "fs/drafts/state.h"
@@ -11,6 +12,8 @@ namespace {
 constexpr const char* kXattrParent = "user.weightfs.parent";
 constexpr const char* kXattrState = "user.weightfs.state";
 constexpr const char* kXattrError = "user.weightfs.error";
+// What the commit does with the inherited files (JSON: State::InheritedPlan).
+constexpr const char* kXattrInherited = "user.weightfs.inherited";
 
 }  // namespace
 
@@ -30,6 +33,11 @@ Status Drafts::GetXattr(uint64_t ino, std::string_view name, std::string* out) {
   } else if (name == kXattrError) {
     if (d->error.empty()) return Status::NoAttribute("no such attribute");
     *out = d->error;
+  } else if (name == kXattrInherited) {
+    const State::InheritedPlan plan = s.PlanInheritedLocked(*d);
+    nlohmann::json j = {{"kept", plan.kept}, {"dropped", nlohmann::json::object()}};
+    for (const auto& [path, index] : plan.dropped) j["dropped"][path] = index;
+    *out = j.dump();
   } else {
     return Status::NoAttribute("no such attribute");
   }
@@ -47,6 +55,7 @@ Status Drafts::ListXattr(uint64_t ino, std::vector<std::string>* out) {
   if (!d) return s.GoneLocked(r->a);
   if (d->parent) out->push_back(kXattrParent);
   out->push_back(kXattrState);
+  out->push_back(kXattrInherited);
   if (!d->error.empty()) out->push_back(kXattrError);
   return Status::Ok();
 }

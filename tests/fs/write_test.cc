@@ -480,7 +480,7 @@ TEST_F(WriteTest, ATruncateDuringTheCopyUpOfAnEditedFileStaysCutInTheCommit) {
     if (e.file_size() > size) size = e.file_size(), name = e.path().filename().string();
   }
   ASSERT_GT(size, 40u * 65536) << "the test needs a file of many chunks";
-  Mount& m = NewMount("a", "--timeout 60", via_proxy);
+  Mount& m = NewMount("a", "--timeout 60 --allow-invalid", via_proxy);  // (the cut file is not valid safetensors)
   ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
   const fs::path draft = m.Dir("m/x@v1");
   ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0755)), 0);
@@ -873,7 +873,7 @@ TEST_F(WriteTest, RemovingAFileFromADraftOnAFullCacheDiskSucceedsAndFreesTheSpac
 TEST_F(WriteTest, RenamesUnlinksDirectoriesAndTruncatesInADraftPublishExactlyTheResult) {
   Generate("12M", 1, "--shard-size 10M");
   ASSERT_NO_FATAL_FAILURE(InitWithBase());
-  Mount& m = NewMount("a");
+  Mount& m = NewMount("a", "--allow-invalid");  // (the cut file is no longer valid safetensors)
   ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
   const fs::path d = m.Dir("m/x@v1");
   ASSERT_EQ(Errno(::mkdir(d.c_str(), 0755)), 0);
@@ -1115,6 +1115,50 @@ TEST_F(WriteTest, ATruncatedSafetensorsFileInADraftIsRefusedAtCommitNamingIt) {
   Mount& fresh = NewMount("c");
   ASSERT_EQ(fresh.Start().exit_code, 0) << fresh.Describe();
   EXPECT_EQ(Slurp(fresh.Dir("m/x@v2") / shard), bytes);
+}
+
+// A reshard: the parent has 5 shards, the new checkpoint 3 under other names and an index
+// naming them. `cp new/* draft/` leaves the parent's 5 in the draft; the commit leaves out
+// every inherited shard the written index does not name, says so, and says what it keeps.
+TEST_F(WriteTest, AReshardedCheckpointCopiedIntoADraftLeavesOutTheShardsItsIndexDropped) {
+  Generate("12M", 1, "--shard-size 6M");
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  const fs::path resharded = root_ / "resharded";
+  Result g = Cli("gen " + resharded.string() + " --params 12M --versions 1 --lr 1e-6 --shard-size 10M");
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  const fs::path next = resharded / "v001";
+  ASSERT_EQ(FilesUnder(next).count("model-00003-of-00003.safetensors"), 1u);
+  ASSERT_EQ(FilesUnder(Source(0)).count("model-00005-of-00005.safetensors"), 1u);
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  const fs::path draft = m.Dir("m/x@v1");
+  ASSERT_EQ(Errno(::mkdir(draft.c_str(), 0755)), 0) << std::strerror(errno);
+  ASSERT_EQ(Shell("cp " + next.string() + "/* " + draft.string() + "/").exit_code, 0);
+  EXPECT_EQ(FilesUnder(draft).size(), FilesUnder(next).size() + 5);  // the old shards are still listed
+  Result c = m.Commit("m/x@v1");
+  ASSERT_EQ(c.exit_code, 0) << c.out << m.LogText();
+  for (int i = 1; i <= 5; ++i) {
+    const std::string old = "model-0000" + std::to_string(i) + "-of-00005.safetensors";
+    EXPECT_NE(c.out.find("leaving out " + old + " of v0: model.safetensors.index.json, written into the draft, does "
+                         "not name it"),
+              std::string::npos)
+        << c.out;
+  }
+  EXPECT_EQ(c.out.find("keeping"), std::string::npos) << c.out;  // every other file was written
+  EXPECT_EQ(FilesUnder(draft), FilesUnder(next));
+  ExpectFreshMountReads({{"m/x@v1", next}});
+  // A draft that writes one file keeps the others, and says which.
+  const fs::path d2 = m.Dir("m/x@v2");
+  ASSERT_EQ(Errno(::mkdir(d2.c_str(), 0755)), 0) << std::strerror(errno);
+  ASSERT_EQ(Shell("cp " + (next / "config.json").string() + " " + d2.string() + "/").exit_code, 0);
+  Result c2 = m.Commit("m/x@v2");
+  ASSERT_EQ(c2.exit_code, 0) << c2.out;
+  EXPECT_NE(c2.out.find("keeping 4 files of v1 as they are: model-00001-of-00003.safetensors, "
+                        "model-00002-of-00003.safetensors, model-00003-of-00003.safetensors, "
+                        "model.safetensors.index.json"),
+            std::string::npos)
+      << c2.out;
+  EXPECT_EQ(FilesUnder(d2), FilesUnder(next));
 }
 
 }  // namespace
