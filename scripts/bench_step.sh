@@ -229,7 +229,7 @@ for ((r = 1; r <= runs; r++)); do
   cat "$srcN"/* "$src"/* >/dev/null  # the trainer's files of N and N+1 are in the page cache
   sync
   t0=$(now)
-  "$wfs" push "$run/bucket" bench/model@v4 "$src" --parent v3 --cache-dir "$run/cache" >/dev/null
+  "$wfs" push "$run/bucket" bench/model@v4 "$src" --parent v3 --cache-dir "$run/cache" >"$run/push.out" 2>&1 || { cat "$run/push.out" >&2; die "weightfs push failed"; }
   add W 2 "$(since "$t0")"
   add X 2stored "$(stored "$run/bucket" v4)"
   sync
@@ -344,7 +344,8 @@ names=(
 )
 targets=([1]="<= 1.5" [2]="<= 0.6" [3]="<= 1.5" [4]="<= 1.0" [5]="<= 2" [6]="<= 0.5" [7]="<= 1.1" [8]="<= 1.3")
 echo
-echo "RL step, PARAMS=$params LR=$lr RUNS=$runs: N+1 = $(mb "$size") in $nfiles files, stored as $(mb "$stored_n1") of deltas (chain: FULL + 4 deltas, materializer depth $depth); weightfs $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "RL step, PARAMS=$params LR=$lr RUNS=$runs: N+1 = $(mb "$size") in $nfiles files, stored as $(mb "$stored_n1") of deltas (chain: FULL + 4 deltas, materializer depth $depth)"
+echo "binary $wfs (sha256 ${stamp:0:12}), checkout $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores, $(uname -r)"
 echo
 echo "| row: weightfs vs baseline | weightfs s min / med / max | baseline s min / med / max | ratio (median) | target |"
 echo "|---|---|---|---|---|"
