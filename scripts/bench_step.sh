@@ -8,14 +8,12 @@
 # chain depth 4 (FULL + 4 deltas) once published.
 #
 #  1 save       the trainer's mount holds N (read once through it: N is in its chunk cache);
-#               mkdir MNT/model@v4, cp N+1's weight files into the draft, `weightfs commit`
-#               | cp of the same files to a local directory + sync. SAVE_FILES=weights (the
-#               default) copies the *.safetensors shards only: config.json and the shard index
-#               are byte-identical in N and N+1 and the draft inherits them from N. At 05e7871
-#               a draft with a file of at most one chunk (4 MiB) fails to commit ("stat of
-#               staging file ...: Bad file descriptor": fs/drafts/encode.cc EncodeSmall fstat()s
-#               a descriptor that 05aa40f closes while the file is idle); SAVE_FILES=all copies
-#               every file once that is fixed.
+#               mkdir MNT/model@v4, cp N+1's files into the draft, `weightfs commit`
+#               | cp of the same files to a local directory + sync. SAVE_FILES=weights copies
+#               the *.safetensors shards only (config.json and the shard index are
+#               byte-identical in N and N+1; the draft inherits them from N): for binaries
+#               between 05aa40f and aec06db, where a draft holding a file of at most one chunk
+#               fails to commit ("stat of staging file ...: Bad file descriptor").
 #  2 push       `weightfs push` of N+1's files with --parent N into a copy of the bucket (the
 #               push cache holds N as references to N's files, as a trainer that pushed N has)
 #               | zstd -3 -T0 of the same bytes to a file
@@ -38,18 +36,19 @@
 # bytes the mount received from the bucket (median over runs).
 #
 # Environment: PARAMS (1B: ~2 GB of bf16), LR (1e-6: ~1.2% of elements change per step), RUNS
-# (3), SAVE_FILES (weights or all: row 1), WORK (/tmp/wfs-bench-step), KEEP=1 keeps WORK (the generated data, the buckets and caches
-# are then reused by the next run with the same PARAMS, LR and binary), WEIGHTFS=path uses a
-# prebuilt binary. Needs root (FUSE, and echo 3 > /proc/sys/vm/drop_caches for the cold rows),
+# (3), SAVE_FILES (all, or weights: row 1), WORK (/tmp/wfs-bench-step), KEEP=1 keeps WORK (the
+# generated data, the buckets and caches are then reused by the next run with the same PARAMS,
+# LR and binary), WEIGHTFS=path uses a prebuilt binary. Needs root (FUSE, and echo 3 > /proc/sys/vm/drop_caches for the cold rows),
 # zstd and python3-numpy (scripts/setup.sh installs both). Unmounting: `weightfs unmount`
-# (fusermount3 -u, then it waits for the daemon to exit).
+# (fusermount3 -u, then it waits for the daemon to exit). PARAMS=1B RUNS=3 takes ~6 minutes on
+# the 2-core VM (~1.5 of them generating and pushing the versions).
 set -Eeuo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 params=${PARAMS:-1B}
 lr=${LR:-1e-6}
 runs=${RUNS:-3}
 work=${WORK:-/tmp/wfs-bench-step}
-save_files=${SAVE_FILES:-weights}
+save_files=${SAVE_FILES:-all}
 py=/usr/bin/python3
 script_t0=$(date +%s.%N)
 
