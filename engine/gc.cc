@@ -18,9 +18,15 @@ namespace {
 
 // Rewrites `m` so that none of its delta recipes has its base in `old_versions`: each such
 // chunk is materialized and stored as a keyframe in new packs. The manifest is replaced under
-// the same key (same files, same bytes, different recipes). Returns the chunks rewritten.
-Expected<size_t> RebaseVersion(Bucket& bucket, const Manifest& m,
-                               const std::set<std::string>& old_versions, bool dry_run) {
+// the same key (same files, same bytes, different recipes). Returns the chunks rewritten and
+// the bytes of keyframes written (a dry run: the bytes of the keyframes their chains start
+// from, an estimate: the new ones hold the same tensors a few steps on).
+struct Rebased {
+  size_t chunks = 0;
+  uint64_t bytes = 0;
+};
+Expected<Rebased> RebaseVersion(Bucket& bucket, const Manifest& m,
+                                const std::set<std::string>& old_versions, bool dry_run) {
   std::vector<std::pair<size_t, size_t>> todo;  // (file, chunk)
   for (size_t fi = 0; fi < m.files.size(); ++fi) {
     for (size_t ci = 0; ci < m.files[fi].chunks.size(); ++ci) {
@@ -30,7 +36,12 @@ Expected<size_t> RebaseVersion(Bucket& bucket, const Manifest& m,
       }
     }
   }
-  if (todo.empty() || dry_run) return todo.size();
+  if (todo.empty() || dry_run) {
+    Rebased estimate{todo.size(), 0};
+    for (const auto& [fi, ci] : todo) estimate.bytes += m.files[fi].chunks[ci].keyframe_bytes;
+    return estimate;
+  }
+  Rebased done{todo.size(), 0};
   Manifest out = m;
   Materializer materializer(&bucket, nullptr);
   PackWriter packs(&bucket.store(), 32ull << 20, 2, 2);
@@ -49,6 +60,7 @@ Expected<size_t> RebaseVersion(Bucket& bucket, const Manifest& m,
       if (Expected<PayloadInfo> info = ChunkCodec::Inspect(*head); info.ok()) dtype = info->dtype;
     }
     codec.EncodeFull(dtype, bytes, &payload);
+    done.bytes += payload.size();
     WFS_ASSIGN_OR_RETURN(PackSlot slot, packs.Add(payload));
     slots.push_back(slot);
     ManifestChunk& e = out.files[fi].chunks[ci];
@@ -67,8 +79,9 @@ Expected<size_t> RebaseVersion(Bucket& bucket, const Manifest& m,
     out.files[fi].chunks[ci].ref.pack = out.PackIndex(packs.PackHash(slots[i].pack));
   }
   WFS_TRY(bucket.ReplaceManifest(out));
-  spdlog::info("gc: rebased {} chunks of {}@{} onto new keyframes", todo.size(), m.model, m.version);
-  return todo.size();
+  spdlog::info("gc: rebased {} chunks of {}@{} onto new keyframes ({} bytes)", todo.size(), m.model, m.version,
+               done.bytes);
+  return done;
 }
 
 // Staged versions: the packs of their live part records are live; expired records go, and
@@ -203,10 +216,11 @@ Expected<GcReport> CollectGarbage(Bucket& bucket, const GcOptions& options) {
       // deltas on another kept version stay (that base stays).
       for (const auto& m : kept) {
         WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> full, bucket.ReadFullManifest(m->model, m->version));
-        WFS_ASSIGN_OR_RETURN(size_t rebased, RebaseVersion(bucket, *full, old_versions, options.dry_run));
-        if (rebased) {
-          report.rebased.push_back(m->model + "@" + m->version + " (" + std::to_string(rebased) +
+        WFS_ASSIGN_OR_RETURN(Rebased rebased, RebaseVersion(bucket, *full, old_versions, options.dry_run));
+        if (rebased.chunks) {
+          report.rebased.push_back(m->model + "@" + m->version + " (" + std::to_string(rebased.chunks) +
                                    " chunks now keyframes)");
+          report.rebased_bytes += rebased.bytes;
           if (!options.dry_run) {
             WFS_ASSIGN_OR_RETURN(manifests[m->model + "@" + m->version],
                                  bucket.ReadManifest(m->model, m->version));

@@ -64,6 +64,7 @@ struct GcReport {
   std::vector<std::string> retired;           // model@version removed (or to remove)
   std::vector<std::string> kept_as_base;      // old versions kept because newer ones need them
   std::vector<std::string> rebased;           // kept versions rewritten onto new keyframes
+  uint64_t rebased_bytes = 0;                 // their new keyframes (a dry run: an estimate)
   size_t packs = 0;
   size_t live_packs = 0;
   size_t deleted_packs = 0;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <cstdint>
@@ -897,6 +898,15 @@ options:
   for (const std::string& v : r->retired) std::printf("%s version %s\n", opts.dry_run ? "would retire" : "retired", v.c_str());
   for (const std::string& v : r->rebased) std::printf("%s %s\n", opts.dry_run ? "would rebase" : "rebased", v.c_str());
   for (const std::string& v : r->kept_as_base) std::printf("kept %s: newer versions' deltas build on it\n", v.c_str());
+  if (!r->rebased.empty()) {
+    // Rebasing writes keyframes: the bucket can grow. Both sides said, and the difference.
+    const double written = static_cast<double>(r->rebased_bytes), removed = static_cast<double>(r->deleted_bytes);
+    std::printf("%s %s of keyframes for the rebased versions%s and %s %s: the bucket %s by %s\n",
+                opts.dry_run ? "would write about" : "wrote", FormatBytes(written).c_str(),
+                opts.dry_run ? " (estimated from their chains' keyframes)" : "", verb, FormatBytes(removed).c_str(),
+                written > removed ? (opts.dry_run ? "would grow" : "grew") : (opts.dry_run ? "would shrink" : "shrank"),
+                FormatBytes(std::abs(written - removed)).c_str());
+  }
   if (r->deleted_temporaries) {
     std::printf("%s %zu temporary uploads left by interrupted writes (%s)\n", verb, r->deleted_temporaries,
                 FormatBytes(static_cast<double>(r->deleted_temporary_bytes)).c_str());

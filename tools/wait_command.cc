@@ -111,7 +111,13 @@ int WaitMain(int argc, char** argv) {
   if (newer_than && name.substr(at + 1) != "latest") return Usage("--newer-than takes MOUNTPOINT/MODEL@latest");
   // Only a weightfs mount answers lookups of unlisted versions: anything else would be waited
   // on forever.
-  const std::string root = MountRootOf(dir);
+  // (From the nearest directory that exists: an organisation the mount lacks is a typo to
+  // report, not "not a mount".)
+  std::string existing = dir;
+  while (::access(existing.c_str(), F_OK) != 0 && existing.rfind('/') != std::string::npos && existing.size() > 1) {
+    existing = existing.substr(0, std::max<size_t>(1, existing.rfind('/')));
+  }
+  const std::string root = MountRootOf(existing);
   char pid[32];
   if (::getxattr(root.c_str(), "user.weightfs.pid", pid, sizeof pid) <= 0) {
     return Fail(dir + " is not in a weightfs mount (weightfs mount BUCKET MOUNTPOINT)");

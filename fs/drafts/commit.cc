@@ -593,6 +593,11 @@ Status Drafts::CommitAll() {
     bool empty, unchanged;
     {
       MutexLock lock(s.mu);
+      // A commit in progress (one resumed after a remount runs in the background) decides
+      // this draft: wait for it rather than fail it as "being committed already" (an unmount
+      // right after a remount did).
+      s.encoded_cv.WaitFor(s.mu, std::chrono::minutes(10), [&]() WFS_REQUIRES(s.mu) { return !d->committing; });
+      if (s.DraftLocked(d->name()) != d) continue;  // published by that commit (or removed)
       empty = d->files.empty();
       unchanged = !d->commit_requested && d->Unchanged();
     }
