@@ -395,7 +395,10 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   if (auto v = args.Get("--memory-limit")) {
     WFS_ASSIGN_OR_RETURN(m.reader.memory_limit, ParseSize(*v));
     if (m.reader.memory_limit < ChunkReader::kMinMemoryLimit) {
-      return Status::InvalidArgument("--memory-limit must be at least 128MiB (the daemon's own memory and one chunk build)");
+      // (128M is 128,000,000 bytes here: K, M, G are powers of 1000, Ki, Mi, Gi of 1024.)
+      return Status::InvalidArgument("--memory-limit " + *v + " is " + FormatBytes(static_cast<double>(m.reader.memory_limit)) +
+                                     "; it must be at least 128MiB (the daemon's own memory and one chunk build; "
+                                     "M means 10^6 bytes, Mi 2^20)");
     }
   }
   if (auto v = args.Get("--threads")) {
