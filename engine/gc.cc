@@ -74,6 +74,13 @@ Expected<Rebased> RebaseVersion(Bucket& bucket, const Manifest& m,
     e.keyframe_bytes = payload.size();
   }
   WFS_TRY(packs.Finish());
+  // `log`'s STORED: the keyframes are this version's payloads now, in place of the deltas it
+  // wrote itself (those it inherited were counted by the versions that wrote them).
+  uint64_t replaced = 0;
+  for (const auto& [fi, ci] : todo) {
+    if (m.files[fi].chunks[ci].origin == 0) replaced += m.files[fi].chunks[ci].ref.length;
+  }
+  out.stats.stored_bytes = out.stats.stored_bytes - std::min(out.stats.stored_bytes, replaced) + done.bytes;
   for (size_t i = 0; i < todo.size(); ++i) {
     const auto& [fi, ci] = todo[i];
     out.files[fi].chunks[ci].ref.pack = out.PackIndex(packs.PackHash(slots[i].pack));

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -19,6 +20,40 @@
 
 namespace weightfs {
 namespace {
+
+// A safetensors file with no file of its path in the parent is stored whole: deltas pair files
+// by path (a delta's base is the same path in its base version). When a parent file of
+// another name holds the same tensors (checkpoints saved as step-0001.safetensors,
+// step-0002.safetensors...), say so: stored under that name it would cost only its changes.
+// Looks at a few parent files at most (a section read each); the warning is all it does.
+void WarnIfRenamed(Bucket& bucket, const std::shared_ptr<const Manifest>& parent, const std::string& path,
+                   const ChunkPlan& plan) {
+  std::set<std::string> tensors;
+  for (const ChunkSpec& c : plan.chunks) {
+    if (c.role == ChunkRole::kTensor) tensors.insert(c.key.tensor);
+  }
+  if (tensors.empty()) return;
+  size_t looked = 0;
+  for (const ManifestFile& f : parent->files) {
+    if (!f.path.ends_with(".safetensors")) continue;
+    if (looked++ == 8) break;
+    Expected<std::shared_ptr<const ManifestFile>> rows = bucket.File(parent, f);
+    if (!rows.ok()) return;
+    size_t same = 0;
+    std::set<std::string> seen;
+    for (const ManifestChunk& c : (*rows)->chunks) {
+      if (!c.key.tensor.empty() && c.key.tensor != kHeaderChunkName && seen.insert(c.key.tensor).second) {
+        same += tensors.count(c.key.tensor);
+      }
+    }
+    if (same * 10 >= tensors.size() * 9) {
+      spdlog::warn("{} has no file of that path in {}@{} and is stored whole (deltas pair files by path); {} there "
+                   "holds the same tensors: saved under that name it would store only its changes",
+                   path, parent->model, parent->version, f.path);
+      return;
+    }
+  }
+}
 
 struct PendingChunk {
   ManifestChunk entry;
@@ -145,6 +180,7 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     pfile_rows = std::move(rows).value();
   }
   const ManifestFile* pfile = pfile_rows.get();
+  if (!pfile && parent && plan.safetensors) WarnIfRenamed(st.bucket, parent, path, plan);
   std::map<ChunkKey, size_t> parent_index;
   if (pfile) {
     for (size_t i = 0; i < pfile->chunks.size(); ++i) parent_index.emplace(pfile->chunks[i].key, i);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <chrono>
 #include <filesystem>
 #include <cstdint>
@@ -667,10 +668,18 @@ options:
                   std::string(ErrorKindName(error.kind())).c_str());
     }
   };
+  // A parent that gc retired is named as gone (its deltas were rebased away).
+  std::set<std::string> listed;
+  for (const VersionInfo& v : *versions) listed.insert(v.model + "@" + v.version);
+  auto parent_of = [&](const Manifest& m) -> std::string {
+    if (!m.parent) return "-";
+    return listed.count(m.model + "@" + *m.parent) ? *m.parent : *m.parent + " (gone)";
+  };
   auto print = [&](const Manifest& m) {
     if (json) {
       const nlohmann::json j = {{"model", m.model}, {"version", m.version},
                                 {"parent", m.parent ? nlohmann::json(*m.parent) : nlohmann::json(nullptr)},
+                                {"parent_gone", m.parent && !listed.count(m.model + "@" + *m.parent)},
                                 {"created", m.created}, {"files", m.files.size()},
                                 {"logical_bytes", m.stats.logical_bytes}, {"stored_bytes", m.stats.stored_bytes},
                                 {"changed_fraction", m.stats.changed_fraction()}};
@@ -684,7 +693,7 @@ options:
                   "STORED", "RATIO", "CHANGED");
     }
     std::printf("%-40s %-14s %-24s %10s %10s %8s %7.2f%%\n", (m.model + "@" + m.version).c_str(),
-                m.parent ? m.parent->c_str() : "-", m.created.c_str(),
+                parent_of(m).c_str(), m.created.c_str(),
                 FormatBytes(static_cast<double>(m.stats.logical_bytes)).c_str(),
                 FormatBytes(static_cast<double>(m.stats.stored_bytes)).c_str(),
                 Ratio(m.stats.logical_bytes, m.stats.stored_bytes).c_str(),

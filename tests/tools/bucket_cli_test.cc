@@ -482,6 +482,42 @@ TEST_F(BucketCli, GcSaysWhatItsRebaseWroteAndTheBucketsSizeFollows) {
   const double estimate = bytes_after(dry.out, "would write about");
   EXPECT_NEAR(estimate, written, 0.25 * written) << dry.out << gc.out;
   EXPECT_EQ(RunCli("verify " + bucket_ + " acme/m@v1").exit_code, 0);
+  // `log` after it: v1's STORED counts its new keyframes, and its retired parent is gone.
+  Result log = RunCli("log " + bucket_ + " acme/m --json");
+  ASSERT_EQ(log.exit_code, 0) << log.out;
+  const nlohmann::json versions = nlohmann::json::parse(log.out, nullptr, false);
+  ASSERT_TRUE(versions.is_array() && versions.size() == 1) << log.out;
+  EXPECT_GE(versions[0]["stored_bytes"].get<double>(), 0.9 * written) << log.out;
+  EXPECT_EQ(versions[0]["parent_gone"], true) << log.out;
+  Result text = RunCli("log " + bucket_ + " acme/m");
+  EXPECT_NE(text.out.find("v0 (gone)"), std::string::npos) << text.out;
+}
+
+// Checkpoints saved under a new name each step are stored whole (deltas pair files by path):
+// push says so and names the parent's file that holds the same tensors.
+TEST_F(BucketCli, AFileRenamedBetweenVersionsIsSaidToBeStoredWhole) {
+  std::string shard;
+  for (const auto& e : fs::directory_iterator(Version(0))) {
+    if (e.path().extension() == ".safetensors") shard = e.path().filename().string();
+  }
+  ASSERT_FALSE(shard.empty());
+  for (int k = 0; k < 2; ++k) {
+    const fs::path dir = root_ / ("step" + std::to_string(k));
+    fs::create_directories(dir);
+    fs::copy_file(fs::path(Version(k)) / shard, dir / ("step-000" + std::to_string(k) + ".safetensors"));
+  }
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@s0 " + (root_ / "step0").string() + Cache("c")).exit_code, 0);
+  Result renamed = RunCli("push " + bucket_ + " acme/m@s1 " + (root_ / "step1").string() + Cache("c"));
+  ASSERT_EQ(renamed.exit_code, 0) << renamed.out;
+  EXPECT_NE(renamed.out.find("step-0001.safetensors has no file of that path in acme/m@s0 and is stored whole"),
+            std::string::npos)
+      << renamed.out;
+  EXPECT_NE(renamed.out.find("step-0000.safetensors there holds the same tensors"), std::string::npos) << renamed.out;
+  // The same name as in its parent: no warning.
+  fs::rename(root_ / "step1" / "step-0001.safetensors", root_ / "step1" / "step-0000.safetensors");
+  Result same = RunCli("push " + bucket_ + " acme/m@s2 " + (root_ / "step1").string() + Cache("c") + " --parent s0");
+  ASSERT_EQ(same.exit_code, 0) << same.out;
+  EXPECT_EQ(same.out.find("stored whole"), std::string::npos) << same.out;
 }
 
 }  // namespace
