@@ -337,7 +337,12 @@ class NginxServer {
     if (!started) return started;
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     while (std::chrono::steady_clock::now() < deadline) {
-      if (PortAccepts(port_)) return ::testing::AssertionSuccess();
+      // Accepting, and still running a moment later: another process's listener that is
+      // going away accepts too, while nginx fails to bind (it exits within milliseconds).
+      if (PortAccepts(port_)) {
+        std::this_thread::sleep_for(100ms);
+        if (!process_.Exited() && PortAccepts(port_)) return ::testing::AssertionSuccess();
+      }
       if (process_.Exited()) break;
       std::this_thread::sleep_for(5ms);
     }

@@ -89,7 +89,7 @@ TEST_F(PushSourcesCli, ADirectoryWithoutWeightsIsRefusedAndNothingIsPublished) {
   Result e = RunCli("push " + bucket_ + " acme/m@v1 " + (root_ / "empty").string() + " --no-cache");
   EXPECT_EQ(e.exit_code, 1) << e.out;
   EXPECT_NE(e.out.find("holds no files"), std::string::npos) << e.out;
-  EXPECT_NE(Log().find("no versions of acme/m"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("no model acme/m in"), std::string::npos) << Log();
   // Meant: the flag publishes it.
   Result forced = RunCli("push " + bucket_ + " acme/m@v1 " + (root_ / "configs").string() +
                          " --no-cache --allow-no-weights");
@@ -104,7 +104,7 @@ TEST_F(PushSourcesCli, TheParentOfVersionDirectoriesIsRefusedAndNothingIsPublish
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find(run + " holds 2 checkpoint directories (v000/, v001/"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Push one per version (" + run + "/v000)"), std::string::npos) << r.out;
-  EXPECT_NE(Log().find("no versions of acme/m"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("no model acme/m in"), std::string::npos) << Log();
   Result one = RunCli("push " + bucket_ + " acme/m@v0 " + run + "/v000 --no-cache");
   EXPECT_EQ(one.exit_code, 0) << one.out;
   Result nested = RunCli("push " + bucket_ + " acme/m@all " + run + " --no-cache --allow-nested");
