@@ -301,11 +301,13 @@ ChunkEncoding ChunkCodec::EncodeDelta(DType dtype, std::span<const uint8_t> pare
     const size_t width = Width(dtype, data.size());
     const size_t n = data.size() / width;
     const auto cap = static_cast<size_t>(static_cast<double>(n) * opt.sparse_max_fraction);
-    const bool sparse_ok =
-        n <= std::numeric_limits<uint32_t>::max() &&
-        sparse::FindChanges(width, parent.data(), data.data(), n, cap, &impl_->positions);
+    const bool scanned = n <= std::numeric_limits<uint32_t>::max();
+    const bool sparse_ok = scanned && sparse::FindChanges(width, parent.data(), data.data(), n, cap, &impl_->positions);
     if (changed) {
-      *changed = sparse_ok ? impl_->positions.size() : sparse::CountChanges(width, parent.data(), data.data(), n);
+      // Past its cap FindChanges stops at the change it could not keep: counted on from there.
+      const size_t from = sparse_ok ? n : scanned ? impl_->positions.back() + 1 : 0;
+      *changed = (scanned ? impl_->positions.size() : 0) +
+                 sparse::CountChanges(width, parent.data() + from * width, data.data() + from * width, n - from);
     }
     if (sparse_ok && impl_->positions.empty()) return ChunkEncoding::kSame;
     hashes();

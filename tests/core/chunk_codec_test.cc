@@ -360,6 +360,29 @@ TEST(ChunkCodecRoundTripTest, EveryDTypeSizeAndChangedFraction) {
   }
 }
 
+// EncodeDelta's count of changed elements is exact at every fraction: from FindChanges' own
+// positions below the sparse cap, and counted on from where it stopped above it.
+TEST(ChunkCodecRoundTripTest, TheChangedElementsItCountsAreExact) {
+  ChunkCodec codec;
+  std::vector<uint8_t> payload;
+  for (DType dt : kAllDTypes) {
+    for (size_t len : {size_t{1000}, 4099 * DTypeSize(dt) + 5, size_t{1} << 16}) {
+      const Bytes parent = RandomChunk(dt, len, len * 7 + static_cast<size_t>(dt));
+      const size_t w = Width(dt, len), n = len / w;
+      for (double fraction : kFractions) {
+        const size_t changes = fraction == kOneElement ? std::min<size_t>(1, n) : ChangesFor(fraction, n);
+        SCOPED_TRACE(Describe(dt, len, std::to_string(changes) + " of " + std::to_string(n) + " changed"));
+        const Bytes data = Mutate(dt, parent, changes, len + changes);
+        uint64_t naive = 0;
+        for (size_t i = 0; i < n; ++i) naive += std::memcmp(parent.data() + i * w, data.data() + i * w, w) != 0;
+        uint64_t counted = ~uint64_t{0};
+        codec.EncodeDelta(dt, parent, data, &payload, &counted);
+        EXPECT_EQ(counted, naive);
+      }
+    }
+  }
+}
+
 TEST(ChunkCodecRoundTripTest, OneMiBOfEveryDType) {
   ChunkCodec codec;
   for (DType dt : kAllDTypes) {

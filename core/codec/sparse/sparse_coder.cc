@@ -151,10 +151,11 @@ void EncodeT(DType dtype, const uint8_t* parent, const uint8_t* data, size_t n,
   }
 }
 
-template <typename T>
-bool FindChangesT(const uint8_t* a, const uint8_t* b, size_t n, size_t cap,
-                  std::vector<uint32_t>* positions) {
-  positions->clear();
+// Calls on_change(i) for each element i where a and b differ, in order, skipping equal 32-byte
+// blocks (most of a sparse update); stops as soon as on_change returns false. Returns whether
+// it went to the end.
+template <typename T, typename OnChange>
+bool ForEachChangeT(const uint8_t* a, const uint8_t* b, size_t n, OnChange&& on_change) {
   constexpr size_t kBlock = 32 / sizeof(T);  // elements per 32-byte block
   size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
@@ -164,34 +165,32 @@ bool FindChangesT(const uint8_t* a, const uint8_t* b, size_t n, size_t cap,
     for (size_t w = 0; w < 4; ++w) diff |= Load<uint64_t>(pa + 8 * w) ^ Load<uint64_t>(pb + 8 * w);
     if (diff == 0) continue;
     for (size_t j = 0; j < kBlock; ++j) {
-      if (Load<T>(pa + j * sizeof(T)) != Load<T>(pb + j * sizeof(T))) {
-        positions->push_back(static_cast<uint32_t>(i + j));
-      }
+      if (Load<T>(pa + j * sizeof(T)) != Load<T>(pb + j * sizeof(T)) && !on_change(i + j)) return false;
     }
-    if (positions->size() > cap) return false;
   }
   for (; i < n; ++i) {
-    if (Load<T>(a + i * sizeof(T)) != Load<T>(b + i * sizeof(T))) {
-      positions->push_back(static_cast<uint32_t>(i));
-    }
+    if (Load<T>(a + i * sizeof(T)) != Load<T>(b + i * sizeof(T)) && !on_change(i)) return false;
   }
-  return positions->size() <= cap;
+  return true;
+}
+
+template <typename T>
+bool FindChangesT(const uint8_t* a, const uint8_t* b, size_t n, size_t cap,
+                  std::vector<uint32_t>* positions) {
+  positions->clear();
+  return ForEachChangeT<T>(a, b, n, [&](size_t i) {
+    positions->push_back(static_cast<uint32_t>(i));
+    return positions->size() <= cap;
+  });
 }
 
 template <typename T>
 uint64_t CountChangesT(const uint8_t* a, const uint8_t* b, size_t n) {
-  constexpr size_t kBlock = 32 / sizeof(T);
   uint64_t changed = 0;
-  size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    const uint8_t* pa = a + i * sizeof(T);
-    const uint8_t* pb = b + i * sizeof(T);
-    uint64_t diff = 0;
-    for (size_t w = 0; w < 4; ++w) diff |= Load<uint64_t>(pa + 8 * w) ^ Load<uint64_t>(pb + 8 * w);
-    if (diff == 0) continue;
-    for (size_t j = 0; j < kBlock; ++j) changed += Load<T>(pa + j * sizeof(T)) != Load<T>(pb + j * sizeof(T));
-  }
-  for (; i < n; ++i) changed += Load<T>(a + i * sizeof(T)) != Load<T>(b + i * sizeof(T));
+  ForEachChangeT<T>(a, b, n, [&](size_t) {
+    ++changed;
+    return true;
+  });
   return changed;
 }
 

@@ -71,12 +71,13 @@ enum class Simd { kBest = -1, kSse2 = 0, kAvx2 = 1, kAvx512 = 2 };
 bool SetSimd(Simd simd);
 
 // Positions (element indices) where a and b differ, up to `cap` of them. Returns false when
-// more than `cap` differ. REQUIRES: n < 2^32; width in {1, 2, 4, 8}.
+// more than `cap` differ; it stops at the change past the cap, so *positions then holds every
+// change up to its last entry (and cap + 1 entries). REQUIRES: n < 2^32; width in {1, 2, 4, 8}.
 bool FindChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n, size_t cap,
                  std::vector<uint32_t>* positions);
 
 // How many elements of a and b differ (n elements of `width` bytes in {1, 2, 4, 8}): one pass,
-// 32 bytes a step, no positions kept. For the statistics of a chunk FindChanges gave up on.
+// 32 bytes a step, no positions kept. For the statistics of a chunk past FindChanges' cap.
 uint64_t CountChanges(size_t width, const uint8_t* a, const uint8_t* b, size_t n);
 
 // Appends the body for the changes at `positions` (sorted, from FindChanges).
