@@ -607,34 +607,36 @@ Expected<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> pref
   }
 }
 
-Status CheckSafetensors(std::string_view path, std::span<const uint8_t> file, uint64_t file_size) {
+Expected<std::optional<SafetensorsHeader>> CheckSafetensors(std::string_view path, std::span<const uint8_t> file,
+                                                            uint64_t file_size) {
   constexpr std::string_view kSuffix = ".safetensors";
   const bool named = path.size() >= kSuffix.size() && path.substr(path.size() - kSuffix.size()) == kSuffix;
   const uint64_t n = file.size() >= kLengthBytes ? LoadLE64(file.data()) : 0;
   const bool looks = file.size() > kLengthBytes && n >= 2 && n <= kMaxSafetensorsHeaderBytes &&
                      n <= file_size - kLengthBytes && file[kLengthBytes] == '{';
-  if (!named && !looks) return Status::Ok();
-  auto refuse = [&](const Status& why) {
-    std::string reason(why.message());
-    if (reason.rfind("safetensors header: ", 0) == 0) reason = "its header: " + reason.substr(20);
-    return Status::InvalidArgument(std::string(path) + " is not a valid safetensors file (" +
-                                   (named ? "by its name" : "by its first bytes") + "): " + reason);
-  };
+  // Parsed whenever its first bytes allow, as PlanFile does: why it is not safetensors matters
+  // only for a file that claims to be.
+  Status why;
   if (file_size < kLengthBytes) {
-    return refuse(Status::Corruption("it is " + std::to_string(file_size) +
-                                     " bytes long, shorter than the 8-byte header length: truncated?"));
+    why = Status::Corruption("it is " + std::to_string(file_size) +
+                             " bytes long, shorter than the 8-byte header length: truncated?");
+  } else if (Expected<uint64_t> prefix = SafetensorsPrefixLength(file); !prefix.ok()) {
+    why = prefix.status();
+  } else if (*prefix > file_size) {
+    why = Status::Corruption("its header length says " + std::to_string(*prefix - kLengthBytes) +
+                             " bytes of JSON, and the file has " + std::to_string(file_size) + " bytes: truncated?");
+  } else if (*prefix > file.size()) {
+    return std::optional<SafetensorsHeader>();  // (the caller has not read the header: no verdict)
+  } else if (Expected<SafetensorsHeader> header = ParseSafetensorsHeader(file, file_size); header.ok()) {
+    return std::optional<SafetensorsHeader>(std::move(header).value());
+  } else {
+    why = header.status();
   }
-  Expected<uint64_t> prefix = SafetensorsPrefixLength(file);
-  if (!prefix.ok()) return refuse(prefix.status());
-  if (*prefix > file_size) {
-    return refuse(Status::Corruption("its header length says " + std::to_string(*prefix - kLengthBytes) +
-                                     " bytes of JSON, and the file has " + std::to_string(file_size) +
-                                     " bytes: truncated?"));
-  }
-  if (*prefix > file.size()) return Status::Ok();  // (the caller has not read the header: no verdict)
-  Expected<SafetensorsHeader> header = ParseSafetensorsHeader(file, file_size);
-  if (!header.ok()) return refuse(header.status());
-  return Status::Ok();
+  if (!named && !looks) return std::optional<SafetensorsHeader>();
+  std::string reason(why.message());
+  if (reason.rfind("safetensors header: ", 0) == 0) reason = "its header: " + reason.substr(20);
+  return Status::InvalidArgument(std::string(path) + " is not a valid safetensors file (" +
+                                 (named ? "by its name" : "by its first bytes") + "): " + reason);
 }
 
 // REQUIRES (checked by assert only, uniqueness not at all; the reader rejects the result

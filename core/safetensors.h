@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -58,13 +59,14 @@ Expected<uint64_t> SafetensorsPrefixLength(std::span<const uint8_t> prefix);
 Expected<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix,
                                                    uint64_t file_size);
 
-// Whether a file to be stored that claims to be safetensors is one. It claims to by its name
-// (`*.safetensors`) or by its first bytes (a header length that fits the file, then '{').
-// Ok for a valid file and for one that makes no claim (opaque bytes); otherwise
+// A file to be stored, read as safetensors: its header when it is one, nullopt for opaque bytes
+// (PlanFile's verdict, from one parse). A file that claims to be safetensors and is not is
 // InvalidArgument naming `path` and what is wrong (truncated, JSON that does not parse, a
-// tensor outside the file or over another...). `file` holds the whole file (at least the 8 + N
-// prefix), `file_size` bytes in all.
-Status CheckSafetensors(std::string_view path, std::span<const uint8_t> file, uint64_t file_size);
+// tensor outside the file or over another...). It claims to by its name (`*.safetensors`) or
+// by its first bytes (a header length that fits the file, then '{'). `file` holds the whole
+// file (at least the 8 + N prefix, else no verdict: nullopt), `file_size` bytes in all.
+Expected<std::optional<SafetensorsHeader>> CheckSafetensors(std::string_view path, std::span<const uint8_t> file,
+                                                            uint64_t file_size);
 
 // Builds the 8 + N prefix bytes of a safetensors file for `tensors` laid out in the given order
 // (their begin/end are rewritten to be contiguous from 0), padded with spaces so that the data

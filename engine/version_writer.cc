@@ -164,14 +164,17 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     std::error_code abs_ec;
     local_abs = std::filesystem::absolute(local_path, abs_ec).string();
   }
-  if (Status valid = CheckSafetensors(path, data, data.size()); !valid.ok()) {
+  // One parse of the header: the plan's and the check's.
+  const Expected<std::optional<SafetensorsHeader>> header = CheckSafetensors(path, data, data.size());
+  if (!header.ok()) {
     if (!options.allow_invalid) {
-      return Status::InvalidArgument(std::string(valid.message()) +
+      return Status::InvalidArgument(std::string(header.status().message()) +
                                      "; fix the file or leave it out, or store it as opaque bytes with --allow-invalid");
     }
-    spdlog::warn("{}; stored as opaque bytes (--allow-invalid)", valid.message());
+    spdlog::warn("{}; stored as opaque bytes (--allow-invalid)", header.status().message());
   }
-  ChunkPlan plan = PlanFile(data, data.size(), options.chunk_bytes);
+  static const std::optional<SafetensorsHeader> kOpaque;
+  ChunkPlan plan = PlanChunks(header.ok() ? *header : kOpaque, data.size(), options.chunk_bytes);
   // The parent's file of this path, with its rows (format 2 reads the file's table section).
   std::shared_ptr<const ManifestFile> pfile_rows;
   if (const ManifestFile* head_file = parent ? parent->FindFile(path) : nullptr) {

@@ -692,12 +692,17 @@ std::vector<uint8_t> ValidFile() {
 }
 
 Status Check(std::string_view path, const std::vector<uint8_t>& file) {
-  return CheckSafetensors(path, file, file.size());
+  return CheckSafetensors(path, file, file.size()).status();
 }
 
 TEST(CheckSafetensors, AValidFileAndOpaqueBytesPass) {
   EXPECT_TRUE(Check("model.safetensors", ValidFile()).ok());
   EXPECT_TRUE(Check("weights.bin", ValidFile()).ok());  // a safetensors file by another name
+  // The header comes back for the chunk plan (one parse); opaque bytes have none.
+  const std::vector<uint8_t> valid = ValidFile();
+  Expected<std::optional<SafetensorsHeader>> parsed = CheckSafetensors("weights.bin", valid, valid.size());
+  ASSERT_TRUE(parsed.ok() && parsed->has_value());
+  EXPECT_EQ((*parsed)->tensors.size(), 1u);
   const std::vector<uint8_t> text = {'{', '"', 'a', '"', ':', '1', '}'};
   EXPECT_TRUE(Check("config.json", text).ok());
   EXPECT_TRUE(Check("notes.txt", {}).ok());
@@ -705,6 +710,7 @@ TEST(CheckSafetensors, AValidFileAndOpaqueBytesPass) {
   std::mt19937 rng(7);
   for (uint8_t& b : noise) b = static_cast<uint8_t>(rng());
   EXPECT_TRUE(Check("optimizer.pt", noise).ok());
+  EXPECT_FALSE(CheckSafetensors("optimizer.pt", noise, noise.size())->has_value());
 }
 
 TEST(CheckSafetensors, ATruncatedFileIsRefusedByItsNameOrItsHeader) {
