@@ -13,7 +13,6 @@
 #include "core/mutex.h"
 #include "core/safetensors.h"
 #include "engine/lease.h"
-#include "engine/mapped_file.h"
 #include "engine/materializer.h"
 #include "engine/pack_writer.h"
 #include "engine/staged_version.h"
@@ -53,6 +52,23 @@ void WarnIfRenamed(Bucket& bucket, const std::shared_ptr<const Manifest>& parent
       return;
     }
   }
+}
+
+// The whole-file SHA-256 of a file read by descriptor reads it in pieces of this size.
+constexpr uint64_t kShaPiece = 4ull << 20;
+
+// The bytes CheckSafetensors needs of `data`: its 8 + N header prefix when the first 8 bytes
+// give a length that fits the file (else its first 8 bytes, enough for a verdict). In memory:
+// a view; by descriptor: read into `storage`.
+Expected<std::span<const uint8_t>> HeaderBytes(const FileBytes& data, std::vector<uint8_t>* storage) {
+  if (data.in_memory()) return data.memory();
+  storage->resize(std::min<uint64_t>(data.size(), 8));
+  WFS_TRY(data.Read(0, *storage));
+  if (Expected<uint64_t> prefix = SafetensorsPrefixLength(*storage); prefix.ok() && *prefix <= data.size()) {
+    storage->resize(*prefix);
+    WFS_TRY(data.Read(8, std::span<uint8_t>(*storage).subspan(8)));
+  }
+  return std::span<const uint8_t>(*storage);
 }
 
 struct PendingChunk {
@@ -151,8 +167,7 @@ VersionEncoder::VersionEncoder(Bucket& bucket, ChunkCache* cache, ThreadPool& po
 
 VersionEncoder::~VersionEncoder() = default;
 
-Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t> data,
-                               const std::string& local_path) {
+Status VersionEncoder::AddFile(const std::string& path, const FileBytes& data, const std::string& local_path) {
   State& st = *state_;
   if (!st.first_error.ok()) return st.first_error;
   const std::shared_ptr<const Manifest>& parent = st.parent;
@@ -165,7 +180,9 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     local_abs = std::filesystem::absolute(local_path, abs_ec).string();
   }
   // One parse of the header: the plan's and the check's.
-  const Expected<std::optional<SafetensorsHeader>> header = CheckSafetensors(path, data, data.size());
+  std::vector<uint8_t> prefix_bytes;
+  WFS_ASSIGN_OR_RETURN(const std::span<const uint8_t> prefix, HeaderBytes(data, &prefix_bytes));
+  const Expected<std::optional<SafetensorsHeader>> header = CheckSafetensors(path, prefix, data.size());
   if (!header.ok()) {
     if (!options.allow_invalid) {
       return Status::InvalidArgument(std::string(header.status().message()) +
@@ -196,7 +213,19 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
   auto hash_file = [&]() noexcept {
     try {
       Sha256 h;
-      h.Update(data);
+      if (data.in_memory()) {
+        h.Update(data.memory());
+      } else {
+        std::vector<uint8_t> piece(std::min<uint64_t>(data.size(), kShaPiece));
+        for (uint64_t at = 0; at < data.size(); at += piece.size()) {
+          const std::span<uint8_t> dst(piece.data(), std::min<uint64_t>(piece.size(), data.size() - at));
+          if (Status read = data.Read(at, dst); !read.ok()) {
+            sha_error = read;
+            return;
+          }
+          h.Update(dst);
+        }
+      }
       sha = h.FinishHex();
     } catch (...) {
       sha_error = StatusOfCurrentException("SHA-256");
@@ -221,9 +250,15 @@ Status VersionEncoder::AddFile(const std::string& path, std::span<const uint8_t>
     ChunkCodec& codec = *st.codecs[slot];
     std::vector<uint8_t>& payload = st.buffers[slot];
     const ChunkSpec& spec = plan.chunks[i];
-    const auto source = data.subspan(spec.offset, spec.length);
+    // A private copy: a file that changes under the encoder must not yield a hash of one state
+    // and a payload of another.
     std::vector<uint8_t>& snapshot = st.snapshots[slot];
-    snapshot.assign(source.begin(), source.end());
+    snapshot.resize(spec.length);
+    if (Status read = data.Read(spec.offset, snapshot); !read.ok()) {
+      MutexLock lock(mu);
+      if (st.first_error.ok()) st.first_error = read.WithContext(path);
+      return;
+    }
     const std::span<const uint8_t> bytes(snapshot);
     PendingChunk& p = pending[i];
     ManifestChunk& e = p.entry;
@@ -423,27 +458,25 @@ Status CheckPushFiles(const VersionRef& target, const Manifest* parent, std::vec
 Expected<Manifest> EncodePushFiles(Bucket& bucket, ChunkCache* cache, ThreadPool& pool, const VersionRef& target,
                                    std::shared_ptr<const Manifest> parent, const std::vector<PushFile>& files,
                                    const PushOptions& options, const std::string& what, PushResult* result) {
-  std::vector<MappedFile> mapped;
+  std::vector<FileBytes> opened;
   uint64_t total_bytes = 0;
   for (const PushFile& f : files) {
-    Expected<MappedFile> m = MappedFile::Open(f.local_path);
-    if (!m.ok()) return m.status();
-    total_bytes += m->size();
-    mapped.push_back(std::move(m).value());
+    Expected<FileBytes> o = FileBytes::Open(f.local_path);
+    if (!o.ok()) return o.status();
+    total_bytes += o->size();
+    opened.push_back(std::move(o).value());
   }
+  auto truncated = [&](size_t fi) {
+    return Status::IOError(files[fi].local_path + " was truncated while it was being read; nothing was "
+                           "published (push it again once it is complete)");
+  };
   VersionEncoder encoder(bucket, cache, pool, target, std::move(parent), options, total_bytes);
   for (size_t fi = 0; fi < files.size(); ++fi) {
-    Status s = encoder.AddFile(files[fi].path, mapped[fi].bytes(), files[fi].local_path);
-    if (!s.ok()) return s.WithContext(what);
+    Status s = encoder.AddFile(files[fi].path, opened[fi], files[fi].local_path);
+    if (!s.ok()) return opened[fi].Shrank() ? truncated(fi) : s.WithContext(what);
   }
   Expected<Manifest> manifest = encoder.Finish(result);
   if (!manifest.ok()) return manifest.status().WithContext(what);
-  for (size_t fi = 0; fi < files.size(); ++fi) {
-    if (mapped[fi].faulted()) {
-      return Status::IOError(files[fi].local_path + " was truncated while it was being read; nothing was "
-                             "published (push it again once it is complete)");
-    }
-  }
   return manifest;
 }
 

@@ -27,6 +27,7 @@
 #include "core/thread_pool.h"
 #include "engine/bucket.h"
 #include "engine/chunk_cache.h"
+#include "engine/file_bytes.h"
 
 namespace weightfs {
 
@@ -82,8 +83,10 @@ class VersionEncoder {
   // Encodes `data` as the version's file `path` against the parent's file of the same path.
   // `local_path` (may be empty) is where the bytes live, for the cache's references.
   // Files must be added in path order.
-  Status AddFile(const std::string& path, std::span<const uint8_t> data,
-                 const std::string& local_path);
+  Status AddFile(const std::string& path, const FileBytes& data, const std::string& local_path);
+  Status AddFile(const std::string& path, std::span<const uint8_t> data, const std::string& local_path) {
+    return AddFile(path, FileBytes(data), local_path);
+  }
   // The element tallies so far, as PushResult counts them (tensor elements, tensor changed,
   // other elements, other changed): the difference around an AddFile is that file's.
   std::array<uint64_t, 4> Tally() const;

@@ -125,7 +125,7 @@ struct DraftFile {
   int writers WFS_GUARDED_BY(mu) = 0;
   uint64_t generation WFS_GUARDED_BY(mu) = 0;  // bumped by every change of the bytes
   bool encoding WFS_GUARDED_BY(mu) = false;
-  int mapped WFS_GUARDED_BY(mu) = 0;  // encodes holding a map of the staging file: it must not shrink in place
+  int readers WFS_GUARDED_BY(mu) = 0;  // encodes reading the staging file: it must not shrink in place
   // The part file (parts/) that holds the file's encoded manifest, "" = not encoded. A part
   // may hold many files (small files are encoded together, their payloads in shared packs):
   // the file is the part's file `encoded_path`. Draft::part_refs counts its users.

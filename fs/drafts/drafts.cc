@@ -90,7 +90,7 @@ std::string Drafts::StatusJson() {
       MutexLock flock(f->mu);
       if (f->id == 0) continue;
       staged++;
-      encoding += f->mapped > 0;
+      encoding += f->readers > 0;
       staged_bytes += f->size;
       writers += static_cast<uint64_t>(f->writers);
       if (f->Encoded(p)) {

@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/lease.h"
-#include "engine/mapped_file.h"
+#include "engine/file_bytes.h"
 #include "fs/drafts/posix_io.h"
 #include "fs/drafts/state.h"
 
@@ -354,13 +354,13 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
   const auto start = std::chrono::steady_clock::now();
   WFS_TRY(Fill(*d, *f));
   WFS_TRY(EnsureLease(*d));
-  // The staging file is mapped under the file's lock and counted in `mapped` until the map
-  // goes: while it is, the file never shrinks in place (ResizeLocked moves it instead), so
-  // the encoder cannot fault on pages cut off under it. Writes may still change it: the
+  // The staging file is opened under the file's lock and counted in `readers` until
+  // it is closed: while it is, the file never shrinks in place (ResizeLocked moves it instead),
+  // so the encoder reads the bytes of one file to their end. Writes may still change it: the
   // result is then stale (generation) and thrown away.
   std::string staging;
   uint64_t id;
-  MappedFile mapped;
+  std::optional<FileBytes> source;
   {
     MutexLock lock(f->mu);
     if (f->generation != generation) return Status::Ok();  // changed: encoded on its next close
@@ -370,47 +370,47 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
     WFS_TRY(synced);
     staging = f->staging;
     id = f->id;
-    Expected<MappedFile> m = MappedFile::Open(staging);
-    if (!m.ok()) return m.status();
-    if (m->size() != f->size) {
+    Expected<FileBytes> opened = FileBytes::Open(staging);
+    if (!opened.ok()) return opened.status();
+    if (opened->size() != f->size) {
       // Truncated or extended by something other than the mount (the mount keeps the two
       // equal): what it holds is not what the draft shows, and is never published.
       return Status::IOError("staging file " + staging + " of " + d->name() + "/" + path + " holds " +
-                             std::to_string(m->size()) + " bytes where the draft's file has " + std::to_string(f->size) +
+                             std::to_string(opened->size()) + " bytes where the draft's file has " +
+                             std::to_string(f->size) +
                              ": it was changed outside the mount; write the file again (or remove it from the draft)");
     }
-    mapped = std::move(m).value();
-    f->mapped++;
+    source = std::move(opened).value();
+    f->readers++;
   }
-  struct Unmap {
+  struct Close {
     DraftFile& f;
-    MappedFile& mapped;
-    ~Unmap() {
-      mapped = MappedFile();
+    std::optional<FileBytes>& source;
+    ~Close() {
+      source.reset();
       MutexLock lock(f.mu);
-      f.mapped--;
+      f.readers--;
     }
   };
-  // Whether the bytes the encoder saw are not the file's any more (a write since, or a
-  // truncation from outside weightfs that the map's guard caught).
+  // Whether the bytes the encoder saw are not the file's any more (a write since).
   auto stale = [&] {
     MutexLock lock(f->mu);
     return f->generation != generation;
   };
   Expected<Manifest> encoded = Status::IOError("not encoded");
   PushResult result;
-  const uint64_t size = mapped.size();
-  bool faulted = false;
+  const uint64_t size = source->size();
+  bool shrank = false;
   {
-    Unmap unmap{*f, mapped};
+    Close close{*f, source};
     VersionEncoder encoder(*bucket, cache, pool, VersionRef{d->model, d->version}, d->parent_manifest,
                            options.push, size);
-    Status added = encoder.AddFile(path, mapped.bytes(), staging);
+    Status added = encoder.AddFile(path, *source, staging);
     encoded = added.ok() ? encoder.Finish(&result) : Expected<Manifest>(added);
-    faulted = mapped.faulted();
+    shrank = !added.ok() && source->Shrank();
   }
   if (stale()) return Status::Ok();  // encoded again on its next close
-  if (faulted) {
+  if (shrank) {
     return Status::IOError("staging file " + staging + " of " + d->name() + "/" + path +
                            " shrank while it was encoded, not through the mount; write the file again");
   }

@@ -37,15 +37,15 @@ Status Drafts::State::StageLocked(Draft& d, DraftFile& f, bool backed) {
   return Status::Ok();
 }
 
-// Sets a staged file's length to `size`. A file that an encode has mapped must not shrink
-// in place (the encoder would fault on the pages cut off): it moves to a new staging file,
+// Sets a staged file's length to `size`. A file that an encode is reading must not shrink
+// in place (the encoder would find it cut short): it moves to a new staging file,
 // numbered `spare_id` (allocated by the caller under mu), holding the bytes that stay; the
-// map keeps the old one's pages until it goes. The old file's path is returned in
+// encoder's descriptor keeps the old one until it closes it. The old file's path is returned in
 // *unlink_after: the caller removes it once the journal names the new one (a crash before
 // leaves the old, consistent state). REQUIRES f.mu.
 Status Drafts::State::ResizeLocked(Draft& d, DraftFile& f, uint64_t size, uint64_t spare_id, std::string* unlink_after) {
   WFS_TRY(f.EnsureFd());
-  if (f.mapped == 0 || size >= f.size) {
+  if (f.readers == 0 || size >= f.size) {
     if (::ftruncate(f.fd, static_cast<off_t>(size)) != 0) return LastErrnoStatus("resizing " + f.staging);
     f.size = size;
     return Status::Ok();

@@ -159,10 +159,10 @@ struct Drafts::State {
   // ---- staging (REQUIRES mu and f.mu) ----
   Status StageLocked(Draft& d, DraftFile& f, bool backed) WFS_REQUIRES(mu, f.mu);
 
-  // Sets a staged file's length to `size`. A file that an encode has mapped must not shrink
-  // in place (the encoder would fault on the pages cut off): it moves to a new staging file,
+  // Sets a staged file's length to `size`. A file that an encode is reading must not shrink
+  // in place (the encoder would find it cut short): it moves to a new staging file,
   // numbered `spare_id` (allocated by the caller under mu), holding the bytes that stay; the
-  // map keeps the old one's pages until it goes. The old file's path is returned in
+  // encoder's descriptor keeps the old one until it closes it. The old file's path is returned in
   // *unlink_after: the caller removes it once the journal names the new one (a crash before
   // leaves the old, consistent state). REQUIRES f.mu.
   Status ResizeLocked(Draft& d, DraftFile& f, uint64_t size, uint64_t spare_id, std::string* unlink_after)

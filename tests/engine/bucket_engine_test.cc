@@ -187,6 +187,29 @@ TEST_F(BucketEngineTest, PushedChainPullsBackBitExact) {
   }
 }
 
+// A file cut short while push reads it (by pread: no map, no SIGBUS) fails the push, naming
+// the file; nothing is published. The cut comes after the first chunk is encoded.
+TEST_F(BucketEngineTest, AFileTruncatedWhilePushReadsItFailsAndPublishesNothing) {
+  auto chain = PushChain(1, nullptr);
+  ASSERT_EQ(chain.size(), 1u);
+  model_.Step(9, 0.01);
+  const std::string dir = WriteVersion(1);
+  auto files = FilesUnder(dir);
+  ASSERT_TRUE(files.ok());
+  const std::string victim = dir + "/model.safetensors";
+  PushOptions options = options_;
+  std::atomic<bool> cut{false};
+  options.progress = [&](uint64_t, uint64_t) {
+    if (!cut.exchange(true)) fs::resize_file(victim, 100);
+  };
+  auto pushed = PushVersion(*bucket_, nullptr, pool_, {"acme/m", "v1"}, chain[0], *files, options);
+  ASSERT_FALSE(pushed.ok());
+  EXPECT_EQ(pushed.status().kind(), ErrorKind::kIOError) << pushed.status().ToString();
+  EXPECT_NE(pushed.status().message().find(victim + " was truncated while it was being read"), std::string::npos)
+      << pushed.status().ToString();
+  EXPECT_FALSE(bucket_->ReadManifest("acme/m", "v1").ok());
+}
+
 // push records each pushed file's chunks in the cache as one reference index file (not a cache
 // file per chunk, not a copy); every chunk is then served from the pushed file, by this cache
 // and by another instance on the same directory (the next process). The next push finds its
