@@ -45,6 +45,7 @@ class FileBytes {
   // The bytes, when they are in memory (empty for a descriptor).
   std::span<const uint8_t> memory() const { return memory_; }
   bool in_memory() const { return fd_ < 0; }
+  int descriptor() const { return fd_; }  // -1 in memory
 
  private:
   std::span<const uint8_t> memory_;

@@ -292,8 +292,23 @@ Status Drafts::State::EncodeSmall(const std::shared_ptr<Draft>& d, std::vector<s
       total += i.bytes.size();
     }
     // The staging files are on disk before the journal says they are encoded (their bytes are
-    // the file's from then on): one sync of the file system for the lot.
-    WFS_TRY(SyncFileSystemOf(d->dir));
+    // the file's from then on): an fdatasync each for a few, one sync of the file system for
+    // many (a disk flush each would cost more). Not syncfs for a few: it waits for every dirty
+    // page of the file system, such as the shards a cp is writing into the draft meanwhile
+    // (1.2 s for a config.json saved beside a 2 GB checkpoint).
+    if (items.size() <= kSmallBatchSyncEach) {
+      for (Item& i : items) {
+        if (!i.current) continue;
+        MutexLock flock(i.f->mu);
+        if (i.f->generation != i.generation) continue;  // changed: encoded on its next close
+        WFS_TRY(i.f->EnsureFd());
+        Status synced = DataSync(i.f->fd, i.f->staging);
+        i.f->CloseIdleFd();
+        WFS_TRY(synced);
+      }
+    } else {
+      WFS_TRY(SyncFileSystemOf(d->dir));
+    }
     VersionEncoder encoder(*bucket, cache, pool, VersionRef{d->model, d->version}, d->parent_manifest,
                            options.push, total);
     size_t added = 0;
@@ -364,10 +379,6 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
   {
     MutexLock lock(f->mu);
     if (f->generation != generation) return Status::Ok();  // changed: encoded on its next close
-    WFS_TRY(f->EnsureFd());
-    Status synced = DataSync(f->fd, f->staging);
-    f->CloseIdleFd();
-    WFS_TRY(synced);
     staging = f->staging;
     id = f->id;
     Expected<FileBytes> opened = FileBytes::Open(staging);
@@ -383,6 +394,11 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
     source = std::move(opened).value();
     f->readers++;
   }
+  // The staging file is on disk before the journal says the file is encoded (its bytes are the
+  // draft file's from then on): its writeback starts now and runs while it is encoded; the
+  // fdatasync after the encode waits for what is left. (An fdatasync before the encode made the
+  // encoder wait for the disk: 0.5-1 s per 500 MB shard of a checkpoint saved by cp.)
+  StartWriteback(source->descriptor());
   struct Close {
     DraftFile& f;
     std::optional<FileBytes>& source;
@@ -408,6 +424,9 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
     Status added = encoder.AddFile(path, *source, staging);
     encoded = added.ok() ? encoder.Finish(&result) : Expected<Manifest>(added);
     shrank = !added.ok() && source->Shrank();
+    if (encoded.ok()) {
+      if (Status synced = DataSync(source->descriptor(), staging); !synced.ok()) encoded = synced;
+    }
   }
   if (stale()) return Status::Ok();  // encoded again on its next close
   if (shrank) {

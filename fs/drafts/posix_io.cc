@@ -108,6 +108,8 @@ Status DataSync(int fd, std::string_view what) {
   return Status::Ok();
 }
 
+void StartWriteback(int fd) { (void)::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); }
+
 Status CopyPrefix(int from, int to, uint64_t size, std::string_view what) {
   loff_t in = 0, out = 0;
   while (static_cast<uint64_t>(in) < size) {

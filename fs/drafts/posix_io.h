@@ -31,6 +31,9 @@ Status PreadAll(int fd, uint8_t* p, size_t n, uint64_t off, std::string_view wha
 Status SyncFileSystemOf(const std::string& path);
 // fdatasync(fd), as a Status.
 Status DataSync(int fd, std::string_view what);
+// Starts writing the file's dirty pages to disk and returns (sync_file_range WRITE; best
+// effort): a DataSync later then waits for less.
+void StartWriteback(int fd);
 // Copies the first `size` bytes of `from` into `to` (copy_file_range, or read and write where
 // the file system cannot), then sets `to`'s length to `size`.
 Status CopyPrefix(int from, int to, uint64_t size, std::string_view what);

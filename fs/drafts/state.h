@@ -250,6 +250,7 @@ struct Drafts::State {
   // A batch of small files goes when it holds this many files or a pack's worth of bytes, or
   // when no small file of its draft was closed for this long.
   static constexpr size_t kSmallBatchFiles = 16384;
+  static constexpr size_t kSmallBatchSyncEach = 32;  // batches up to this size fdatasync each file
   static constexpr std::chrono::milliseconds kSmallIdle{1000};
   // The draft as its journal in `dir` says (snapshot and log); *max_seq: its last record.
   static Expected<nlohmann::json> ReplayJournal(const std::string& dir, uint64_t* max_seq);
