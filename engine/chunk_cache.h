@@ -141,8 +141,9 @@ class ChunkCache {
 
   // True if the chunk is cached and the copy of it read into output(size) verifies against
   // `hash`. False is a miss; output may have been called, and what it returned then holds
-  // unspecified bytes.
-  bool GetInto(const Hash128& hash, const Output& output);
+  // unspecified bytes. `aligned`: output's buffers start on a 4 KiB boundary and have room for
+  // the size rounded up to 4 KiB; an entry is then read with O_DIRECT, straight into them.
+  bool GetInto(const Hash128& hash, const Output& output, bool aligned = false);
   // GetInto a heap buffer: true and the bytes in *out.
   bool Get(const Hash128& hash, ByteBuffer* out);
   // True if an entry or a reference exists (not verified; Get may still miss). May load the

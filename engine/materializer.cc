@@ -307,7 +307,7 @@ Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const Manife
   // private copy, so nothing done to the cache file afterwards reaches a reader (a shared map
   // of the file did: engine/chunk_cache.h).
   Scratch out = TakeScratch();
-  if (cache_ && cache_->GetInto(chunk.hash, [&](size_t n) { return out.Resize(n); })) {
+  if (cache_ && cache_->GetInto(chunk.hash, [&](size_t n) { return out.Resize(n); }, /*aligned=*/true)) {
     stats_.cache_hits++;
     return HandOut(std::move(out));
   }
@@ -433,7 +433,7 @@ Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& fi
     if (cache_ && cache_->GetInto(bc->hash, [&](size_t n) {
           if (base_buffer.capacity() == 0) base_buffer = TakeScratch();
           return base_buffer.Resize(n);
-        })) {
+        }, /*aligned=*/true)) {
       have_base = true;
       break;
     }

@@ -107,7 +107,9 @@ class Materializer {
     Scratch(Scratch&& other) noexcept;
     Scratch& operator=(Scratch&& other) noexcept;
     ~Scratch();
-    // Sizes the buffer to `size` bytes (contents unspecified). Throws std::bad_alloc.
+    // Sizes the buffer to `size` bytes (contents unspecified). Throws std::bad_alloc. The
+    // buffer starts on a 2 MiB boundary with room for `size` rounded up to 2 MiB (the chunk
+    // cache reads into it with O_DIRECT: GetInto's `aligned`).
     std::span<uint8_t> Resize(size_t size);
     std::span<const uint8_t> bytes() const { return {data_, size_}; }
     size_t capacity() const { return capacity_; }

@@ -1105,6 +1105,43 @@ TEST(ChunkCacheTest, AFileChangedInPlaceIsAMissNeverWrongBytes) {
   fs::remove_all(dir);
 }
 
+// Reads into aligned buffers (the materializer's) go around the page cache (O_DIRECT) and give
+// the same bytes as buffered ones, whatever the entry's size; a changed entry is still a miss.
+TEST(ChunkCacheTest, AlignedReadsGiveTheEntryAndAChangedEntryIsStillAMiss) {
+  fs::path dir = fs::temp_directory_path() / ("wfs-cache-direct-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto opened = ChunkCache::Open(dir.string(), 1 << 30);
+  ASSERT_TRUE(opened.ok());
+  ChunkCache& cache = **opened;
+  constexpr size_t kRoom = 8 << 20;
+  std::unique_ptr<uint8_t, decltype(&std::free)> room(static_cast<uint8_t*>(std::aligned_alloc(4096, kRoom)), &std::free);
+  ASSERT_TRUE(room);
+  auto into = [&](size_t n) { return std::span<uint8_t>(room.get(), n); };
+  std::mt19937_64 rng(21);
+  uint64_t corrupt = 0;
+  for (size_t size : {size_t{1}, size_t{4095}, size_t{4096}, size_t{5000}, (size_t{1} << 20) + 123, size_t{4} << 20}) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    std::vector<uint8_t> bytes(size);
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    const Hash128 h = HashChunk(bytes);
+    ASSERT_TRUE(cache.PutAligned(h, bytes, 0).ok());
+    std::memset(room.get(), 0xEE, kRoom);
+    ASSERT_TRUE(cache.GetInto(h, into, /*aligned=*/true));
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), room.get()));
+    const std::string hex = h.ToHex();
+    const fs::path entry = dir / "chunks" / hex.substr(0, 2) / hex;
+    FlipByteIn(entry, size / 2);
+    EXPECT_FALSE(cache.GetInto(h, into, /*aligned=*/true));
+    EXPECT_FALSE(fs::exists(entry));
+    EXPECT_EQ(cache.stats().corrupt.load(), ++corrupt);
+    ASSERT_TRUE(cache.Put(h, bytes).ok());
+    fs::resize_file(entry, size - 1);
+    EXPECT_FALSE(cache.GetInto(h, into, /*aligned=*/true));
+    EXPECT_EQ(cache.stats().corrupt.load(), ++corrupt);
+  }
+  fs::remove_all(dir);
+}
+
 // Changes racing with reads: a thread keeps changing the entry in place (flipping, overwriting,
 // truncating, appending, restoring) while readers read it. Every hit has exactly the bytes.
 TEST(ChunkCacheTest, ChangesRacingWithReadsNeverYieldWrongBytes) {
