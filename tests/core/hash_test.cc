@@ -1,6 +1,7 @@
 #include "core/hash.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <cstdint>
 #include <random>
@@ -94,6 +95,24 @@ TEST(HashTest, ChunkHashesSeparateContent) {
   EXPECT_NE(Hash64(a), Hash64(b));
   EXPECT_EQ(HashChunk(a), HashChunk(std::vector<uint8_t>(4096, 0)));
   EXPECT_NE(HashChunk(std::span<const uint8_t>(a).first(0)), HashChunk(std::span<const uint8_t>(a).first(1)));
+}
+
+// The hashes are the format's (chunk identity, payload self-checks): whatever implementation
+// computes them (libxxhash's run-time dispatch to AVX2/AVX-512 here), they are the reference
+// XXH3's, for every length class of its algorithm and for unaligned starts.
+TEST(HashTest, ChunkHashesAreTheReferenceXxh3) {
+  std::mt19937_64 rng(3);
+  std::vector<uint8_t> bytes((4 << 20) + 64);
+  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+  for (size_t size : {0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 4095, 65537, (4 << 20) + 3}) {
+    for (size_t start : {0, 1, 7}) {
+      SCOPED_TRACE("size " + std::to_string(size) + " at " + std::to_string(start));
+      const std::span<const uint8_t> s(bytes.data() + start, size);
+      const XXH128_hash_t ref = XXH3_128bits(s.data(), s.size());
+      EXPECT_EQ(HashChunk(s), (Hash128{ref.high64, ref.low64}));
+      EXPECT_EQ(Hash64(s), XXH3_64bits(s.data(), s.size()));
+    }
+  }
 }
 
 }  // namespace
