@@ -285,6 +285,14 @@ void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, in
   const size_t count = positions.size();
   std::vector<uint8_t> gap_sym(count), value_sym(count);
   std::vector<uint64_t> mags(count);
+  // Every change's difference, read in position order: the loops below go class by class, and
+  // reading the two chunks at each class's positions missed the cache at nearly every change
+  // (70% of this function's time at 1% changed).
+  std::vector<T> deltas(count);
+  for (size_t i = 0; i < count; ++i) {
+    const size_t at = size_t{positions[i]} * sizeof(T);
+    deltas[i] = T(elem::ToOrd(Load<T>(data + at), is_float) - elem::ToOrd(Load<T>(parent + at), is_float));
+  }
   auto gap_tables = std::make_unique<FreqTable[]>(kMaxClasses);
   auto value_tables = std::make_unique<FreqTable[]>(kMaxClasses);
   int shifts[kMaxClasses] = {};
@@ -317,9 +325,7 @@ void EncodeStaticT(const uint8_t* parent, const uint8_t* data, bool is_float, in
     }
     uint32_t* counts = value_counts[c];
     for (uint32_t o = start[c]; o < start[c + 1]; ++o) {
-      const uint32_t pos = positions[order[o]];
-      const T d = T(elem::ToOrd(Load<T>(data + size_t{pos} * sizeof(T)), is_float) -
-                    elem::ToOrd(Load<T>(parent + size_t{pos} * sizeof(T)), is_float));
+      const T d = deltas[order[o]];
       const auto sign = static_cast<uint32_t>(d >> (sizeof(T) * 8 - 1));
       mags[o] = sign ? uint64_t(T(T(0) - d)) : uint64_t(d);
       // A change whose value equals the parent's: the input changed since FindChanges (a file

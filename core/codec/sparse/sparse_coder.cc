@@ -40,8 +40,17 @@ void ChooseClasses(ExponentField f, const uint8_t* parent, size_t n,
   const size_t range = f.mask + 1;
   std::vector<double> all(range, 0), chg(range, 0);
   const size_t stride = n >= (1u << 16) ? 8 : 1;
-  for (size_t i = 0; i < n; i += stride) {
-    all[(Load<T>(parent + i * sizeof(T)) >> f.shift) & f.mask] += static_cast<double>(stride);
+  // Counted in four integer histograms, one per sample in turn: one histogram of doubles made
+  // a chain of dependent adds through memory (most samples share a few exponents), 5% of a
+  // push's CPU. The counts times the stride are the sums the doubles held, exactly.
+  std::vector<uint32_t> counts(4 * range, 0);
+  size_t i = 0, lane = 0;
+  for (; i < n; i += stride, lane = (lane + 1) & 3) {
+    ++counts[lane * range + ((Load<T>(parent + i * sizeof(T)) >> f.shift) & f.mask)];
+  }
+  for (size_t e = 0; e < range; ++e) {
+    const uint64_t c = uint64_t{counts[e]} + counts[range + e] + counts[2 * range + e] + counts[3 * range + e];
+    all[e] = static_cast<double>(c) * static_cast<double>(stride);
   }
   for (uint32_t p : positions) chg[(Load<T>(parent + size_t{p} * sizeof(T)) >> f.shift) & f.mask] += 1;
   // Exponents present, to bound the search.
