@@ -526,7 +526,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       WFS_TRY(s.drafts->Open(ino, fi->flags, &file->draft));
       fi->fh = reinterpret_cast<uint64_t>(file.get());
       fi->keep_cache = 0;  // a draft's file changes
-      fi->direct_io = 0;
+      fi->direct_io = file->draft->direct;  // (Drafts::Open: a write-only save)
       if (fuse_reply_open(req, fi) == 0) {
         file.release();
       } else {
@@ -980,7 +980,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
     WFS_TRY(s.drafts->Create(parent, name, mode, fi->flags, CallerOf(req), &a, &file->draft));
     fi->fh = reinterpret_cast<uint64_t>(file.get());
     fi->keep_cache = 0;
-    fi->direct_io = 0;
+    fi->direct_io = file->draft->direct;  // (Drafts::Open: a write-only save)
     fuse_entry_param e = EntryOf(a);
     if (fuse_reply_create(req, &e, fi) == 0) {
       file.release();

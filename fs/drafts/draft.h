@@ -123,6 +123,10 @@ struct DraftFile {
   std::vector<char> present WFS_GUARDED_BY(mu);
   uint64_t backing_limit WFS_GUARDED_BY(mu) = 0;
   int writers WFS_GUARDED_BY(mu) = 0;
+  // Write-only handles opened with no other handle of the file open: they write around the
+  // kernel's page cache (fuse direct_io), and while one is open every handle opened is direct
+  // too, so that no cached page of the file goes stale under their writes.
+  int direct_writers WFS_GUARDED_BY(mu) = 0;
   uint64_t generation WFS_GUARDED_BY(mu) = 0;  // bumped by every change of the bytes
   bool encoding WFS_GUARDED_BY(mu) = false;
   int readers WFS_GUARDED_BY(mu) = 0;  // encodes reading the staging file: it must not shrink in place

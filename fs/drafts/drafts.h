@@ -92,6 +92,9 @@ struct DraftHandle {
   std::shared_ptr<Draft> draft;
   std::string path;  // at open (for messages)
   bool write = false;
+  // Served around the kernel's page cache (FUSE direct_io; see DraftFile::direct_writers).
+  bool direct = false;
+  bool direct_writer = false;  // counted in the file's direct_writers
   ReadStream stream;
 };
 

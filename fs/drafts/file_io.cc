@@ -103,12 +103,23 @@ Status Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handl
       if (h->write) f.writers--;
       return st;
     }
+    // A checkpoint saved by cp or torch.save: write-only, nothing else has the file open. Its
+    // writes then reach the daemon from the writer's pages, not copied into cached pages of
+    // the file first (a 2 GB save by cp: 8-9 s -> 5 s on the 2-core VM). A write-only handle
+    // cannot be mapped, so no mmap is lost.
+    if ((flags & O_ACCMODE) == O_WRONLY && f.handles == 0) {
+      h->direct = h->direct_writer = true;
+      f.direct_writers++;
+    } else if (f.direct_writers > 0) {
+      h->direct = true;
+    }
     f.handles++;
     if (journal) d->Changed(r->b);
   }
   if (journal && !s.SaveJournal(*h->draft).ok()) {
     MutexLock flock(h->file->mu);
     if (h->write) h->file->writers--;
+    if (h->direct_writer) h->file->direct_writers--;
     h->file->handles--;
     h->file->CloseIdleFd();
     return Status::IOError("cannot record the open in the draft's journal");
@@ -407,6 +418,7 @@ void Drafts::Release(std::unique_ptr<DraftHandle> h) {
     MutexLock flock(h->file->mu);
     last = --h->file->writers == 0;
     dirty = h->file->journal_dirty;
+    if (h->direct_writer) h->file->direct_writers--;
     h->file->handles--;
     h->file->CloseIdleFd();
   }
