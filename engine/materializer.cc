@@ -316,7 +316,7 @@ Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const Manife
   // in, when the last reader lets go. The alternative measured before, a map of the cache file
   // just written, paid a kernel copy into fresh page-cache pages per chunk (~14% of a cold
   // read's CPU) and an munmap on eviction (~3%).
-  Status st = Build(manifest, file, index, [&](size_t n) { return out.Resize(n); });
+  Status st = Build(manifest, file, index, [&](size_t n) { return out.Resize(n); }, /*output_aligned=*/true);
   if (!st.ok()) {
     GiveScratch(std::move(out));
     return st;
@@ -353,9 +353,9 @@ Status Materializer::BuildDerived(const Manifest& manifest, const ManifestFile& 
 }
 
 Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, size_t index,
-                           const std::function<std::span<uint8_t>(size_t)>& output) {
+                           const std::function<std::span<uint8_t>(size_t)>& output, bool output_aligned) {
   const uint64_t generation = bucket_->head_generation();
-  Status first = BuildChain(manifest, file, index, output);
+  Status first = BuildChain(manifest, file, index, output, output_aligned);
   if (first.ok() || manifest.derived) return first;
   if (first.kind() != ErrorKind::kNotFound && first.kind() != ErrorKind::kCorruption) return first;
   Expected<size_t> changed = bucket_->Revalidate(manifest.model, manifest.versions, std::chrono::steady_clock::now());
@@ -367,7 +367,7 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
     spdlog::info("{}@{}: a version it builds on was rewritten in the bucket (gc's rebase); reading with its new "
                  "metadata", manifest.model, manifest.version);
     stats_.rewritten_heads++;
-    return BuildChain(manifest, file, index, output);
+    return BuildChain(manifest, file, index, output, output_aligned);
   }
   // This version's own head was rewritten: its rows of this file, from the new table.
   Expected<std::shared_ptr<const ManifestFile>> rows = bucket_->File(*now, file.path);
@@ -385,11 +385,11 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   stats_.rewritten_heads++;
   const std::shared_ptr<const Manifest> held = *now;
   const std::shared_ptr<const ManifestFile> held_rows = *rows;
-  return BuildChain(*held, *held_rows, index, output);
+  return BuildChain(*held, *held_rows, index, output, output_aligned);
 }
 
 Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& file, size_t index,
-                                const std::function<std::span<uint8_t>(size_t)>& output) {
+                                const std::function<std::span<uint8_t>(size_t)>& output, bool output_aligned) {
   auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
   const bool timing = spdlog::should_log(spdlog::level::debug);
   const auto t0 = std::chrono::steady_clock::now();
@@ -406,6 +406,13 @@ Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& fi
   steps.push_back({nullptr, &manifest, &file, &file.chunks[index], {}});
   Scratch base_buffer;  // the cached ancestor's bytes, read (and verified) into a pooled buffer
   bool have_base = false;
+  // A cached ancestor of the chunk's own length is read straight into the output (when that is
+  // an aligned buffer) and the deltas after it applied there in place: a training step then
+  // costs its changed elements, with no copy of the chunk and no second buffer (whose fresh
+  // pages the kernel zeroed: 10% of the daemon's CPU following a run).
+  std::span<uint8_t> out;  // output(), taken before the first step (or for the base)
+  bool base_in_out = false;
+  Hash128 base_hash;
   while (steps.back().chunk->is_delta()) {
     const Step& s = steps.back();
     const std::string& base_version = s.manifest->versions[s.chunk->base];
@@ -430,11 +437,20 @@ Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& fi
       return where(Status::Corruption("delta chain depth does not decrease at " + s.manifest->model +
                                       "@" + base_version));
     }
+    const uint64_t final_length = steps.front().chunk->length;
+    bool went_to_out = false;
     if (cache_ && cache_->GetInto(bc->hash, [&](size_t n) {
+          went_to_out = output_aligned && n == final_length;
+          if (went_to_out) {
+            if (out.empty()) out = output(n);
+            return out;
+          }
           if (base_buffer.capacity() == 0) base_buffer = TakeScratch();
           return base_buffer.Resize(n);
         }, /*aligned=*/true)) {
       have_base = true;
+      base_in_out = went_to_out;
+      base_hash = bc->hash;
       break;
     }
     std::shared_ptr<const Manifest> holder = *bm;
@@ -564,15 +580,15 @@ Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& fi
   // the result is copied to the output only if it ends elsewhere.
   std::unique_ptr<ChunkCodec> codec;
   Scratch scratch[2];
-  std::span<uint8_t> out;  // output(), taken before the first step
   enum : int { kInBase = -1, kInOut = 2 };  // else the index of a scratch buffer
   std::vector<std::span<const uint8_t>> run;  // payloads of a run of in-place steps
   auto at_of = [](const Step& s) { return static_cast<size_t>(s.chunk - s.file->chunks.data()); };
   auto apply = [&](bool verify_each) -> Status {
     DecodeLimits limits = limits_;
     limits.verify_parent = verify_each;  // the final Hash128 check covers the chain
-    std::span<const uint8_t> parent = have_base ? base_buffer.bytes() : std::span<const uint8_t>();
-    int held = kInBase;  // the buffer holding `parent`
+    std::span<const uint8_t> parent =
+        !have_base ? std::span<const uint8_t>() : base_in_out ? std::span<const uint8_t>(out) : base_buffer.bytes();
+    int held = base_in_out ? kInOut : kInBase;  // the buffer holding `parent`
     for (size_t i = steps.size(); i-- > 0;) {
       const Step& s = steps[i];
       const size_t at = static_cast<size_t>(s.chunk - s.file->chunks.data());
@@ -655,7 +671,7 @@ Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& fi
   Status st;
   try {
     codec = TakeCodec();
-    out = output(steps.front().chunk->length);
+    if (!base_in_out) out = output(steps.front().chunk->length);
     st = apply(false);
   } catch (...) {
     abandon = true;
@@ -678,9 +694,14 @@ Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& fi
              std::all_of(done.begin(), done.end(), [](char d) { return d != 0; }) &&
              std::all_of(fetched.begin(), fetched.end(), [](const Status& f) { return f.ok(); })) {
     // Something in the chain decodes wrong: replay it checking every step, to name the first
-    // bad one.
-    Status named = apply(true);
-    if (!named.ok()) st = named;
+    // bad one (from the cached ancestor read again, when the first run applied onto it).
+    const bool base_again = !base_in_out || cache_->GetInto(base_hash, [&](size_t n) {
+      return n == out.size() ? out : std::span<uint8_t>();
+    }, /*aligned=*/true);
+    if (base_again) {
+      Status named = apply(true);
+      if (!named.ok()) st = named;
+    }
   }
   GiveCodec(std::move(codec));
   for (Scratch& b : scratch) GiveScratch(std::move(b));

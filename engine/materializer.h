@@ -130,11 +130,13 @@ class Materializer {
   // NotFound or Corruption is therefore checked once against the bucket (Bucket::Revalidate):
   // if a head of the chain was rewritten, the chunk is built again from the new ones, and the
   // chunk's hash must be the one asked for; if none was, the first error stands.
+  // `output_aligned`: output's buffers are Scratch-like (4 KiB-aligned, room for the length
+  // rounded up to 4 KiB), so a cached ancestor may be read into one with O_DIRECT.
   Status Build(const Manifest& manifest, const ManifestFile& file, size_t index,
-               const std::function<std::span<uint8_t>(size_t)>& output);
+               const std::function<std::span<uint8_t>(size_t)>& output, bool output_aligned = false);
   // Build without that check.
   Status BuildChain(const Manifest& manifest, const ManifestFile& file, size_t index,
-                    const std::function<std::span<uint8_t>(size_t)>& output);
+                    const std::function<std::span<uint8_t>(size_t)>& output, bool output_aligned = false);
   // A chunk of a derived version (Manifest::derived): the bucket's DerivedVersions makes it;
   // neither verified nor cached here (its hash is an identifier).
   Status BuildDerived(const Manifest& manifest, const ManifestFile& file, size_t index,

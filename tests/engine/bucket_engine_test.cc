@@ -634,6 +634,64 @@ TEST_F(BucketEngineTest, CorruptPayloadInsideAChainIsNamed) {
   FAIL() << "no chunk of v2 is a delta on a delta of v1";
 }
 
+// A node that holds v1 reads v2: v1's chunk comes from the cache straight into the buffer v2's
+// chunk is built in, and v2's delta is applied there. The bytes are v2's; a corrupt v2 delta on
+// a cached v1 is named (the replay reads v1 from the cache again), and v1's entry stays good.
+TEST_F(BucketEngineTest, ADeltaOnACachedAncestorIsAppliedInItsOutputAndABadOneIsNamed) {
+  options_.chunk_bytes = 256 << 10;
+  auto chain = PushChain(3, nullptr);
+  ASSERT_EQ(chain.size(), 3u);
+  auto cache = Cache("holder");
+  Materializer verifier(bucket_.get(), nullptr);
+  {
+    Materializer mat(bucket_.get(), cache.get());
+    for (const ManifestFile& f : chain[1]->files) {
+      for (size_t i = 0; i < f.chunks.size(); ++i) ASSERT_TRUE(mat.Shared(*chain[1], f, i).ok());
+    }
+  }
+  // v2's chunks that are deltas on v1's, of v1's chunk's length.
+  const ManifestFile& f2 = *chain[2]->FindFile("model.safetensors");
+  const ManifestFile& f1 = *chain[1]->FindFile("model.safetensors");
+  std::vector<size_t> on_v1;
+  for (size_t i = 0; i < f2.chunks.size(); ++i) {
+    const ManifestChunk& c = f2.chunks[i];
+    if (c.origin != 0 || !c.is_delta() || chain[2]->versions[c.base] != "v1" || c.length < Materializer::kPooledMinBytes) {
+      continue;
+    }
+    std::optional<size_t> j = f1.FindChunk(c.key);
+    if (j && f1.chunks[*j].length == c.length && cache->Contains(f1.chunks[*j].hash)) on_v1.push_back(i);
+  }
+  ASSERT_GE(on_v1.size(), 2u) << "no chunk of v2 is a delta on a cached chunk of v1";
+  {
+    Materializer mat(bucket_.get(), cache.get());
+    for (size_t i : on_v1) {
+      Expected<ByteBuffer> want = verifier.Chunk(*chain[2], f2, i);
+      Expected<ChunkBytes> got = mat.Shared(*chain[2], f2, i);
+      ASSERT_TRUE(want.ok() && got.ok()) << want.status().ToString() << got.status().ToString();
+      ASSERT_EQ(got->size(), want->size());
+      EXPECT_TRUE(std::equal(want->begin(), want->end(), got->data())) << i;
+    }
+    EXPECT_EQ(mat.stats().payloads_fetched.load(), on_v1.size());  // v2's deltas, nothing of v1
+  }
+  // A corrupt v2 delta on a cached v1 chunk.
+  const size_t bad = on_v1.back();
+  const ManifestChunk& c2 = f2.chunks[bad];
+  const ManifestChunk& c1 = f1.chunks[*f1.FindChunk(c2.key)];
+  const std::string hex = c2.hash.ToHex();
+  fs::remove(root_ / "holder" / "chunks" / hex.substr(0, 2) / hex);  // (v2's chunk was cached above)
+  FlipByteIn(root_ / "bucket" / Bucket::PackKey(chain[2]->packs[c2.ref.pack]), c2.ref.offset + c2.ref.length / 2);
+  Materializer mat(bucket_.get(), cache.get());
+  Expected<ChunkBytes> got = mat.Shared(*chain[2], f2, bad);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().kind(), ErrorKind::kCorruption) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("acme/m@v2 model.safetensors"), std::string::npos) << got.status().ToString();
+  EXPECT_FALSE(cache->Contains(c2.hash));
+  Expected<ChunkBytes> v1 = mat.Shared(*chain[1], f1, static_cast<size_t>(&c1 - f1.chunks.data()));
+  ASSERT_TRUE(v1.ok()) << v1.status().ToString();
+  EXPECT_EQ(HashChunk(std::span<const uint8_t>(v1->data(), v1->size())), c1.hash);
+  EXPECT_EQ(cache->stats().corrupt.load(), 0u);
+}
+
 TEST_F(BucketEngineTest, GcRemovesOrphansOnlyWhenNoPushIsLive) {
   auto chain = PushChain(2, nullptr);
   // An orphan pack and the dead lease of a push that was killed (a pid that cannot exist).
