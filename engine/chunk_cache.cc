@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -122,6 +123,8 @@ uint64_t ReadFull(int fd, uint8_t* out, uint64_t size, uint64_t offset) {
 }
 
 constexpr size_t kDirectAlign = 4096;
+// Chunks from this size on are written O_DIRECT even from an unaligned buffer (through a copy).
+constexpr size_t kBounceMinBytes = 128 << 10;
 
 // Reads `size` bytes from offset 0 of a file opened O_DIRECT into `out` (4 KiB-aligned, room for
 // `size` rounded up to 4 KiB): whole blocks, the last one short at the end of the file. Returns
@@ -755,6 +758,31 @@ Status ChunkCache::PutImpl(const Hash128& hash, std::span<const uint8_t> bytes,
                            size_t direct_capacity) {
   if (bytes.size() > max_bytes_) return Status::Ok();
   if (Contains(hash)) return Status::Ok();
+  if (direct_capacity == 0 && bytes.size() >= kBounceMinBytes && direct_ok_.load(std::memory_order_relaxed)) {
+    // Unaligned bytes of a large chunk: copied into an aligned buffer of this thread and written
+    // O_DIRECT, like PutAligned. The kernel's copy into fresh page-cache pages (and their
+    // writeback) cost more than this copy: 40% of `weightfs patch`'s CPU, which caches every
+    // chunk of the new version it builds.
+    struct Bounce {
+      uint8_t* data = nullptr;
+      size_t capacity = 0;
+      ~Bounce() { std::free(data); }
+    };
+    thread_local Bounce bounce;
+    const size_t padded = (bytes.size() + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    if (bounce.capacity < padded) {
+      void* p = std::aligned_alloc(kDirectAlign, padded);
+      if (p != nullptr) {
+        std::free(bounce.data);
+        bounce.data = static_cast<uint8_t*>(p);
+        bounce.capacity = padded;
+      }
+    }
+    if (bounce.capacity >= padded) {
+      std::memcpy(bounce.data, bytes.data(), bytes.size());
+      return Insert(PathOf(hash), std::span<const uint8_t>(bounce.data, bytes.size()), bounce.capacity, 0);
+    }
+  }
   return Insert(PathOf(hash), bytes, direct_capacity, 0);
 }
 
