@@ -166,6 +166,8 @@ struct FuseServer::Impl {
       po.max_bytes = options.patch_max_bytes;
       po.uid = options.names.uid;
       po.gid = options.names.gid;
+      po.file_mode = options.names.file_mode;
+      po.dir_mode = options.names.dir_mode;
       po.timeout_s = options.names.immutable_timeout_s;
       patches = std::make_unique<PatchView>(p.bucket, p.materializer, p.cache, std::move(po));
     }

@@ -574,7 +574,7 @@ Status Namespace::FillAttrLocked(const Node& node, NodeAttr* out) const {
   out->timeout_s = options_.immutable_timeout_s;
   switch (node.kind) {
     case Kind::kDir:
-      st.st_mode = S_IFDIR | (options_.writable_dirs ? 0755 : 0555);
+      st.st_mode = S_IFDIR | options_.dir_mode | (options_.writable_dirs ? S_IWUSR : 0);
       st.st_nlink = 2 + node.subdirs;
       st.st_size = 4096;
       time_ms = node.mtime_ms;
@@ -582,7 +582,7 @@ Status Namespace::FillAttrLocked(const Node& node, NodeAttr* out) const {
       break;
     case Kind::kVersionDir:
       if (!CreatedMs(node)) return Status::IOError(node.name + ": attributes not loaded");
-      st.st_mode = S_IFDIR | 0555;
+      st.st_mode = S_IFDIR | options_.dir_mode;
       // Without the summary the number of subdirectories is unknown: 1 says so (find and
       // friends then do not rely on it, as on btrfs).
       st.st_nlink = node.contents_built ? 2 + node.subdirs : node.summary ? 2 + node.summary->top_subdirs : 1;
@@ -590,13 +590,13 @@ Status Namespace::FillAttrLocked(const Node& node, NodeAttr* out) const {
       time_ms = *CreatedMs(node);
       break;
     case Kind::kVersionSubdir:
-      st.st_mode = S_IFDIR | 0555;
+      st.st_mode = S_IFDIR | options_.dir_mode;
       st.st_nlink = 2 + node.subdirs;
       st.st_size = 4096;
       time_ms = node.manifest->created_ms;
       break;
     case Kind::kFile:
-      st.st_mode = S_IFREG | 0444;
+      st.st_mode = S_IFREG | options_.file_mode;
       st.st_nlink = 1;
       st.st_size = static_cast<off_t>(node.file->size);
       st.st_blocks = static_cast<blkcnt_t>((node.file->size + 511) / 512);

@@ -54,8 +54,12 @@ struct NamespaceOptions {
   double immutable_timeout_s = 86400;        // attr/entry timeout inside versions
   uid_t uid = 0;                             // owner shown for every node
   gid_t gid = 0;
+  // Permission bits of published files and of directories (read and execute bits only:
+  // published versions are read-only). With default_permissions the kernel enforces them.
+  mode_t file_mode = 0444;
+  mode_t dir_mode = 0555;
   // The directories above the versions are writable by their owner (mkdir makes drafts in
-  // them): mode 0755 instead of 0555.
+  // them): dir_mode plus the owner's write bit (0755 by default).
   bool writable_dirs = false;
   // Direct checks of version names not (yet) in the listing: at most this many a second (0:
   // none, a version appears with the next listing); an absent answer is reused this long.

@@ -105,13 +105,13 @@ void PatchView::Fill(const Node& n, uint64_t size, NodeAttr* out) const {
   st.st_uid = options_.uid;
   st.st_gid = options_.gid;
   if (n.kind == Kind::kFile) {
-    st.st_mode = S_IFREG | 0444;
+    st.st_mode = S_IFREG | options_.file_mode;
     st.st_nlink = 1;
     st.st_size = static_cast<off_t>(size);
     st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
     st.st_blksize = 1 << 20;
   } else {
-    st.st_mode = S_IFDIR | 0555;
+    st.st_mode = S_IFDIR | options_.dir_mode;
     st.st_nlink = 2;
     st.st_size = 4096;
   }

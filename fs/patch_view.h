@@ -44,6 +44,8 @@ struct PatchViewOptions {
   size_t list_ancestors = 64;    // ancestors `ls .patch` shows
   uid_t uid = 0;
   gid_t gid = 0;
+  mode_t file_mode = 0444;  // as the published files' (NamespaceOptions)
+  mode_t dir_mode = 0555;
   double timeout_s = 86400;
 };
 

@@ -22,6 +22,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -125,6 +126,13 @@ options:
                        commit otherwise, the message naming the file
   --allow-other        let other users read the mount (non-root users need
                        user_allow_other in /etc/fuse.conf)
+  --uid N, --gid N     owner and group of published files and directories  [yours]
+  --file-mode OCTAL    permission bits of published files                    [0444]
+  --dir-mode OCTAL     of directories (those above versions also get the owner's
+                       write bit, for mkdir of drafts)                       [0555]
+                       The kernel checks them (default_permissions): with
+                       --allow-other, --gid 1001 --file-mode 0440 --dir-mode 0550
+                       lets only group 1001 read the weights
   -o OPTS              more FUSE mount options, comma-separated
   --metrics FILE       keep the mount's metrics in FILE in Prometheus text format
                        (bytes fetched vs materialized, cache hit ratio, chain depth,
@@ -424,6 +432,35 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   m.drafts.push.allow_invalid = args.Has("--allow-invalid");
   m.names.uid = ::getuid();
   m.names.gid = ::getgid();
+  auto id_option = [&](const char* name, uint32_t* out) -> Status {
+    if (auto v = args.Get(name)) {
+      WFS_ASSIGN_OR_RETURN(double id, ParseDouble(*v));
+      if (id < 0 || id > 4294967294.0 || id != static_cast<double>(static_cast<uint32_t>(id))) {
+        return Status::InvalidArgument(std::string(name) + " expects a numeric id (got '" + *v + "')");
+      }
+      *out = static_cast<uint32_t>(id);
+    }
+    return Status::Ok();
+  };
+  auto mode_option = [&](const char* name, mode_t* out) -> Status {
+    if (auto v = args.Get(name)) {
+      char* end = nullptr;
+      const unsigned long mode = std::strtoul(v->c_str(), &end, 8);
+      if (v->empty() || *end != '\0' || mode > 0777) {
+        return Status::InvalidArgument(std::string(name) + " expects octal permission bits such as 0440 (got '" + *v + "')");
+      }
+      if (mode & 0222) {
+        return Status::InvalidArgument(std::string(name) + " " + *v + " has write bits: published versions are read-only "
+                                       "(drafts have their own modes); give read and execute bits, such as 0440 or 0550");
+      }
+      *out = static_cast<mode_t>(mode);
+    }
+    return Status::Ok();
+  };
+  WFS_TRY(id_option("--uid", &m.names.uid));
+  WFS_TRY(id_option("--gid", &m.names.gid));
+  WFS_TRY(mode_option("--file-mode", &m.names.file_mode));
+  WFS_TRY(mode_option("--dir-mode", &m.names.dir_mode));
   // Drafts of this bucket live in the cache directory, under a name derived from the URL.
   const std::string url_bytes = c.url;
   const uint64_t url_hash = Hash64(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(url_bytes.data()), url_bytes.size()));
@@ -441,7 +478,7 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
 int MountMain(int argc, char** argv, bool quiet) {
   ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval",
-                  "--metadata-timeout"},
+                  "--metadata-timeout", "--uid", "--gid", "--file-mode", "--dir-mode"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--allow-invalid", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);

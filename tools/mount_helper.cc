@@ -31,6 +31,8 @@ const std::map<std::string, std::string>& ValueOptions() {
       {"threads", "--threads"},       {"log_file", "--log-file"},     {"log_level", "--log-level"},
       {"endpoint", "--endpoint"},     {"region", "--region"},         {"timeout", "--timeout"},
       {"metrics", "--metrics"},       {"metrics_interval", "--metrics-interval"},
+      {"uid", "--uid"},               {"gid", "--gid"},               {"file_mode", "--file-mode"},
+      {"dir_mode", "--dir-mode"},
   };
   return options;
 }

@@ -280,6 +280,53 @@ int AsUser(uid_t uid, gid_t gid, const std::function<int()>& op) {
   return result;
 }
 
+// --uid, --gid, --file-mode and --dir-mode set the owner and modes of published versions, and the
+// kernel checks them: with --gid G --file-mode 0440 --dir-mode 0550 (and --allow-other), a user
+// of group G reads a published file and another user gets EACCES. Write bits are refused.
+TEST_F(DraftSafetyTest, OwnerGroupAndModesOfPublishedVersionsAreTheMountsAndTheKernelChecksThem) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (to act as other users)";
+  Generate("2M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& bad = NewMount("bad", "--file-mode 0644");
+  const Result refused = bad.Start();
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.out.find("write bits"), std::string::npos) << refused.out;
+  const gid_t readers = 65533;
+  Mount& m = NewMount("a", "--allow-other --uid 4321 --gid 65533 --file-mode 0440 --dir-mode 0550");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  for (fs::path p = m.mnt().parent_path(); p != p.root_path() && p != "/tmp"; p = p.parent_path()) {
+    ::chmod(p.c_str(), 0755);
+  }
+  const fs::path version = m.Dir("m/x@v0");
+  fs::path file;
+  for (const auto& e : fs::directory_iterator(version)) {
+    if (e.path().extension() == ".safetensors") file = e.path();
+  }
+  ASSERT_FALSE(file.empty()) << "no safetensors file in " << version;
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 4321u);
+  EXPECT_EQ(st.st_gid, readers);
+  EXPECT_EQ(st.st_mode, S_IFREG | 0440);
+  ASSERT_EQ(::stat(version.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode, S_IFDIR | 0550);
+  ASSERT_EQ(::stat(m.Dir("m").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode, S_IFDIR | 0750);  // drafts are made here: the owner may write
+  auto read_as = [&](uid_t uid, gid_t gid) {
+    return AsUser(uid, gid, [&] {
+      int fd = ::open(file.c_str(), O_RDONLY);
+      if (fd < 0) return errno;
+      char b;
+      const int r = ::read(fd, &b, 1) == 1 ? 0 : errno;
+      ::close(fd);
+      return r;
+    });
+  };
+  EXPECT_EQ(read_as(65534, readers), 0);
+  EXPECT_EQ(read_as(65534, 65534), EACCES);
+  EXPECT_EQ(read_as(4321, 65534), 0);
+}
+
 // With --allow-other every user reaches the mount; the kernel checks each access against the
 // owner and mode the mount reports (default_permissions). A draft file made by root with mode
 // 0600 is root's alone; one with 0644 anyone may read but not change; a published version anyone

@@ -140,6 +140,11 @@ TEST_F(InstallTest, PutsTheBinaryTheMountHelpersAndTheUnitUnderThePrefixAndLists
   CommandResult help = Shell(prefix_ + "/sbin/mount.fuse.weightfs --help");
   EXPECT_EQ(help.exit_code, 0) << help.out;
   EXPECT_NE(help.out.find("fuse.weightfs"), std::string::npos) << help.out;
+  // fstab's uid, gid, file_mode and dir_mode are the mount's options (-f: pretend, -v: say).
+  CommandResult fstab = Shell(prefix_ + "/sbin/mount.fuse.weightfs -f -v /b /m -o _netdev,uid=5,gid=6,file-mode=0440,dir_mode=0550 2>&1");
+  EXPECT_EQ(fstab.exit_code, 0) << fstab.out;
+  EXPECT_NE(fstab.out.find("mount /b /m --uid 5 --gid 6 --file-mode 0440 --dir-mode 0550"), std::string::npos) << fstab.out;
+  EXPECT_EQ(fstab.out.find(" -o "), std::string::npos) << fstab.out;
   const std::string unit = SlurpText(prefix_ + "/lib/systemd/system/weightfs@.service");
   EXPECT_NE(unit.find("ExecStart=" + wfs_ + " mount --foreground"), std::string::npos) << unit;
   EXPECT_NE(unit.find("ExecStop=" + wfs_ + " unmount %f"), std::string::npos) << unit;
