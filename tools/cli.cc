@@ -219,6 +219,10 @@ std::string Progress::LineLocked(double now) const {
     std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * static_cast<double>(std::min(done_, total_)) / static_cast<double>(total_));
     line += " of " + Amount(static_cast<double>(total_)) + " (" + pct + ")";
   }
+  // No rate or ETA from the first moments: a rate over a fraction of a second (the setup
+  // before the first byte included) made first lines say "ETA 5 h".
+  constexpr double kRateAfterSeconds = 2;
+  if (elapsed < kRateAfterSeconds) return line;
   if (rate > 0) line += ", " + Amount(rate) + "/s";
   if (total_ > 0 && rate > 0 && done_ < total_) {
     line += ", ETA " + FormatDuration(static_cast<double>(total_ - done_) / rate);

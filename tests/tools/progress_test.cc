@@ -88,6 +88,9 @@ TEST(Progress, WithoutATtyAShortOperationPrintsNothing) {
 TEST(Progress, OnATtyOneLineIsRewrittenInPlaceAndEnded) {
   FakeTerminal t(/*tty=*/true);
   Progress p("pull acme/m@v1", 4096ull * kMiB, t.output());
+  t.At(0.3);
+  p.Update(1 * kMiB);  // a rate over the first moments would say "ETA 20 min": none yet
+  EXPECT_EQ(t.Take(), "\rpull acme/m@v1: 1.0 MiB of 4.0 GiB (0%)\033[K");
   t.At(2);
   p.Update(1024 * kMiB);
   EXPECT_EQ(t.Take(), "\rpull acme/m@v1: 1.0 GiB of 4.0 GiB (25%), 512.0 MiB/s, ETA 6 s\033[K");
