@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/rotating_file_sink.h>
@@ -157,6 +158,54 @@ Status CheckLogDestination(const LogDestination& d) {
   return Status::Ok();
 }
 
+namespace {
+
+// %* in a pattern: the message as the inside of a JSON string (quotes, backslashes and control
+// characters escaped; bytes that are not UTF-8 become U+FFFD).
+class JsonMessageFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+    const auto* p = reinterpret_cast<const unsigned char*>(msg.payload.data());
+    const size_t n = msg.payload.size();
+    auto put = [&](std::string_view s) { dest.append(s.data(), s.data() + s.size()); };
+    for (size_t i = 0; i < n;) {
+      const unsigned char c = p[i];
+      if (c == '"') {
+        put("\\\"");
+      } else if (c == '\\') {
+        put("\\\\");
+      } else if (c == '\n') {
+        put("\\n");
+      } else if (c == '\t') {
+        put("\\t");
+      } else if (c < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", c);
+        put(buf);
+      } else if (c < 0x80) {
+        dest.push_back(static_cast<char>(c));
+      } else {
+        // A UTF-8 sequence: its length from the lead byte, each continuation 10xxxxxx.
+        const size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        bool ok = len != 0 && c >= 0xC2 && i + len <= n;
+        for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xC0) == 0x80;
+        if (!ok) {
+          put("\\ufffd");
+          ++i;
+          continue;
+        }
+        dest.append(reinterpret_cast<const char*>(p + i), reinterpret_cast<const char*>(p + i + len));
+        i += len;
+        continue;
+      }
+      ++i;
+    }
+  }
+  std::unique_ptr<spdlog::custom_flag_formatter> clone() const override { return std::make_unique<JsonMessageFlag>(); }
+};
+
+}  // namespace
+
 Status InstallLog(const LogDestination& d) {
   std::shared_ptr<spdlog::sinks::sink> sink;
   // Files get the pid: a file outlives a daemon, and the next mount appends to it.
@@ -188,7 +237,14 @@ Status InstallLog(const LogDestination& d) {
   }
   auto logger = std::make_shared<spdlog::logger>("weightfs", sink);
   logger->set_level(d.level);
-  logger->set_pattern(pattern);
+  if (d.json) {
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<JsonMessageFlag>('*').set_pattern(
+        R"({"time":"%Y-%m-%dT%H:%M:%S.%e%z","level":"%l","pid":%P,"msg":"%*"})");
+    logger->set_formatter(std::move(formatter));
+  } else {
+    logger->set_pattern(pattern);
+  }
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
   return Status::Ok();

@@ -42,6 +42,8 @@ struct LogDestination {
   std::string path;   // kFile: absolute
   bool rotate = false;  // kFile: the default file under the cache directory is rotated
   spdlog::level::level_enum level = spdlog::level::info;
+  // One JSON object a line ({"time", "level", "pid", "msg"}) for log collectors, not text.
+  bool json = false;
 
   // For messages: "/root/.cache/weightfs/logs/mnt-w.log", "the journal (journalctl ...)".
   std::string Describe() const;

@@ -144,6 +144,8 @@ options:
                        (MOUNT: the mount point's path with '-' for '/'; rotated at
                        16MiB, 3 kept). `--log-file syslog`: syslog, if it runs here
   --log-level LEVEL    error, warn, info, debug                               [info]
+  --log-format FORMAT  text, or json: one object a line, {"time", "level", "pid",
+                       "msg"}, for log collectors (gcsfuse's --log-format)   [text]
   --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
   --region NAME        S3 region                                        [us-east-1]
   --timeout SECONDS    give up on a bucket request (retries included) after this long; the
@@ -392,6 +394,11 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
     c.mount.metadata_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }
   c.log = ChooseMountLog(log_file, c.foreground, c.cache_dir, c.mountpoint, level);
+  const std::string log_format = args.GetOr("--log-format", "text");
+  if (log_format != "text" && log_format != "json") {
+    return Status::InvalidArgument("--log-format takes text or json (got '" + log_format + "')");
+  }
+  c.log.json = log_format == "json";
   WFS_ASSIGN_OR_RETURN(c.store, StoreOptionsFromArgs(args));
   MountOptions& m = c.mount;
   m.mountpoint = c.mountpoint;
@@ -478,7 +485,7 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
 int MountMain(int argc, char** argv, bool quiet) {
   ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval",
-                  "--metadata-timeout", "--uid", "--gid", "--file-mode", "--dir-mode"},
+                  "--metadata-timeout", "--uid", "--gid", "--file-mode", "--dir-mode", "--log-format"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--allow-invalid", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);

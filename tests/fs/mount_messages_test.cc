@@ -1,7 +1,8 @@
 // What `weightfs mount` and the draft commands say about mistakes that used to pass silently or
 // with a bare errno, through real mounts: mounting over a non-empty directory (its files are
 // hidden), a second mount on a cache directory whose drafts another mount owns (drafts are off),
-// and a draft's parent that cannot be set (the reason comes back, not EBUSY/EINVAL alone).
+// and a draft's parent that cannot be set (the reason comes back, not EBUSY/EINVAL alone); the
+// log as JSON lines.
 #include <sys/stat.h>
 #include <sys/xattr.h>
 
@@ -10,6 +11,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/fs/draft_mount.h"
 
@@ -92,6 +94,41 @@ TEST_F(MountMessagesTest, SetParentRefusalsSayWhy) {
 
 // A chunk cache too small to follow a model (a version read whole, or two: N+1 is built from
 // N's chunks in the cache) is said once per model, with the --cache-size that fits.
+// --log-format json: every line of the log is one JSON object with time, level, pid and msg,
+// also for messages holding quotes, backslashes and bytes that are not UTF-8.
+TEST_F(MountMessagesTest, AJsonLogIsOneObjectALineWhateverTheMessagesHold) {
+  Generate("2M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& m = NewMount("a", "--log-format json");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  for (const std::string name : {"m/x@q\"uote", "m/x@back\\slash", "m/x@bad\xff\xfe"}) {
+    EXPECT_EQ(Errno(::mkdir(m.Dir(name).c_str(), 0755)), EINVAL) << name;
+  }
+  ASSERT_EQ(m.Unmount().exit_code, 0);
+  const std::string log = m.LogText();
+  size_t lines = 0, refusals = 0;
+  for (size_t at = 0; at < log.size();) {
+    const size_t end = log.find('\n', at);
+    const std::string line = log.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    at = end == std::string::npos ? log.size() : end + 1;
+    if (line.empty()) continue;
+    ++lines;
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(line)) << line;
+    ASSERT_TRUE(j.is_object()) << line;
+    for (const char* key : {"time", "level", "msg"}) EXPECT_TRUE(j.contains(key) && j[key].is_string()) << key << ": " << line;
+    EXPECT_EQ(j.value("pid", 0), m.pid()) << line;
+    const std::string msg = j.value("msg", "");
+    if (msg.find("not a valid version name") != std::string::npos) {
+      refusals += j.value("level", "") == "warning";  // (the test mounts log at debug: a debug line too)
+      EXPECT_TRUE(msg.find("q\"uote") != std::string::npos || msg.find("back\\slash") != std::string::npos ||
+                  msg.find("bad\ufffd\ufffd") != std::string::npos) << msg;
+    }
+  }
+  EXPECT_GE(lines, 3u) << log;
+  EXPECT_EQ(refusals, 3u) << log;
+}
+
 TEST_F(MountMessagesTest, ACacheTooSmallToFollowAModelIsSaidOnceWithTheSizeThatFits) {
   Generate("1M", 1);
   ASSERT_NO_FATAL_FAILURE(InitWithBase());
