@@ -1111,9 +1111,25 @@ Status FuseServer::Run() {
   // published at the end (the destructor's write): the last numbers stay in it.
   std::unique_ptr<MetricsFile> metrics;
   if (!impl_->options.metrics_file.empty()) {
-    metrics = std::make_unique<MetricsFile>(impl_->options.metrics_file, impl_->options.metrics_interval, [this] {
-      return PrometheusText(StatsJsonOf(*impl_), impl_->options.mountpoint);
-    });
+    metrics = std::make_unique<MetricsFile>(impl_->options.metrics_file, impl_->options.metrics_interval,
+                                            [this](bool final) {
+                                              return PrometheusText(StatsJsonOf(*impl_), impl_->options.mountpoint, !final);
+                                            });
+  }
+  // The scrape endpoint answers while the mount serves (not while its drafts are published at
+  // the end: Prometheus then sees the target down, as it is).
+  std::unique_ptr<MetricsServer> endpoint;
+  if (impl_->options.metrics_port >= 0) {
+    Expected<std::unique_ptr<MetricsServer>> started =
+        MetricsServer::Start(impl_->options.metrics_address, static_cast<uint16_t>(impl_->options.metrics_port), [this] {
+          return PrometheusText(StatsJsonOf(*impl_), impl_->options.mountpoint);
+        });
+    if (!started.ok()) {
+      spdlog::error("{}; the mount serves without it", started.status().message());
+    } else {
+      endpoint = std::move(started).value();
+      spdlog::info("metrics for Prometheus at http://{}:{}/metrics", impl_->options.metrics_address, endpoint->port());
+    }
   }
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_clone_fd(config, 0);
@@ -1121,6 +1137,7 @@ Status FuseServer::Run() {
   fuse_loop_cfg_set_idle_threads(config, static_cast<unsigned>(impl_->options.max_threads));
   int rc = fuse_session_loop_mt(impl_->session, config);
   fuse_loop_cfg_destroy(config);
+  endpoint.reset();
   fuse_session_unmount(impl_->session);
   impl_->mounted = false;
   if (rc < 0) return Status::IOError(std::string("the FUSE session failed: ") + std::strerror(-rc));

@@ -70,6 +70,10 @@ struct MountOptions {
   // mounted; empty: none.
   std::string metrics_file;
   std::chrono::milliseconds metrics_interval{10000};
+  // An HTTP endpoint for Prometheus (fs/metrics.h MetricsServer) on metrics_address:metrics_port;
+  // -1: none.
+  int metrics_port = -1;
+  std::string metrics_address = "127.0.0.1";
   // What a metadata request (lookup, getattr, readdir, xattrs, statfs, readlink) gives the bucket
   // in all, retries included (OperationDeadline): `ls` of a bucket that is down or silent fails
   // with EIO in about this long, not the read timeout. 0: only the per-request bounds.

@@ -1,6 +1,11 @@
 #include "fs/metrics.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -76,11 +81,12 @@ std::string LabelValue(const std::string& s) {
 
 }  // namespace
 
-std::string PrometheusText(const std::string& stats_json, const std::string& mountpoint) {
+std::string PrometheusText(const std::string& stats_json, const std::string& mountpoint, bool up) {
   const nlohmann::json stats = nlohmann::json::parse(stats_json, nullptr, /*allow_exceptions=*/false);
   if (!stats.is_object()) return "";
   const std::string labels = "{mountpoint=\"" + LabelValue(mountpoint) + "\"}";
-  std::string out;
+  std::string out = "# HELP weightfs_up 1 while the mount serves; 0 in the metrics file it left at unmount.\n"
+                    "# TYPE weightfs_up gauge\nweightfs_up" + labels + (up ? " 1\n" : " 0\n");
   for (const Metric& m : kMetrics) {
     const nlohmann::json::json_pointer at(m.pointer);
     if (!stats.contains(at) || !stats[at].is_number()) continue;
@@ -97,13 +103,13 @@ std::string PrometheusText(const std::string& stats_json, const std::string& mou
   return out;
 }
 
-MetricsFile::MetricsFile(std::string path, std::chrono::milliseconds interval, std::function<std::string()> text)
+MetricsFile::MetricsFile(std::string path, std::chrono::milliseconds interval, std::function<std::string(bool)> text)
     : path_(std::move(path)), interval_(interval), text_(std::move(text)) {
   thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       lock.unlock();
-      WriteOnce();
+      WriteOnce(false);
       lock.lock();
       stop_cv_.wait_for(lock, interval_, [this] { return stop_; });
     }
@@ -117,13 +123,13 @@ MetricsFile::~MetricsFile() {
   }
   stop_cv_.notify_all();
   thread_.join();
-  WriteOnce();
+  WriteOnce(true);
 }
 
-void MetricsFile::WriteOnce() {
+void MetricsFile::WriteOnce(bool final) {
   std::string error;
   try {
-    const std::string text = text_();
+    const std::string text = text_(final);
     const std::string tmp = path_ + ".tmp";
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -143,6 +149,112 @@ void MetricsFile::WriteOnce() {
   }
   if (!error.empty() && error != last_error_) spdlog::warn("metrics file: {} (retried every interval)", error);
   last_error_ = error;
+}
+
+Expected<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address, uint16_t port,
+                                                               std::function<std::string()> text) {
+  const std::string where = address + ":" + std::to_string(port);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  if (::inet_pton(AF_INET, address.c_str(), &sa.sin_addr) != 1) {
+    return Status::InvalidArgument("--metrics-port: '" + address + "' is not an IPv4 address (such as 127.0.0.1 or 0.0.0.0)");
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return StatusOfErrno(errno, "metrics endpoint: socket");
+  const int one = 1;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 16) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return StatusOfErrno(err, "metrics endpoint: cannot listen on " + where +
+                                  (err == EADDRINUSE ? " (in use: give another --metrics-port)" : ""));
+  }
+  socklen_t len = sizeof sa;
+  (void)::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  const int wake = ::eventfd(0, EFD_CLOEXEC);
+  if (wake < 0) {
+    const int err = errno;
+    ::close(fd);
+    return StatusOfErrno(err, "metrics endpoint: eventfd");
+  }
+  return std::unique_ptr<MetricsServer>(new MetricsServer(fd, wake, ntohs(sa.sin_port), std::move(text)));
+}
+
+MetricsServer::MetricsServer(int listen_fd, int wake_fd, uint16_t port, std::function<std::string()> text)
+    : listen_fd_(listen_fd), wake_fd_(wake_fd), port_(port), text_(std::move(text)) {
+  thread_ = std::thread([this] { Serve(); });
+}
+
+MetricsServer::~MetricsServer() {
+  const uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
+  thread_.join();
+  ::close(listen_fd_);
+  ::close(wake_fd_);
+}
+
+void MetricsServer::Serve() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("metrics endpoint: poll: {}; no more scrapes are answered", std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    try {
+      Answer(fd);
+    } catch (const std::exception& e) {
+      spdlog::warn("metrics endpoint: {}", e.what());
+    }
+    ::close(fd);
+  }
+}
+
+void MetricsServer::Answer(int fd) {
+  const timeval timeout{5, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  std::string request;
+  char buf[2048];
+  while (request.find("\r\n\r\n") == std::string::npos && request.size() < 16384) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // closed, or silent for 5 s
+    request.append(buf, static_cast<size_t>(n));
+  }
+  const size_t line_end = request.find("\r\n");
+  const std::string line = request.substr(0, line_end);
+  // "GET /metrics HTTP/1.1"
+  const size_t sp1 = line.find(' '), sp2 = line.find(' ', sp1 == std::string::npos ? 0 : sp1 + 1);
+  const std::string method = line.substr(0, sp1);
+  std::string path = sp1 == std::string::npos ? "" : line.substr(sp1 + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp1 - 1);
+  if (const size_t q = path.find('?'); q != std::string::npos) path.resize(q);
+  std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
+  if (method != "GET" && method != "HEAD") {
+    status = "405 Method Not Allowed";
+    type = "text/plain";
+    body = "GET /metrics\n";
+  } else if (path != "/metrics" && path != "/") {
+    status = "404 Not Found";
+    type = "text/plain";
+    body = "the metrics are at /metrics\n";
+  } else {
+    body = text_();
+  }
+  std::string reply = "HTTP/1.1 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " +
+                      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+  if (method != "HEAD") reply += body;
+  for (size_t done = 0; done < reply.size();) {
+    const ssize_t n = ::send(fd, reply.data() + done, reply.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
 }
 
 }  // namespace weightfs

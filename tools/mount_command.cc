@@ -40,6 +40,7 @@
 #include "engine/chunk_cache.h"
 #include "engine/materializer.h"
 #include "fs/fuse_server.h"
+#include "fs/metrics.h"
 #include "fs/mount_point.h"
 #include "sources/open_bucket.h"
 #include "sources/open_store.h"
@@ -139,6 +140,11 @@ options:
                        decode time, queue depths; name it *.prom for node_exporter's
                        textfile collector); `weightfs status MNT --json` shows the same
   --metrics-interval SECONDS  how often FILE is rewritten                     [10]
+                       (its last write, at unmount, says weightfs_up 0)
+  --metrics-port [ADDRESS:]PORT  serve the same metrics over HTTP for Prometheus
+                       to scrape: http://ADDRESS:PORT/metrics, while the mount
+                       serves (weightfs_up 1); ADDRESS 127.0.0.1 unless given
+                       (0.0.0.0: every interface)
   --log-file FILE      log here (appended). Default: stderr in the foreground; the
                        journal when run by systemd; else CACHE_DIR/logs/MOUNT.log
                        (MOUNT: the mount point's path with '-' for '/'; rotated at
@@ -383,6 +389,18 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   std::string log_file = args.GetOr("--log-file", "");
   if (!log_file.empty() && log_file != "syslog") log_file = AbsolutePath(log_file);
   if (auto v = args.Get("--metrics")) c.mount.metrics_file = AbsolutePath(*v);
+  if (auto v = args.Get("--metrics-port")) {
+    // [ADDRESS:]PORT
+    const size_t colon = v->rfind(':');
+    const std::string port = colon == std::string::npos ? *v : v->substr(colon + 1);
+    if (colon != std::string::npos) c.mount.metrics_address = v->substr(0, colon);
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(port.c_str(), &end, 10);
+    if (port.empty() || *end != '\0' || n > 65535) {
+      return Status::InvalidArgument("--metrics-port expects [ADDRESS:]PORT, such as 9101 or 0.0.0.0:9101 (got '" + *v + "')");
+    }
+    c.mount.metrics_port = static_cast<int>(n);
+  }
   if (auto v = args.Get("--metrics-interval")) {
     WFS_ASSIGN_OR_RETURN(double seconds, ParseDouble(*v));
     if (seconds < 0.01 || seconds > 86400) return Status::InvalidArgument("--metrics-interval expects 0.01..86400 seconds");
@@ -485,7 +503,8 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
 int MountMain(int argc, char** argv, bool quiet) {
   ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval",
-                  "--metadata-timeout", "--uid", "--gid", "--file-mode", "--dir-mode", "--log-format"},
+                  "--metadata-timeout", "--uid", "--gid", "--file-mode", "--dir-mode", "--log-format",
+                  "--metrics-port"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--allow-invalid", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);
@@ -516,6 +535,11 @@ int MountMain(int argc, char** argv, bool quiet) {
   if (const std::string& metrics = c.mount.metrics_file; !metrics.empty()) {
     std::ofstream probe_metrics(metrics + ".tmp");  // the daemon writes there, then renames
     if (!probe_metrics) return Fail("cannot write the metrics file " + metrics + " (--metrics)");
+  }
+  if (c.mount.metrics_port > 0) {  // the port is free (the daemon listens on it again)
+    Expected<std::unique_ptr<MetricsServer>> probe_port =
+        MetricsServer::Start(c.mount.metrics_address, static_cast<uint16_t>(c.mount.metrics_port), [] { return std::string(); });
+    if (!probe_port.ok()) return Fail(probe_port.status().message());
   }
   if (c.foreground) return Serve(c, -1);
 

@@ -32,7 +32,7 @@ const std::map<std::string, std::string>& ValueOptions() {
       {"endpoint", "--endpoint"},     {"region", "--region"},         {"timeout", "--timeout"},
       {"metrics", "--metrics"},       {"metrics_interval", "--metrics-interval"},
       {"uid", "--uid"},               {"gid", "--gid"},               {"file_mode", "--file-mode"},
-      {"dir_mode", "--dir-mode"},     {"log_format", "--log-format"},
+      {"dir_mode", "--dir-mode"},     {"log_format", "--log-format"}, {"metrics_port", "--metrics-port"},
   };
   return options;
 }

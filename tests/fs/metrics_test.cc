@@ -1,7 +1,13 @@
 // The metrics of a real mount (`weightfs status --json`, `--prometheus`, `mount --metrics FILE`)
 // move as reads go: a cold read of a version at the end of a delta chain builds every chunk from
 // fetched payloads (depth 3: keyframe and two deltas), and a second mount on the same cache
-// directory serves every chunk from the disk cache, fetching nothing.
+// directory serves every chunk from the disk cache, fetching nothing. `--metrics-port` serves the
+// same text over HTTP while the mount serves.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <string>
 
 #include <gtest/gtest.h>
@@ -87,6 +93,66 @@ TEST_F(MetricsTest, BytesFetchedMaterializedAndCacheHitsMoveWithReads) {
       << prometheus.out;
   Result text = Cli("status " + b.mnt().string());
   EXPECT_NE(text.out.find("from memory or disk cache 100.0%, built 0"), std::string::npos) << text.out;
+}
+
+// A port nothing listens on now (bound, read, closed).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return -1;
+  socklen_t len = sizeof sa;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+// GET http://127.0.0.1:PORT`path`: the whole reply (status line, headers, body), or "" if
+// nothing answers.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    if (fd >= 0) ::close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  (void)!::write(fd, request.data(), request.size());
+  std::string reply;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) reply.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return reply;
+}
+
+TEST_F(MetricsTest, APrometheusEndpointServesTheMetricsWhileTheMountServes) {
+  Generate("1M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  const fs::path prom = root_ / "a.prom";
+  Mount& a = NewMount("a", "--metrics-port " + std::to_string(port) + " --metrics " + prom.string());
+  ASSERT_EQ(a.Start().exit_code, 0) << a.Describe();
+  ExpectSameFiles(a.Dir("m/x@v0"), Source(0));
+  const std::string labels = "{mountpoint=\"" + a.mnt().string() + "\"}";
+  const std::string reply = HttpGet(port, "/metrics");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << reply;
+  EXPECT_NE(reply.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("\nweightfs_up" + labels + " 1\n"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("\n# TYPE weightfs_read_bytes_total counter\n"), std::string::npos) << reply;
+  EXPECT_EQ(HttpGet(port, "/elsewhere").rfind("HTTP/1.1 404", 0), 0u);
+  // The port is taken: a second mount says so and does not start.
+  Mount& b = NewMount("b", "--metrics-port " + std::to_string(port));
+  const Result refused = b.Start();
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.out.find("in use"), std::string::npos) << refused.out;
+  ASSERT_EQ(a.Unmount().exit_code, 0);
+  EXPECT_EQ(HttpGet(port, "/metrics"), "");  // gone with the mount
+  EXPECT_NE(SlurpText(prom).find("weightfs_up" + labels + " 0\n"), std::string::npos) << SlurpText(prom);
 }
 
 }  // namespace
