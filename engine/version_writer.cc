@@ -6,7 +6,6 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -55,9 +54,6 @@ void WarnIfRenamed(Bucket& bucket, const std::shared_ptr<const Manifest>& parent
   }
 }
 
-// The whole-file SHA-256 of a file read by descriptor reads it in pieces of this size.
-constexpr uint64_t kShaPiece = 4ull << 20;
-
 // The bytes CheckSafetensors needs of `data`: its 8 + N header prefix when the first 8 bytes
 // give a length that fits the file (else its first 8 bytes, enough for a verdict). In memory:
 // a view; by descriptor: read into `storage`.
@@ -72,19 +68,19 @@ Expected<std::span<const uint8_t>> HeaderBytes(const FileBytes& data, std::vecto
   return std::span<const uint8_t>(*storage);
 }
 
-// A file's SHA-256 fed by the encode loop's workers, chunk by chunk in file order. Enabled when
-// the plan's chunks tile [0, size) in index order. Thread-safe.
+// A file's SHA-256 fed by the encode loop's workers, chunk by chunk in file order (the chunks
+// must tile the file: Tiles). Thread-safe.
 class OrderedSha {
  public:
-  OrderedSha(const ChunkPlan& plan, uint64_t size) {
+  // Whether the plan's chunks tile [0, size) in index order (PlanChunks promises it).
+  static bool Tiles(const ChunkPlan& plan, uint64_t size) {
     uint64_t at = 0;
     for (const ChunkSpec& c : plan.chunks) {
-      if (c.offset != at) return;
+      if (c.offset != at) return false;
       at += c.length;
     }
-    enabled_ = at == size;
+    return at == size;
   }
-  bool enabled() const { return enabled_; }
 
   // Chunk `index`'s place in the hash: Hash(its bytes) once it is the next to hash; a Turn that
   // ends without hashing (an error, an exception) abandons the hash and wakes every waiter.
@@ -94,7 +90,7 @@ class OrderedSha {
     Turn(const Turn&) = delete;
     Turn& operator=(const Turn&) = delete;
     ~Turn() {
-      if (!sha_.enabled_ || hashed_) return;
+      if (hashed_) return;
       {
         MutexLock lock(sha_.mu_);
         sha_.abandoned_ = true;
@@ -102,7 +98,6 @@ class OrderedSha {
       sha_.cv_.NotifyAll();
     }
     void Hash(std::span<const uint8_t> bytes) {
-      if (!sha_.enabled_) return;
       {
         MutexLock lock(sha_.mu_);
         sha_.cv_.Wait(sha_.mu_, [&]() WFS_REQUIRES(sha_.mu_) { return sha_.next_ == index_ || sha_.abandoned_; });
@@ -131,7 +126,6 @@ class OrderedSha {
   }
 
  private:
-  bool enabled_ = false;
   Mutex mu_;
   CondVar cv_;
   size_t next_ WFS_GUARDED_BY(mu_) = 0;
@@ -273,46 +267,14 @@ Status VersionEncoder::AddFile(const std::string& path, const FileBytes& data, c
   if (pfile) {
     for (size_t i = 0; i < pfile->chunks.size(); ++i) parent_index.emplace(pfile->chunks[i].key, i);
   }
-  // SHA-256 of the whole file. When the plan's chunks tile the file (they do for every file
-  // PlanChunks plans), the chunk loop feeds it in chunk order from each chunk's private copy: the
-  // file is read once, not twice (the second read was a third of the encoder's kernel time).
-  // The loop hands chunks out in order, so a worker waits for its turn at most one chunk's
-  // hashing. Otherwise a thread reads the file alongside the loop. Nothing may escape that
-  // thread, and it is joined on every way out of here (a joinable thread's destructor ends the
-  // process).
-  std::string sha;
-  Status sha_error;
-  OrderedSha ordered(plan, data.size());
-  auto hash_file = [&]() noexcept {
-    try {
-      Sha256 h;
-      if (data.in_memory()) {
-        h.Update(data.memory());
-      } else {
-        std::vector<uint8_t> piece(std::min<uint64_t>(data.size(), kShaPiece));
-        for (uint64_t at = 0; at < data.size(); at += piece.size()) {
-          const std::span<uint8_t> dst(piece.data(), std::min<uint64_t>(piece.size(), data.size() - at));
-          if (Status read = data.Read(at, dst); !read.ok()) {
-            sha_error = read;
-            return;
-          }
-          h.Update(dst);
-        }
-      }
-      sha = h.FinishHex();
-    } catch (...) {
-      sha_error = StatusOfCurrentException("SHA-256");
-    }
-  };
-  constexpr size_t kHashInline = 1 << 20;
-  std::thread sha_thread;
-  if (!ordered.enabled() && data.size() > kHashInline) sha_thread = std::thread(hash_file);
-  struct Joiner {
-    std::thread& thread;
-    ~Joiner() {
-      if (thread.joinable()) thread.join();
-    }
-  } join_sha{sha_thread};
+  // SHA-256 of the whole file, fed by the chunk loop in chunk order from each chunk's private
+  // copy (the plan's chunks tile the file): the file is read once, not twice (a second read was
+  // a third of the encoder's kernel time). The loop hands chunks out in order, so a worker waits
+  // for its turn at most one chunk's hashing.
+  if (!OrderedSha::Tiles(plan, data.size())) {
+    return Status::Corruption("the chunk plan of " + path + " does not tile the file");
+  }
+  OrderedSha ordered;
   std::vector<PendingChunk> pending(plan.chunks.size());
   auto encode_chunk = [&](size_t i, size_t slot) {
     OrderedSha::Turn turn(ordered, i);  // (a chunk left without hashing abandons the hash)
@@ -422,19 +384,9 @@ Status VersionEncoder::AddFile(const std::string& path, const FileBytes& data, c
     MutexLock lock(mu);
     if (st.first_error.ok()) st.first_error = std::move(s);
   }
-  if (sha_thread.joinable()) {
-    sha_thread.join();
-  } else if (ordered.enabled()) {
-    if (std::optional<std::string> hex = ordered.Finish()) {
-      sha = *hex;
-    } else if (st.first_error.ok()) {
-      sha_error = Status::IOError("the file's SHA-256 missed a chunk");
-    }
-  } else {
-    hash_file();
-  }
-  if (st.first_error.ok() && !sha_error.ok()) st.first_error = sha_error.WithContext(path);
   if (!st.first_error.ok()) return st.first_error;
+  const std::optional<std::string> sha = ordered.Finish();
+  if (!sha) return Status::IOError(path + ": the file's SHA-256 missed a chunk");
   if (st.cache && options.cache_new_chunks && !local_abs.empty()) {
     // One index file for the whole file (not a cache file per chunk): the next push, whose
     // parent this version is, finds its bases in it.
@@ -446,7 +398,7 @@ Status VersionEncoder::AddFile(const std::string& path, const FileBytes& data, c
   ManifestFile mf;
   mf.path = path;
   mf.size = data.size();
-  mf.sha256 = sha;
+  mf.sha256 = *sha;
   for (PendingChunk& p : pending) mf.chunks.push_back(p.entry);
   // Fresh chunks remember their pack slot; resolved once the packs have names.
   for (size_t i = 0; i < pending.size(); ++i) {
