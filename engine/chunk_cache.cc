@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/chunk_plan.h"
+#include "engine/file_bytes.h"
 
 namespace weightfs {
 namespace {
@@ -106,21 +107,6 @@ std::string ChunkCache::PathOf(const Hash128& hash) const {
 namespace {
 
 constexpr const char* kRefMagic = "weightfs-chunk-ref 1";  // the legacy one-file-a-chunk form
-
-// Reads up to `size` bytes at `offset`; the number read (less at the end of the file or on an
-// error).
-uint64_t ReadFull(int fd, uint8_t* out, uint64_t size, uint64_t offset) {
-  uint64_t done = 0;
-  while (done < size) {
-    ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      break;
-    }
-    done += static_cast<uint64_t>(n);
-  }
-  return done;
-}
 
 constexpr size_t kDirectAlign = 4096;
 // Chunks from this size on are written O_DIRECT even from an unaligned buffer (through a copy).
@@ -367,7 +353,7 @@ void ChunkCache::ScanRefs() {
       continue;  // replaced or removed since it was listed: the next scan sees what is there
     }
     std::vector<uint8_t> bytes(f.size);
-    if (ReadFull(fd.fd, bytes.data(), f.size, 0) != f.size) {
+    if (PreadUpTo(fd.fd, bytes.data(), f.size, 0) != f.size) {
       DropCorrupt(path, f.dev, f.ino, f.size, "shorter than its size, or unreadable");
       continue;
     }
@@ -500,7 +486,7 @@ bool ChunkCache::GetIndexed(const Hash128& hash, const Output& output) {
   } else {
     // As for chunk files: the caller's copy is what is hashed and served.
     const std::span<uint8_t> out = output(hit.length);
-    if (out.size() != hit.length || ReadFull(fd.fd, out.data(), hit.length, hit.offset) != hit.length) {
+    if (out.size() != hit.length || PreadUpTo(fd.fd, out.data(), hit.length, hit.offset) != hit.length) {
       stale = "is shorter than indexed";
     } else if (HashChunk(out) != hash) {
       stale = "changed in place: bytes [" + std::to_string(hit.offset) + ", +" +
@@ -593,7 +579,7 @@ bool ChunkCache::GetLegacyReference(const Hash128& hash, const Output& output) {
           static_cast<long long>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec == mtime &&
           offset + length <= size) {
         const std::span<uint8_t> out = output(length);
-        ok = out.size() == length && ReadFull(fd.fd, out.data(), length, offset) == length &&
+        ok = out.size() == length && PreadUpTo(fd.fd, out.data(), length, offset) == length &&
              HashChunk(out) == hash;
       }
     }
@@ -652,12 +638,12 @@ bool ChunkCache::GetInto(const Hash128& hash, const Output& output, bool aligned
     if (out.size() == size) {
       got = direct && reinterpret_cast<uintptr_t>(out.data()) % kDirectAlign == 0
                 ? ReadDirect(fd.fd, out.data(), size)
-                : ReadFull(fd.fd, out.data(), size, 0);
+                : PreadUpTo(fd.fd, out.data(), size, 0);
       if (got != size && direct) {
         // The file system would not read it so (or a short read): once more through the page
         // cache before calling it corrupt.
         Fd buffered(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-        got = buffered.fd >= 0 ? ReadFull(buffered.fd, out.data(), size, 0) : 0;
+        got = buffered.fd >= 0 ? PreadUpTo(buffered.fd, out.data(), size, 0) : 0;
       }
     }
     if (got != size) {

@@ -9,6 +9,20 @@
 
 namespace weightfs {
 
+uint64_t PreadUpTo(int fd, uint8_t* out, uint64_t size, uint64_t offset, int* error) {
+  uint64_t done = 0;
+  int err = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    done += static_cast<uint64_t>(n);
+  }
+  if (error != nullptr) *error = err;
+  return done;
+}
+
 Expected<FileBytes> FileBytes::Open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return StatusOfErrno(errno, "opening " + path);
@@ -67,18 +81,12 @@ Status FileBytes::Read(uint64_t offset, std::span<uint8_t> dst) const {
     if (!dst.empty()) std::memcpy(dst.data(), memory_.data() + offset, dst.size());
     return Status::Ok();
   }
-  size_t done = 0;
-  while (done < dst.size()) {
-    const ssize_t n = ::pread(fd_, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return StatusOfErrno(errno, "reading " + name_);
-    if (n == 0) {
-      return Status::IOError(name_ + " ended at " + std::to_string(offset + done) + " bytes while it was read (" +
-                             std::to_string(size_) + " expected): it shrank");
-    }
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
+  int error = 0;
+  const uint64_t got = PreadUpTo(fd_, dst.data(), dst.size(), offset, &error);
+  if (got == dst.size()) return Status::Ok();
+  if (error != 0) return StatusOfErrno(error, "reading " + name_);
+  return Status::IOError(name_ + " ended at " + std::to_string(offset + got) + " bytes while it was read (" +
+                         std::to_string(size_) + " expected): it shrank");
 }
 
 }  // namespace weightfs

@@ -22,6 +22,10 @@
 
 namespace weightfs {
 
+// Reads up to `size` bytes at `offset` (retrying short reads and EINTR): the number read, fewer
+// at the end of the file or on an error, whose errno goes to *error (0 at the end of the file).
+uint64_t PreadUpTo(int fd, uint8_t* out, uint64_t size, uint64_t offset, int* error = nullptr);
+
 class FileBytes {
  public:
   // Bytes in memory.
