@@ -9,6 +9,11 @@ the access key id is its own). This reverse proxy (Python 3 standard library onl
   exists answer 412 with S3's PreconditionFailed XML, else forward the request. Every client that
   goes through this proxy therefore sees S3's atomic create-if-absent.
 
+  Atomic writes. s3rver writes an object in place as its body arrives, so a GET during a PUT
+  can see a truncated object (a manifest of 1 byte), which S3 never shows. Requests on one key
+  are therefore ordered here: a write (PUT of an object, CompleteMultipartUpload, DELETE) waits
+  for the key's reads in flight and runs alone; a read (GET, HEAD) waits for the key's write.
+
   S3 list order. s3rver returns ListObjectsV2 keys in the order it walks its directories
   ("a/c" before "a-z"), not in S3's byte order, and its start-after skips keys because of that.
   A ListObjectsV2 (GET on the bucket with list-type=2) is therefore answered here from
@@ -43,11 +48,54 @@ import threading
 import urllib.parse
 import xml.etree.ElementTree as ET
 from xml.sax.saxutils import escape
+from contextlib import contextmanager, nullcontext
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection",
               "content-length", "expect"}
+
+
+class KeyLocks:
+    """Readers-writer locks by object key; a waiting writer holds off new readers."""
+
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.readers = {}       # key -> reads in flight
+        self.writing = set()    # keys with a write in flight
+        self.waiting = {}       # key -> writers waiting
+
+    @contextmanager
+    def read(self, key):
+        with self.cv:
+            while key in self.writing or self.waiting.get(key):
+                self.cv.wait()
+            self.readers[key] = self.readers.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self.cv:
+                self.readers[key] -= 1
+                if not self.readers[key]:
+                    del self.readers[key]
+                self.cv.notify_all()
+
+    @contextmanager
+    def write(self, key):
+        with self.cv:
+            self.waiting[key] = self.waiting.get(key, 0) + 1
+            while key in self.writing or self.readers.get(key):
+                self.cv.wait()
+            self.waiting[key] -= 1
+            if not self.waiting[key]:
+                del self.waiting[key]
+            self.writing.add(key)
+        try:
+            yield
+        finally:
+            with self.cv:
+                self.writing.discard(key)
+                self.cv.notify_all()
 
 
 class State:
@@ -58,6 +106,7 @@ class State:
         self.host, self.port = t.hostname, t.port or 80
         self.lock = threading.Lock()            # guards everything below
         self.create_lock = threading.Lock()     # serialises conditional writes (HEAD + forward)
+        self.keys = KeyLocks()                  # orders reads and writes of one object
         self.fail = None                        # (status, code, region) or None
         self.fail_count = None                  # None: unlimited
         self.fail_match = ""
@@ -175,11 +224,21 @@ class Handler(BaseHTTPRequestHandler):
         conditional = (self.headers.get("If-None-Match", "").strip() == "*" and
                        ((self.command == "PUT" and "partNumber" not in params) or
                         (self.command == "POST" and "uploadId" in params)))
+        is_object = path.count("/") >= 2
+        writes = is_object and ((self.command == "PUT" and "partNumber" not in params) or
+                                (self.command == "POST" and "uploadId" in params) or
+                                (self.command == "DELETE" and "uploadId" not in params))
+        reads = is_object and self.command in ("GET", "HEAD") and "uploadId" not in params
         if not conditional:
-            self.forward(body)
+            if writes:
+                self.forward(body, st.keys.write(path))
+            elif reads:
+                self.forward(body, st.keys.read(path))
+            else:
+                self.forward(body)
             return
         st.count("conditional")
-        with st.create_lock:
+        with st.create_lock, st.keys.write(path):
             if self.upstream_exists(path):
                 st.count("precondition_failed")
                 self.reply(412, error_xml("PreconditionFailed",
@@ -257,9 +316,11 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             conn.close()
 
-    def forward(self, body):
+    def forward(self, body, held=None):
+        """Relays the request upstream, under `held` (a lock's context) while upstream answers."""
         try:
-            status, headers, data = self.upstream(self.command, self.path, body)
+            with held if held is not None else nullcontext():
+                status, headers, data = self.upstream(self.command, self.path, body)
         except OSError as e:
             self.reply(502, f"upstream unreachable: {e}\n".encode(), "text/plain")
             return
