@@ -194,13 +194,14 @@ Expected<std::shared_ptr<const Manifest>> Bucket::ReadManifest(std::string_view 
 }
 
 Expected<std::shared_ptr<const Manifest>> Bucket::ReadStoredManifest(std::string_view model,
-                                                                     std::string_view version) {
+                                                                     std::string_view version, bool uncached) {
   const std::string key = ManifestKey(model, version);
   // A stored manifest is its JSON or a zstd frame of it (at worst slightly larger): an object
   // beyond that is refused without being read whole.
   const uint64_t max_json = std::min<uint64_t>(max_manifest_json_bytes_, 1ull << 50);
   const uint64_t max_object = max_json + (max_json >> 7) + (1 << 20);
-  Expected<std::vector<uint8_t>> bytes = store_->Get(key, ByteRange{0, max_object + 1});
+  Expected<std::vector<uint8_t>> bytes = uncached ? store_->GetUncached(key, ByteRange{0, max_object + 1})
+                                                  : store_->Get(key, ByteRange{0, max_object + 1});
   if (!bytes.ok()) {
     if (bytes.status().kind() == ErrorKind::kNotFound) {
       return Status::NotFound("version " + std::string(model) + "@" + std::string(version) +
@@ -249,7 +250,7 @@ Expected<size_t> Bucket::Revalidate(std::string_view model, std::span<const std:
     if (std::shared_ptr<const Manifest> m = manifests_.Get(ManifestKey(model, v))) held.emplace_back(v, std::move(m));
   }
   std::vector<Expected<std::shared_ptr<const Manifest>>> read(held.size(), Status::IOError("not read"));
-  Parallel(held.size(), [&](size_t i) { read[i] = ReadStoredManifest(model, held[i].first); });
+  Parallel(held.size(), [&](size_t i) { read[i] = ReadStoredManifest(model, held[i].first, /*uncached=*/true); });
   size_t changed = 0;
   for (size_t i = 0; i < held.size(); ++i) {
     const std::string_view v = held[i].first;
@@ -428,7 +429,7 @@ Status Bucket::PublishManifest(const Manifest& manifest) {
   if (!derived_ && manifest.inherited_from && manifest.parent && format_ == kManifestFormat2) {
     // The parent as it is now: gc may have rewritten it (or retired it) since its rows were
     // copied, and rows of a rewritten head may name payloads and bases that are gone.
-    Expected<std::shared_ptr<const Manifest>> now = ReadStoredManifest(manifest.model, *manifest.parent);
+    Expected<std::shared_ptr<const Manifest>> now = ReadStoredManifest(manifest.model, *manifest.parent, /*uncached=*/true);
     if (!now.ok()) {
       if (now.status().kind() != ErrorKind::kNotFound) return now.status().WithContext("checking the parent");
       return Status::Conflict("the parent " + manifest.model + "@" + *manifest.parent + " of " + manifest.model + "@" +

@@ -179,8 +179,10 @@ class Bucket {
   std::atomic<uint64_t> head_generation_{0};
   std::mutex revalidate_mu_;  // held through a check
   std::map<std::string, Revalidation, std::less<>> revalidated_;  // by model; guarded by revalidate_mu_
-  // ReadManifest without the cache (the result is not put in it).
-  Expected<std::shared_ptr<const Manifest>> ReadStoredManifest(std::string_view model, std::string_view version);
+  // ReadManifest without the cache (the result is not put in it); `uncached`: past any cache
+  // of the store's too (Store::GetUncached), for checks that must see a rewrite.
+  Expected<std::shared_ptr<const Manifest>> ReadStoredManifest(std::string_view model, std::string_view version,
+                                                               bool uncached = false);
   ByteLru<Manifest> manifests_{128ull << 20};  // by ManifestKey
   ByteLru<ManifestFile> files_{128ull << 20};  // by FileKey
   // How many manifests PrefetchManifests reads at most (a chain is at most this deep in

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "engine/shared_tier.h"
 #include "fs/metrics.h"
 #include "fs/mount_point.h"
 #include "fs/patch_view.h"
@@ -692,6 +693,20 @@ std::string StatsJsonOf(const Impl& s) {
     j["bucket"] = {{"requests", c.requests.load()},
                    {"gets", c.gets.load()},
                    {"bytes_received", c.bytes_received.load()}};
+  }
+  if (s.parts.shared) {
+    const SharedTierStats& t = s.parts.shared->stats();
+    j["shared_cache"] = {{"hits", t.hits.load()},
+                         {"misses", t.misses.load()},
+                         {"fills", t.fills.load()},
+                         {"waits", t.waits.load()},
+                         {"wait_timeouts", t.wait_timeouts.load()},
+                         {"corrupt", t.corrupt.load()},
+                         {"errors", t.errors.load()},
+                         {"bypassed", t.bypassed.load()},
+                         {"evictions", t.evictions.load()},
+                         {"bytes_received", t.bytes_received.load()},
+                         {"bytes_filled", t.bytes_filled.load()}};
   }
   if (s.patches) {
     const PatchView::Stats p = s.patches->stats();

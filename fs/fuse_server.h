@@ -82,11 +82,14 @@ struct MountOptions {
 
 // What the server reads from and reports on. All must outlive the server; `cache` and `store`
 // may be null.
+class SharedTierStore;
+
 struct ServerParts {
   Bucket* bucket = nullptr;
   Materializer* materializer = nullptr;
   ChunkCache* cache = nullptr;
-  const CountingStore* store = nullptr;
+  const CountingStore* store = nullptr;  // the bucket (the origin, with a shared tier)
+  const SharedTierStore* shared = nullptr;  // --shared-cache, or null
 };
 
 class FuseServer {

@@ -1,8 +1,11 @@
 #include "sources/open_bucket.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "core/manifest.h"
+#include "engine/shared_tier.h"
 #include "sources/hf/hf_hub.h"
 #include "sources/hf/hf_repo.h"
 
@@ -64,6 +67,27 @@ class ViewStore : public Store {
 
 bool IsHfRepoUrl(const std::string& url) { return url.starts_with("hf://") && !url.starts_with("hf://buckets/"); }
 
+// The shared tier of --shared-cache in front of `opened`'s bucket. Its requests fail fast (a
+// tier that is down or slow must cost little: the read then goes to the bucket).
+Status OpenSharedTier(const std::string& url, const StoreOptions& options, OpenedStore* opened) {
+  StoreOptions tier_options;
+  tier_options.s3_endpoint = options.shared_cache_endpoint.empty() ? options.s3_endpoint : options.shared_cache_endpoint;
+  tier_options.s3_region = options.s3_region;
+  tier_options.http = options.http;
+  tier_options.http.connect_timeout = std::min(tier_options.http.connect_timeout, std::chrono::milliseconds(2'000));
+  tier_options.http.stall_timeout = std::min(tier_options.http.stall_timeout, std::chrono::milliseconds(5'000));
+  tier_options.http.total_timeout = std::min(tier_options.http.total_timeout, std::chrono::milliseconds(15'000));
+  tier_options.http.max_attempts = 2;
+  Expected<OpenedStore> tier = OpenStore(options.shared_cache, tier_options);
+  if (!tier.ok()) return tier.status().WithContext("--shared-cache " + options.shared_cache);
+  SharedTierOptions shared;
+  shared.max_bytes = options.shared_cache_size;
+  opened->tier = tier->store;
+  opened->shared = std::make_shared<SharedTierStore>(opened->store, tier->store, url, shared);
+  spdlog::info("reading {} through the shared cache {}", opened->store->Describe(), tier->store->Describe());
+  return Status::Ok();
+}
+
 }  // namespace
 
 Expected<OpenedBucket> OpenBucketUrl(const std::string& url, const StoreOptions& options, bool any_layout,
@@ -80,10 +104,11 @@ Expected<OpenedBucket> OpenBucketUrl(const std::string& url, const StoreOptions&
     out.bucket = Bucket::FromDerived(out.store.store, std::move(repo));
   } else {
     WFS_ASSIGN_OR_RETURN(out.store, OpenStore(url, options));
+    if (!options.shared_cache.empty()) WFS_TRY(OpenSharedTier(url, options, &out.store));
     if (any_layout) {
-      WFS_ASSIGN_OR_RETURN(out.bucket, OpenBucketAnyLayout(out.store.store, url, trl_model));
+      WFS_ASSIGN_OR_RETURN(out.bucket, OpenBucketAnyLayout(out.store.reads(), url, trl_model));
     } else {
-      WFS_ASSIGN_OR_RETURN(out.bucket, Bucket::Open(out.store.store));
+      WFS_ASSIGN_OR_RETURN(out.bucket, Bucket::Open(out.store.reads()));
     }
   }
   if (hf.ok()) {

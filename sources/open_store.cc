@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/shared_tier.h"
 #include "sources/hf/hf_bucket_store.h"
 #include "sources/hf/hf_hub.h"
 #include "store/local_store.h"
@@ -9,6 +10,11 @@
 #include "store/webdav_store.h"
 
 namespace weightfs {
+
+std::shared_ptr<Store> OpenedStore::reads() const {
+  if (shared) return shared;
+  return store;
+}
 
 Expected<OpenedStore> OpenStore(std::string_view url, const StoreOptions& options) {
   OpenedStore out;

@@ -24,11 +24,24 @@ struct StoreOptions {
   std::string s3_endpoint;  // --endpoint; else AWS_ENDPOINT_URL; else AWS (hf://: HF_S3_ENDPOINT, s3.hf.co)
   std::string s3_region;    // --region; else AWS_REGION / AWS_DEFAULT_REGION / ~/.aws/config
   HttpOptions http;
+  // --shared-cache URL: a store every node of the cluster reaches, read through for the
+  // bucket's packs, tables and heads (engine/shared_tier.h); empty: none. OpenBucketUrl opens it.
+  std::string shared_cache;
+  std::string shared_cache_endpoint;  // --shared-cache-endpoint, for an s3:// tier (default: --endpoint)
+  uint64_t shared_cache_size = 0;     // --shared-cache-size; 0: the tier's lifecycle rules bound it
 };
 
+class SharedTierStore;
+
 struct OpenedStore {
-  std::shared_ptr<CountingStore> store;
-  std::shared_ptr<HttpClient> http;  // null for local stores
+  std::shared_ptr<CountingStore> store;  // the bucket: counts what is asked of it (the origin)
+  std::shared_ptr<HttpClient> http;      // null for local stores
+  // With --shared-cache: what the bucket is read through (it wraps `store`), and the tier's own
+  // counts; null without one.
+  std::shared_ptr<SharedTierStore> shared;
+  std::shared_ptr<CountingStore> tier;
+  // What a Bucket reads and writes through: `shared` when there is one, else `store`.
+  std::shared_ptr<Store> reads() const;
 };
 
 Expected<OpenedStore> OpenStore(std::string_view url, const StoreOptions& options = {});

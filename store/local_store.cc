@@ -203,7 +203,10 @@ Expected<ListPage> LocalStore::List(std::string_view prefix, std::string_view co
       if (!it->is_regular_file()) continue;
       if (rel.compare(0, prefix.size(), prefix) != 0) continue;
       if (!continuation.empty() && rel <= continuation) continue;
-      all.push_back(ObjectInfo{rel, static_cast<uint64_t>(it->file_size(ec))});
+      struct stat st {};
+      const bool stated = ::stat(it->path().c_str(), &st) == 0;
+      all.push_back(ObjectInfo{rel, stated ? static_cast<uint64_t>(st.st_size) : static_cast<uint64_t>(it->file_size(ec)),
+                               stated ? static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000 : 0});
     }
   }
   if (ec) return ErrnoStatus(ec.value(), "list " + start);

@@ -7,6 +7,8 @@
 #include <cctype>
 #include <atomic>
 #include <charconv>
+#include <cstdio>
+#include <ctime>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -204,7 +206,17 @@ Expected<ListResult> ParseListObjectsV2(std::string_view body) {
     if (size_text.empty() || ec != std::errc() || p != size_text.data() + size_text.size()) {
       return Status::Corruption("listing entry has a bad <Size> '" + size_text.substr(0, 32) + "'");
     }
-    out.contents.push_back(ObjectInfo{key->text, size});
+    // LastModified: ISO 8601 UTC ("2026-12-05T22:17:35.000Z"); 0 when missing or unreadable.
+    int64_t modified_ms = 0;
+    std::tm tm{};
+    const std::string modified = TrimSpace(c.ChildText("LastModified"));
+    if (sscanf(modified.c_str(), "%d-%d-%dT%d:%d:%d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+               &tm.tm_sec) == 6) {
+      tm.tm_year -= 1900;
+      tm.tm_mon -= 1;
+      modified_ms = static_cast<int64_t>(timegm(&tm)) * 1000;
+    }
+    out.contents.push_back(ObjectInfo{key->text, size, modified_ms});
   }
   const std::string truncated = TrimSpace(doc.ChildText("IsTruncated"));
   if (truncated == "true") out.truncated = true;
@@ -1011,7 +1023,7 @@ Expected<ListPage> S3Store::List(std::string_view prefix, std::string_view conti
         spdlog::debug("{}: skipping key '{}' that weightfs would not write", what, rel.substr(0, 200));
         continue;
       }
-      page.objects.push_back(ObjectInfo{std::move(rel), obj.size});
+      page.objects.push_back(ObjectInfo{std::move(rel), obj.size, obj.modified_ms});
     }
     if (!parsed->truncated) {
       page.continuation.clear();

@@ -31,6 +31,7 @@ struct ByteRange {
 struct ObjectInfo {
   std::string key;
   uint64_t size = 0;
+  int64_t modified_ms = 0;  // from List: last modification, Unix ms by the store's clock; 0: unknown
 };
 
 struct ListPage {
@@ -62,6 +63,13 @@ class Store {
   // (local files) skips the zero-filled vector, its page faults and a copy; a chain's payloads
   // go into reused buffers. The default calls Get and copies.
   virtual Status GetInto(std::string_view key, ByteRange range, ByteBuffer* out);
+  // Get from the bucket itself, past any cache of its objects in between (a shared tier:
+  // engine/shared_tier.h): for a read that must see an object rewritten in place since
+  // (Bucket::Revalidate). The default is Get.
+  virtual Expected<std::vector<uint8_t>> GetUncached(std::string_view key,
+                                                     std::optional<ByteRange> range = std::nullopt) {
+    return Get(key, range);
+  }
   // Stores `data` under `key`. Readers never see a partially written object.
   virtual Status Put(std::string_view key, std::span<const uint8_t> data,
                      PutMode mode = PutMode::kOverwrite) = 0;

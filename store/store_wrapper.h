@@ -21,6 +21,10 @@ class StoreWrapper : public Store {
                                      std::optional<ByteRange> range = std::nullopt) override {
     return inner_->Get(key, range);
   }
+  Expected<std::vector<uint8_t>> GetUncached(std::string_view key,
+                                             std::optional<ByteRange> range = std::nullopt) override {
+    return inner_->GetUncached(key, range);
+  }
   Status Put(std::string_view key, std::span<const uint8_t> data,
              PutMode mode = PutMode::kOverwrite) override {
     return inner_->Put(key, data, mode);
@@ -55,6 +59,14 @@ class CountingStore : public StoreWrapper {
     counters_.requests++;
     counters_.gets++;
     auto r = inner_->Get(key, range);
+    if (r.ok()) counters_.bytes_received += r->size();
+    return r;
+  }
+  Expected<std::vector<uint8_t>> GetUncached(std::string_view key,
+                                             std::optional<ByteRange> range = std::nullopt) override {
+    counters_.requests++;
+    counters_.gets++;
+    auto r = inner_->GetUncached(key, range);
     if (r.ok()) counters_.bytes_received += r->size();
     return r;
   }

@@ -23,10 +23,7 @@ constexpr int kUploadTries = 3;
 // A PROPFIND answer larger than this is refused (about a million entries of one collection).
 constexpr uint64_t kMaxPropfindBytes = uint64_t{256} << 20;
 
-constexpr std::string_view kPropfindBody =
-    "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n"
-    "<D:propfind xmlns:D=\"DAV:\"><D:prop><D:resourcetype/><D:getcontentlength/></D:prop></D:propfind>\n";
-// The same with modification times, for the temporaries.
+// Listings ask for modification times too (ObjectInfo::modified_ms; the temporaries' ages).
 constexpr std::string_view kPropfindWithTimesBody =
     "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n"
     "<D:propfind xmlns:D=\"DAV:\"><D:prop><D:resourcetype/><D:getcontentlength/><D:getlastmodified/>"
@@ -574,7 +571,7 @@ std::optional<std::string> WebDavStore::RelativeName(std::string_view href) cons
 Status WebDavStore::Walk(const std::string& dir, std::string_view prefix, std::string_view continuation, size_t limit,
                          std::vector<ObjectInfo>& out) {
   const std::string url = base_ + prefix_ + "/" + (dir.empty() ? "" : UrlEncode(dir, true) + "/");
-  const std::string_view body_text = kPropfindBody;
+  const std::string_view body_text = kPropfindWithTimesBody;
   const std::span<const uint8_t> body(reinterpret_cast<const uint8_t*>(body_text.data()), body_text.size());
   WFS_ASSIGN_OR_RETURN(HttpResponse r, Send("PROPFIND", url,
                                             {{"Depth", "1"}, {"Content-Type", "application/xml; charset=utf-8"}},
@@ -589,6 +586,7 @@ Status WebDavStore::Walk(const std::string& dir, std::string_view prefix, std::s
     std::string name;
     bool collection;
     std::optional<uint64_t> length;
+    std::optional<int64_t> modified_ms;
   };
   std::vector<Child> children;
   for (DavEntry& e : *parsed) {
@@ -605,7 +603,7 @@ Status WebDavStore::Walk(const std::string& dir, std::string_view prefix, std::s
       spdlog::debug("webdav PROPFIND {}: ignoring an entry whose name is not a valid key", url);
       continue;
     }
-    children.push_back({e.collection ? *rel + "/" : *rel, std::move(*rel), e.collection, e.length});
+    children.push_back({e.collection ? *rel + "/" : *rel, std::move(*rel), e.collection, e.length, e.modified_ms});
   }
   std::sort(children.begin(), children.end(), [](const Child& a, const Child& b) { return a.sort_key < b.sort_key; });
 
@@ -630,7 +628,7 @@ Status WebDavStore::Walk(const std::string& dir, std::string_view prefix, std::s
       if (!s.ok()) return s.status();
       size = *s;
     }
-    out.push_back(ObjectInfo{std::move(c.name), size});
+    out.push_back(ObjectInfo{std::move(c.name), size, c.modified_ms.value_or(0)});
   }
   return Status::Ok();
 }

@@ -476,7 +476,7 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
 // ---- pull / verify / cat ------------------------------------------------------------------------
 
 int PullMain(int argc, char** argv) {
-  ArgParser args(Concat(kCommonValues, {"--cache-dir", "--cache-size", "--threads"}),
+  ArgParser args(Concat(Concat(kCommonValues, {"--cache-dir", "--cache-size", "--threads"}), kSharedCacheValues),
                  Concat(kCommonFlags, {"--no-cache", "--stats"}));
   std::string help = std::string(R"(usage: weightfs pull BUCKET MODEL@VERSION DEST [options]
 
@@ -486,7 +486,7 @@ Every chunk is verified before it is written; each file is written as FILE.weigh
 and renamed only once its SHA-256 matches the manifest.
 
 options:
-)") + kCacheHelp + kBucketHelp;
+)") + kCacheHelp + kSharedCacheHelp + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 3, 3)) return *rc;
   const auto& pos = args.positionals();
   Expected<VersionRef> ref = ParseVersionRef(pos[1], true);
@@ -548,7 +548,8 @@ options:
 }
 
 int CatMain(int argc, char** argv) {
-  ArgParser args(Concat(kCommonValues, {"--cache-dir", "--cache-size", "--offset", "--length", "--threads"}),
+  ArgParser args(Concat(Concat(kCommonValues, {"--cache-dir", "--cache-size", "--offset", "--length", "--threads"}),
+                        kSharedCacheValues),
                  Concat(kCommonFlags, {"--no-cache", "--stats"}));
   std::string help = std::string(R"(usage: weightfs cat BUCKET MODEL@VERSION/FILE [options]
 
@@ -558,7 +559,7 @@ the range covers.
 options:
   --offset N           first byte                                             [0]
   --length N           bytes to write                                         [to the end]
-)") + kCacheHelp + kBucketHelp;
+)") + kCacheHelp + kSharedCacheHelp + kBucketHelp;
   if (auto rc = ParseOrHelp(args, argc, argv, help, 2, 2)) return *rc;
   const auto& pos = args.positionals();
   const std::string& spec = pos[1];

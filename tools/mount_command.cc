@@ -152,6 +152,19 @@ options:
   --log-level LEVEL    error, warn, info, debug                               [info]
   --log-format FORMAT  text, or json: one object a line, {"time", "level", "pid",
                        "msg"}, for log collectors (gcsfuse's --log-format)   [text]
+  --shared-cache URL   read the bucket's packs, tables and heads through a store every
+                       node of the cluster reaches (s3://, http(s):// WebDAV, or a
+                       directory on NFS/Lustre): the first node to need an object
+                       fetches it from the bucket and puts it there, the others read
+                       it from there, so K nodes following a run cost the bucket one
+                       node's bytes. Everything read from it is checked; a tier that
+                       is down or damaged costs speed, never a wrong byte or an error.
+                       `weightfs status --json` counts it under shared_cache and the
+                       bucket (origin) under bucket (docs/shared-cache.md)
+  --shared-cache-size BYTES  keep the tier under this (objects filled longest ago
+                       are removed); default: unbounded, for the store's own
+                       lifecycle rules to bound
+  --shared-cache-endpoint URL  S3 endpoint of an s3:// tier          [--endpoint]
   --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
   --region NAME        S3 region                                        [us-east-1]
   --timeout SECONDS    give up on a bucket request (retries included) after this long; the
@@ -281,7 +294,8 @@ int Serve(const MountConfig& c, int notify_fd) {
   opened->bucket->set_max_manifest_json_bytes(c.mount.reader.memory_limit / 4);
   opened->bucket->set_metadata_budget(ChunkReader::MetadataBudget(c.mount.reader.memory_limit));
   Materializer materializer(opened->bucket.get(), opened->cache.get());
-  ServerParts parts{opened->bucket.get(), &materializer, opened->cache.get(), opened->store.store.get()};
+  ServerParts parts{opened->bucket.get(), &materializer, opened->cache.get(), opened->store.store.get(),
+                    opened->store.shared.get()};
   MountOptions mount_options = c.mount;
   if (opened->bucket->derived()) {
     // Versions derived from another layout (TRL) cannot take new versions: no drafts, so mkdir
@@ -504,7 +518,7 @@ int MountMain(int argc, char** argv, bool quiet) {
   ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval",
                   "--metadata-timeout", "--uid", "--gid", "--file-mode", "--dir-mode", "--log-format",
-                  "--metrics-port"},
+                  "--metrics-port", "--shared-cache", "--shared-cache-size", "--shared-cache-endpoint"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--allow-invalid", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);

@@ -33,6 +33,8 @@ const std::map<std::string, std::string>& ValueOptions() {
       {"metrics", "--metrics"},       {"metrics_interval", "--metrics-interval"},
       {"uid", "--uid"},               {"gid", "--gid"},               {"file_mode", "--file-mode"},
       {"dir_mode", "--dir-mode"},     {"log_format", "--log-format"}, {"metrics_port", "--metrics-port"},
+      {"shared_cache", "--shared-cache"}, {"shared_cache_size", "--shared-cache-size"},
+      {"shared_cache_endpoint", "--shared-cache-endpoint"},
   };
   return options;
 }

@@ -103,11 +103,12 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& path)
 
 int PatchMain(int argc, char** argv) {
   ArgParser args({"--from", "-o", "--output", "--cache-dir", "--cache-size", "--threads", "--endpoint", "--region",
-                  "--timeout", "--log-level"},
+                  "--timeout", "--log-level", "--shared-cache", "--shared-cache-size", "--shared-cache-endpoint"},
                  {"--help", "-h", "--no-cache", "--stats"});
   Status parsed = args.Parse(argc, argv, 1);
   if (args.Has("--help") || args.Has("-h")) {
     std::fputs(kPatchHelp, stdout);
+    std::fputs(kSharedCacheHelp, stdout);
     return 0;
   }
   auto usage = [&](const std::string& m) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "sources/open_bucket.h"
@@ -15,7 +16,12 @@ namespace weightfs::cli {
 // $WEIGHTFS_CACHE_DIR, else $XDG_CACHE_HOME/weightfs, else ~/.cache/weightfs.
 std::string DefaultCacheDir();
 
-// StoreOptions from --endpoint, --region and --timeout SECONDS.
+// StoreOptions from --endpoint, --region, --timeout SECONDS and, for the commands that read
+// (mount, pull, cat, patch), --shared-cache URL, --shared-cache-size, --shared-cache-endpoint.
 Expected<StoreOptions> StoreOptionsFromArgs(const ArgParser& args);
+
+// The options of the shared cache tier, for the commands that take them: their names and help.
+extern const std::vector<std::string> kSharedCacheValues;
+extern const char* const kSharedCacheHelp;
 
 }  // namespace weightfs::cli
