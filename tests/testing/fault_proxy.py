@@ -29,7 +29,8 @@ With --host-header target, Host is set to the target's and an absolute Destinati
 the proxy is rewritten to name the target. Hop-by-hop headers are not forwarded.
 
 GET /.fault-proxy/stats answers (without forwarding) a JSON object of counters:
-requests, forwarded, errors, stalls, resets, and received_<METHOD> per method (counted when the
+requests, forwarded, errors, stalls, resets, sent_bytes_<METHOD> (response body bytes relayed to
+clients, per method: what the server behind served), and received_<METHOD> per method (counted when the
 request has arrived, before it is stalled or forwarded: a test can tell that a request is in
 the proxy's hands), and for requests with a Destination (WebDAV MOVE) received_<METHOD>_to_<the
 destination's folder>.
@@ -72,9 +73,9 @@ class Config:
         self.stats = {"requests": 0, "forwarded": 0, "errors": 0, "stalls": 0, "resets": 0}
         self.stats_lock = threading.Lock()
 
-    def count(self, name):
+    def count(self, name, n=1):
         with self.stats_lock:
-            self.stats[name] = self.stats.get(name, 0) + 1
+            self.stats[name] = self.stats.get(name, 0) + n
 
     def mode(self):
         if self.args.down:
@@ -277,6 +278,7 @@ class Handler(BaseHTTPRequestHandler):
 
         def write(data):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+            cfg.count("sent_bytes_" + self.command, len(data))
 
         if stall_body:
             # Half of the body (or its first piece when the length is unknown), then silence.
