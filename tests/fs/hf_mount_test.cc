@@ -212,6 +212,37 @@ TEST_F(HfMountTest, BaseInAModelRepoDeltasInAnHfBucket) {
   for (const std::string& out : {init.out, p1.out, p2.out}) EXPECT_EQ(out.find(kToken), std::string::npos);
 }
 
+// Four nodes reading one step through a shared tier (--shared-cache, a WebDAV tier on nginx)
+// cost the Hub the resolves of one node reading it alone (+10%), not four times them.
+TEST_F(HfMountTest, FourNodesThroughASharedTierCostTheResolvesOfOne) {
+  const std::string bucket = "hf://buckets/wfs-test/runs";
+  ASSERT_EQ(Cli("init " + bucket).exit_code, 0);
+  for (int k = 0; k < 2; ++k) {
+    Result p = Cli("push " + bucket + " acme/m@step-" + std::to_string(k) + " " +
+                   (root_ / ("gen/v00" + std::to_string(k))).string() + " --cache-dir " + (root_ / "push-cache").string());
+    ASSERT_EQ(p.exit_code, 0) << p.out;
+  }
+  auto read_step = [&](const fs::path& mnt) { ExpectSameFiles(mnt / "acme/m@step-1", root_ / "gen/v001"); };
+  ASSERT_TRUE(hub_.Reset());
+  read_step(Mount(bucket, "alone"));
+  const uint64_t one = hub_.Stats()["resolver_requests"].get<uint64_t>();
+
+  test::NginxServer nginx;
+  ASSERT_TRUE(nginx.Start());
+  ASSERT_TRUE(hub_.Reset());  // (the mounts' own reads count too, as the lone node's did)
+  std::vector<fs::path> nodes;
+  for (int k = 0; k < 4; ++k) nodes.push_back(Mount(bucket, "node" + std::to_string(k), "--shared-cache " + nginx.url() + "/tier"));
+  std::vector<std::thread> readers;
+  for (const fs::path& n : nodes) readers.emplace_back([&, n] { read_step(n); });
+  for (std::thread& t : readers) t.join();
+  const uint64_t four = hub_.Stats()["resolver_requests"].get<uint64_t>();
+  std::printf("[ metric ] one step read by 1 node alone: %llu resolver calls; by 4 nodes through a shared tier: %llu\n",
+              (unsigned long long)one, (unsigned long long)four);
+  EXPECT_GT(one, 0u);
+  EXPECT_LE(static_cast<double>(four), static_cast<double>(one) * 1.1);
+  mounts_.clear();  // before nginx goes
+}
+
 TEST_F(HfMountTest, AModelRepoMountsAsOneReadOnlyVersion) {
   const fs::path mnt = Mount("hf://acme/base@main", "repo");
   ExpectSameFiles(mnt / "acme/base@main", root_ / "gen/v000");
