@@ -67,11 +67,19 @@ SharedTierStore::SharedTierStore(std::shared_ptr<Store> origin, std::shared_ptr<
   if (options_.node.empty()) options_.node = DefaultNode();
   options_.slice_bytes = std::max<uint64_t>(options_.slice_bytes, 64 << 10);
   options_.block_bytes = std::clamp<uint32_t>(options_.block_bytes, 4 << 10, 16 << 20);
+  for (int i = 0; i < kPutThreads; ++i) putters_.emplace_back([this] { PutLoop(); });
   const Hash128 id = HashChunk(std::span(reinterpret_cast<const uint8_t*>(bucket_id.data()), bucket_id.size()));
   prefix_ = "weightfs-tier/" + id.ToHex().substr(0, 16) + "/";
 }
 
-SharedTierStore::~SharedTierStore() = default;
+SharedTierStore::~SharedTierStore() {
+  {
+    MutexLock lock(put_mu_);
+    stopping_ = true;
+    put_cv_.NotifyAll();
+  }
+  for (std::thread& t : putters_) t.join();
+}
 
 SharedTierStore::Kind SharedTierStore::KindOf(std::string_view key) {
   if (key.starts_with("packs/") || key.starts_with("tables/")) return Kind::kSliced;
@@ -202,8 +210,25 @@ Expected<std::optional<std::pair<std::vector<uint8_t>, uint64_t>>> SharedTierSto
     stats_.bytes_received += bytes->size();
     return Piece{std::move(bytes).value(), header.length};
   };
+  // A slice this process filled whose put is still on its way: from memory.
+  auto from_pending = [&]() -> std::optional<Piece> {
+    std::shared_ptr<const std::vector<uint8_t>> d;
+    {
+      MutexLock lock(put_mu_);
+      auto it = pending_.find(tier_key);
+      if (it == pending_.end()) return std::nullopt;
+      d = it->second;
+    }
+    if (offset > d->size()) return Piece{{}, d->size()};
+    const uint64_t n = std::min<uint64_t>(length, d->size() - offset);
+    return Piece{std::vector<uint8_t>(d->begin() + static_cast<ptrdiff_t>(offset),
+                                      d->begin() + static_cast<ptrdiff_t>(offset + n)),
+                 d->size()};
+  };
+  if (auto mine = from_pending()) return mine;
   if (auto hit = from_tier()) return hit;
   if (BackingOff()) return std::optional<Piece>();
+  if (auto mine = from_pending()) return mine;  // filled meanwhile by another thread
   stats_.misses++;
   WFS_ASSIGN_OR_RETURN(FillResult fill, Fill(key, kind, index, /*recheck=*/stats_.corrupt.load() == corrupt_before));
   if (fill.data) {
@@ -425,7 +450,34 @@ Expected<SharedTierStore::FillResult> SharedTierStore::FillAcrossNodes(std::stri
 Expected<std::vector<uint8_t>> SharedTierStore::FetchSlice(std::string_view key, Kind kind, uint64_t index) {
   // A head is read whole (one byte more than a slice tells one too large for the tier).
   if (kind == Kind::kTimed) return inner_->Get(key, ByteRange{0, options_.slice_bytes + 1});
-  return inner_->Get(key, ByteRange{index * options_.slice_bytes, options_.slice_bytes});
+  // In parts, side by side: one stream from S3 or the Hub's CDN carries ~100 MB/s, and the
+  // readers of the slice wait for all of it. A part that comes back short is where the object
+  // ends; the parts after it are past the end (empty, or an error that does not matter).
+  const uint64_t start = index * options_.slice_bytes;
+  const uint64_t parts = std::clamp<uint64_t>(options_.slice_bytes / (16 << 10), 1, options_.fetch_parts);
+  const uint64_t part = (options_.slice_bytes + parts - 1) / parts;
+  std::vector<std::future<Expected<std::vector<uint8_t>>>> rest;
+  const std::string k(key);
+  for (uint64_t i = 1; i < parts; ++i) {
+    rest.push_back(std::async(std::launch::async, [this, k, at = start + i * part, n = std::min(part, options_.slice_bytes - i * part)] {
+      return inner_->Get(k, ByteRange{at, n});
+    }));
+  }
+  Expected<std::vector<uint8_t>> first = inner_->Get(key, ByteRange{start, std::min(part, options_.slice_bytes)});
+  std::vector<Expected<std::vector<uint8_t>>> got;
+  got.push_back(std::move(first));
+  for (auto& f : rest) got.push_back(f.get());
+  std::vector<uint8_t> out;
+  for (uint64_t i = 0; i < parts; ++i) {
+    if (!got[i].ok()) return got[i].status();
+    if (i == 0) {
+      out = std::move(got[0]).value();
+    } else {
+      out.insert(out.end(), got[i]->begin(), got[i]->end());
+    }
+    if (out.size() < (i + 1) * part) break;  // the object ends in this part
+  }
+  return out;
 }
 
 std::vector<uint8_t> SharedTierStore::BuildObject(std::string_view key, uint64_t offset,
@@ -460,28 +512,72 @@ std::vector<uint8_t> SharedTierStore::BuildObject(std::string_view key, uint64_t
 
 Expected<SharedTierStore::FillResult> SharedTierStore::FetchAndPut(std::string_view key, Kind kind, uint64_t index,
                                                                    const std::string& tier_key) {
-  const std::string marker = tier_key + kFillSuffix;
   Expected<std::vector<uint8_t>> fetched = FetchSlice(key, kind, index);
   if (!fetched.ok() || fetched->size() > options_.slice_bytes) {
-    (void)tier_->Delete(marker);
+    (void)tier_->Delete(tier_key + kFillSuffix);
     if (!fetched.ok()) return fetched.status();
     return FillResult{std::make_shared<const std::vector<uint8_t>>(std::move(fetched).value()), false};
   }
-  auto data = std::make_shared<const std::vector<uint8_t>>(std::move(fetched).value());
+  PendingPut put{std::string(key), kind, index, tier_key,
+                 std::make_shared<const std::vector<uint8_t>>(std::move(fetched).value())};
+  FillResult result{put.data, false};
+  // The reader has its bytes now; the tier gets them behind it (other nodes wait on the marker,
+  // which goes once they are in; this process reads them from pending_ meanwhile). A full
+  // queue puts them here.
+  {
+    MutexLock lock(put_mu_);
+    pending_[tier_key] = put.data;
+    if (queued_bytes_ + put.data->size() <= kMaxQueuedSlices * options_.slice_bytes || puts_.empty()) {
+      queued_bytes_ += put.data->size();
+      puts_.push_back(std::move(put));
+      put_cv_.NotifyAll();
+      return result;
+    }
+  }
+  PutFilled(put);
+  MutexLock lock(put_mu_);
+  pending_.erase(tier_key);
+  return result;
+}
+
+void SharedTierStore::PutFilled(const PendingPut& p) {
   auto header = std::make_shared<Header>();
   const std::vector<uint8_t> object =
-      BuildObject(key, kind == Kind::kTimed ? 0 : index * options_.slice_bytes, *data, header.get());
-  Status put = tier_->Put(tier_key, object);
-  (void)tier_->Delete(marker);
+      BuildObject(p.key, p.kind == Kind::kTimed ? 0 : p.index * options_.slice_bytes, *p.data, header.get());
+  Status put = tier_->Put(p.tier_key, object);
+  (void)tier_->Delete(p.tier_key + kFillSuffix);
   if (!put.ok()) {
     TierFailed(put);
-    return FillResult{data, false};
+    return;
   }
   stats_.fills++;
   stats_.bytes_filled += object.size();
-  headers_.Put(tier_key, header, header->header_bytes + sizeof(Header));
+  headers_.Erase(p.tier_key);
+  headers_.Put(p.tier_key, header, header->header_bytes + sizeof(Header));
   MaybeEvict(object.size());
-  return FillResult{data, true};
+}
+
+void SharedTierStore::PutLoop() {
+  MutexLock lock(put_mu_);
+  while (true) {
+    put_cv_.Wait(put_mu_, [&]() WFS_REQUIRES(put_mu_) { return stopping_ || !puts_.empty(); });
+    if (puts_.empty()) return;  // stopping, and every put done
+    PendingPut p = std::move(puts_.front());
+    puts_.pop_front();
+    ++putting_;
+    lock.Unlock();
+    PutFilled(p);
+    lock.Lock();
+    --putting_;
+    queued_bytes_ -= p.data->size();
+    pending_.erase(p.tier_key);
+    put_cv_.NotifyAll();
+  }
+}
+
+void SharedTierStore::Flush() {
+  MutexLock lock(put_mu_);
+  put_cv_.Wait(put_mu_, [&]() WFS_REQUIRES(put_mu_) { return puts_.empty() && putting_ == 0; });
 }
 
 void SharedTierStore::MaybeEvict(uint64_t filled_now) {

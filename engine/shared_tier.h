@@ -36,6 +36,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <cstdint>
 #include <future>
 #include <map>
@@ -43,6 +44,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "core/mutex.h"
 #include "engine/byte_lru.h"
@@ -58,6 +61,8 @@ struct SharedTierOptions {
   // Each slice is checked in blocks of this size: a reader of one payload reads (and checks)
   // only the blocks it needs.
   uint32_t block_bytes = 64u << 10;
+  // A fill fetches its slice from the bucket in this many ranged reads at once.
+  uint64_t fetch_parts = 4;
   // A fill marker says the filler is done or dead after this long (it fetches one slice).
   std::chrono::milliseconds fill_timeout{60'000};
   // The longest a node waits for another node's fill before fetching the bucket itself.
@@ -99,6 +104,9 @@ class SharedTierStore : public StoreWrapper {
   Expected<std::vector<uint8_t>> Get(std::string_view key, std::optional<ByteRange> range = std::nullopt) override;
   Expected<std::vector<uint8_t>> GetUncached(std::string_view key, std::optional<ByteRange> range = std::nullopt) override;
 
+  // Returns once every fill this process fetched is in the tier (or failed to go there).
+  void Flush();
+
   const SharedTierStats& stats() const { return stats_; }
   const std::string& tier_prefix() const { return prefix_; }
   std::string DescribeTier() const { return tier_->Describe(); }
@@ -132,7 +140,18 @@ class SharedTierStore : public StoreWrapper {
   Expected<FillResult> Fill(std::string_view key, Kind kind, uint64_t index, bool recheck);
   Expected<FillResult> FillAcrossNodes(std::string_view key, Kind kind, uint64_t index, bool recheck);
   // Fetches the slice from the bucket and puts it into the tier.
+  // Fetches the slice from the bucket for its reader, and queues it for the tier.
   Expected<FillResult> FetchAndPut(std::string_view key, Kind kind, uint64_t index, const std::string& tier_key);
+  // A fetched slice on its way into the tier; its fill marker goes once it is there.
+  struct PendingPut {
+    std::string key;
+    Kind kind;
+    uint64_t index;
+    std::string tier_key;
+    std::shared_ptr<const std::vector<uint8_t>> data;
+  };
+  void PutFilled(const PendingPut& p);
+  void PutLoop();
   // The tier object of `data` (the bytes at `offset` of `key`): header, block hashes, bytes.
   std::vector<uint8_t> BuildObject(std::string_view key, uint64_t offset, std::span<const uint8_t> data,
                                    Header* header) const;
@@ -154,6 +173,20 @@ class SharedTierStore : public StoreWrapper {
   std::atomic<int64_t> backoff_until_ms_{0};  // steady clock, ms
   Mutex fills_mu_;
   std::map<std::string, std::shared_future<Expected<FillResult>>> fills_ WFS_GUARDED_BY(fills_mu_);
+  // Puts behind the readers: at most kMaxQueuedSlices slices' bytes waiting (then the filler
+  // puts its own), by kPutThreads threads.
+  static constexpr int kPutThreads = 2;
+  static constexpr uint64_t kMaxQueuedSlices = 4;
+  Mutex put_mu_;
+  CondVar put_cv_;
+  std::deque<PendingPut> puts_ WFS_GUARDED_BY(put_mu_);
+  // The bytes of every slice on its way into the tier, by tier key: this process's readers
+  // read them here (the tier has not got them, and their marker is this process's own).
+  std::map<std::string, std::shared_ptr<const std::vector<uint8_t>>> pending_ WFS_GUARDED_BY(put_mu_);
+  uint64_t queued_bytes_ WFS_GUARDED_BY(put_mu_) = 0;
+  int putting_ WFS_GUARDED_BY(put_mu_) = 0;
+  bool stopping_ WFS_GUARDED_BY(put_mu_) = false;
+  std::vector<std::thread> putters_;
   std::atomic<uint64_t> filled_since_check_{0};
   std::atomic<bool> evicting_{false};
 };

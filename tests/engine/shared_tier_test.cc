@@ -82,6 +82,7 @@ TEST_F(SharedTierTest, NodesSharingATierFetchEachSliceOnceFromTheBucket) {
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_EQ(*got, Expect(off, len)) << off;
   }
+  a->Flush();
   EXPECT_EQ(a->stats().fills.load(), 3u);  // slices 0, 1 and 16
   EXPECT_EQ(OriginBytes(), 2 * kSlice + 12345);
   // Node b reads everything: only the slices a did not fill come from the origin.
@@ -89,6 +90,7 @@ TEST_F(SharedTierTest, NodesSharingATierFetchEachSliceOnceFromTheBucket) {
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(*all, pack_);
   EXPECT_EQ(OriginBytes(), pack_.size());
+  b->Flush();
   EXPECT_EQ(b->stats().fills.load(), 14u);
   EXPECT_EQ(b->stats().hits.load(), 3u);
   // Node c: every range from the tier, nothing from the origin; reads of a payload read the
@@ -154,6 +156,7 @@ TEST_F(SharedTierTest, ConcurrentNodesFillEachSliceOnce) {
     }
   }
   for (auto& r : readers) EXPECT_EQ(r.get(), "");
+  for (auto& n : nodes) n->Flush();
   uint64_t fills = 0, waits = 0, timeouts = 0;
   for (const auto& n : nodes) {
     fills += n->stats().fills.load();
@@ -172,6 +175,7 @@ TEST_F(SharedTierTest, ConcurrentNodesFillEachSliceOnce) {
 TEST_F(SharedTierTest, CorruptTruncatedAndForeignTierObjectsAreMissesNeverWrongBytes) {
   auto a = Node();
   ASSERT_TRUE(a->Get(kPack).ok());
+  a->Flush();
   ASSERT_EQ(TierKeys().size(), 17u);
   auto slice = [&](int i) { return a->tier_prefix() + kPack + "/" + std::to_string(i); };
   tier_->Object(slice(0))[9000] ^= 0x20;                      // a flipped bit in the bytes
@@ -184,6 +188,7 @@ TEST_F(SharedTierTest, CorruptTruncatedAndForeignTierObjectsAreMissesNeverWrongB
   Expected<std::vector<uint8_t>> all = b->Get(kPack);
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(*all, pack_);
+  b->Flush();
   EXPECT_EQ(b->stats().corrupt.load(), 5u);
   EXPECT_EQ(b->stats().fills.load(), 5u);
   EXPECT_EQ(OriginBytes() - before, 5 * kSlice);
@@ -212,6 +217,7 @@ TEST_F(SharedTierTest, ATierThatFailsCostsSpeedNotErrors) {
   failing->Clear();
   auto b = Node();
   ASSERT_TRUE(b->Get(kPack, ByteRange{0, 100}).ok());
+  b->Flush();
   ASSERT_TRUE(tier_->Delete(TierKeys()[0]).ok());
   Expected<std::vector<uint8_t>> again = b->Get(kPack, ByteRange{200, 100});
   ASSERT_TRUE(again.ok()) << again.status().ToString();
@@ -232,6 +238,7 @@ TEST_F(SharedTierTest, ADeadFillersMarkerIsTakenOverAndALiveOneIsWaitedForBounde
   Expected<std::vector<uint8_t>> got = probe->Get(kPack, ByteRange{0, 10});
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(*got, Expect(0, 10));
+  probe->Flush();
   EXPECT_EQ(probe->stats().fills.load(), 1u);
   // Alive but never filling: waited for at most max_wait, then the origin (only the range asked).
   const std::string slice1 = probe->tier_prefix() + kPack + "/1";
@@ -256,7 +263,11 @@ TEST_F(SharedTierTest, HeadsAreSharedForTheirTtlAndReadPastTheTierWhenTheyMustBe
   auto text = [](const Expected<std::vector<uint8_t>>& b) {
     return b.ok() ? std::string(b->begin(), b->end()) : b.status().ToString();
   };
-  EXPECT_EQ(text(Node()->Get(head, ByteRange{0, 1 << 20})), v1);
+  {
+    auto a = Node();
+    EXPECT_EQ(text(a->Get(head, ByteRange{0, 1 << 20})), v1);
+    a->Flush();
+  }
   // Rewritten in place (gc's rebase): within the TTL other nodes get the tier's copy...
   ASSERT_TRUE(origin_mem_->Put(head, std::vector<uint8_t>(v2.begin(), v2.end())).ok());
   const uint64_t before = OriginBytes();
@@ -301,6 +312,7 @@ TEST_F(SharedTierTest, ASizeBoundKeepsTheTierUnderIt) {
     ASSERT_TRUE(all.ok()) << all.status().ToString();
     EXPECT_EQ(*all, pack_);
   }
+  a->Flush();
   uint64_t total = 0;
   Expected<ListPage> page = tier_->List("weightfs-tier/", {}, 100000);
   ASSERT_TRUE(page.ok());

@@ -110,6 +110,11 @@ TEST_P(SharedCacheTest, FourNodesFollowingARunCostTheOriginOneCopy) {
   EXPECT_LE(origin, stored_ + stored_ / 10) << "the origin served more than 1.1x the stored bytes to 4 nodes";
   EXPECT_GT(hits, 0u);
   EXPECT_GT(fills, 0u);
+  // The same counts for Prometheus.
+  Result prometheus = Cli("status " + nodes[0]->mnt().string() + " --prometheus");
+  EXPECT_EQ(prometheus.exit_code, 0) << prometheus.out;
+  EXPECT_NE(prometheus.out.find("weightfs_shared_cache_hits_total "), std::string::npos) << prometheus.out;
+  EXPECT_NE(prometheus.out.find("weightfs_shared_cache_filled_bytes_total "), std::string::npos) << prometheus.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, SharedCacheTest, ::testing::Values("webdav", "s3"));
