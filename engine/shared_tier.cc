@@ -450,31 +450,27 @@ Expected<SharedTierStore::FillResult> SharedTierStore::FillAcrossNodes(std::stri
 Expected<std::vector<uint8_t>> SharedTierStore::FetchSlice(std::string_view key, Kind kind, uint64_t index) {
   // A head is read whole (one byte more than a slice tells one too large for the tier).
   if (kind == Kind::kTimed) return inner_->Get(key, ByteRange{0, options_.slice_bytes + 1});
-  // In parts, side by side: one stream from S3 or the Hub's CDN carries ~100 MB/s, and the
-  // readers of the slice wait for all of it. A part that comes back short is where the object
-  // ends; the parts after it are past the end (empty, or an error that does not matter).
+  // The first part alone (most tables and small packs end in it: one request), then the rest
+  // side by side: one stream from S3 or the Hub's CDN carries ~100 MB/s, and the slice's
+  // readers wait for all of it. A part that comes back short is where the object ends; the
+  // parts after it are past the end (empty, or an error that does not matter).
   const uint64_t start = index * options_.slice_bytes;
   const uint64_t parts = std::clamp<uint64_t>(options_.slice_bytes / (16 << 10), 1, options_.fetch_parts);
   const uint64_t part = (options_.slice_bytes + parts - 1) / parts;
+  WFS_ASSIGN_OR_RETURN(std::vector<uint8_t> out, inner_->Get(key, ByteRange{start, std::min(part, options_.slice_bytes)}));
+  if (out.size() < part || parts == 1) return out;
   std::vector<std::future<Expected<std::vector<uint8_t>>>> rest;
   const std::string k(key);
   for (uint64_t i = 1; i < parts; ++i) {
-    rest.push_back(std::async(std::launch::async, [this, k, at = start + i * part, n = std::min(part, options_.slice_bytes - i * part)] {
-      return inner_->Get(k, ByteRange{at, n});
-    }));
+    const uint64_t at = start + i * part, n = std::min(part, options_.slice_bytes - i * part);
+    rest.push_back(std::async(std::launch::async, [this, k, at, n] { return inner_->Get(k, ByteRange{at, n}); }));
   }
-  Expected<std::vector<uint8_t>> first = inner_->Get(key, ByteRange{start, std::min(part, options_.slice_bytes)});
   std::vector<Expected<std::vector<uint8_t>>> got;
-  got.push_back(std::move(first));
   for (auto& f : rest) got.push_back(f.get());
-  std::vector<uint8_t> out;
-  for (uint64_t i = 0; i < parts; ++i) {
-    if (!got[i].ok()) return got[i].status();
-    if (i == 0) {
-      out = std::move(got[0]).value();
-    } else {
-      out.insert(out.end(), got[i]->begin(), got[i]->end());
-    }
+  for (uint64_t i = 1; i < parts; ++i) {
+    Expected<std::vector<uint8_t>>& g = got[i - 1];
+    if (!g.ok()) return g.status();
+    out.insert(out.end(), g->begin(), g->end());
     if (out.size() < (i + 1) * part) break;  // the object ends in this part
   }
   return out;
