@@ -117,7 +117,7 @@ run() {
   for v in n n1; do
     local readers=()
     for ((i = 0; i < k; i++)); do
-      ( t0=$(now); cat "$work/node-$i/mnt/bench/m@$v"/* >/dev/null; t1=$(now); secs "$t0" "$t1" >"$work/node-$i/$v.s" ) &
+      ( t0=$(now); cat "$work/node-$i/mnt/bench/m@$v"/* >/dev/null; t1=$(now); echo "$(secs "$t0" "$t1")" >"$work/node-$i/$v.s" ) &
       readers+=($!)
     done
     wait "${readers[@]}"

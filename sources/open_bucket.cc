@@ -1,6 +1,7 @@
 #include "sources/open_bucket.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <spdlog/spdlog.h>
 
@@ -78,6 +79,14 @@ Status OpenSharedTier(const std::string& url, const StoreOptions& options, Opene
   tier_options.http.stall_timeout = std::min(tier_options.http.stall_timeout, std::chrono::milliseconds(5'000));
   tier_options.http.total_timeout = std::min(tier_options.http.total_timeout, std::chrono::milliseconds(15'000));
   tier_options.http.max_attempts = 2;
+  // A directory (on a shared file system) is made if it is not there yet: it is a cache, not a
+  // bucket to `init`.
+  const std::string& dir = options.shared_cache;
+  if (dir.find("://") == std::string::npos || dir.starts_with("file://")) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir.starts_with("file://") ? dir.substr(7) : dir, ec);
+    if (ec) return Status::IOError("--shared-cache " + dir + ": cannot make the directory: " + ec.message());
+  }
   Expected<OpenedStore> tier = OpenStore(options.shared_cache, tier_options);
   if (!tier.ok()) return tier.status().WithContext("--shared-cache " + options.shared_cache);
   SharedTierOptions shared;

@@ -23,6 +23,7 @@
 #include "engine/gc.h"
 #include "engine/lease.h"
 #include "engine/materializer.h"
+#include "engine/shared_tier.h"
 #include "engine/staged_version.h"
 #include "engine/version_reader.h"
 #include "engine/version_writer.h"
@@ -96,6 +97,15 @@ struct Context {
                  FormatBytes(static_cast<double>(c.bytes_sent.load())).c_str());
     if (opened.http) {
       std::fprintf(stderr, ", %llu HTTP retries", (unsigned long long)opened.http->stats().retries.load());
+    }
+    if (opened.shared) {
+      const SharedTierStats& t = opened.shared->stats();
+      std::fprintf(stderr, "; shared cache: %llu hits, %llu misses, %llu fills, %llu waits, %llu corrupt, %llu errors, "
+                   "received %s",
+                   (unsigned long long)t.hits.load(), (unsigned long long)t.misses.load(),
+                   (unsigned long long)t.fills.load(), (unsigned long long)t.waits.load(),
+                   (unsigned long long)t.corrupt.load(), (unsigned long long)t.errors.load(),
+                   FormatBytes(static_cast<double>(t.bytes_received.load())).c_str());
     }
     if (m) {
       const MaterializerStats& s = m->stats();
