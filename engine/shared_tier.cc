@@ -68,11 +68,18 @@ SharedTierStore::SharedTierStore(std::shared_ptr<Store> origin, std::shared_ptr<
   options_.slice_bytes = std::max<uint64_t>(options_.slice_bytes, 64 << 10);
   options_.block_bytes = std::clamp<uint32_t>(options_.block_bytes, 4 << 10, 16 << 20);
   for (int i = 0; i < kPutThreads; ++i) putters_.emplace_back([this] { PutLoop(); });
+  prefetcher_ = std::thread([this] { PrefetchLoop(); });
   const Hash128 id = HashChunk(std::span(reinterpret_cast<const uint8_t*>(bucket_id.data()), bucket_id.size()));
   prefix_ = "weightfs-tier/" + id.ToHex().substr(0, 16) + "/";
 }
 
 SharedTierStore::~SharedTierStore() {
+  {
+    MutexLock lock(prefetch_mu_);
+    closing_ = true;
+    prefetch_cv_.NotifyAll();
+  }
+  prefetcher_.join();
   {
     MutexLock lock(put_mu_);
     stopping_ = true;
@@ -225,24 +232,73 @@ Expected<std::optional<std::pair<std::vector<uint8_t>, uint64_t>>> SharedTierSto
                                       d->begin() + static_cast<ptrdiff_t>(offset + n)),
                  d->size()};
   };
-  if (auto mine = from_pending()) return mine;
-  if (auto hit = from_tier()) return hit;
+  // A read of slice i after slice i-1 of the same object reads on: the next slice is filled
+  // ahead (RL readers read whole steps; a lone reader of one tensor touches one or two slices).
+  auto served = [&](std::optional<Piece> piece) -> std::optional<Piece> {
+    if (piece && kind == Kind::kSliced && options_.read_ahead && piece->second == options_.slice_bytes) {
+      ReadOn(key, index);
+    }
+    return piece;
+  };
+  if (auto mine = from_pending()) return served(std::move(mine));
+  if (auto hit = from_tier()) return served(std::move(hit));
   if (BackingOff()) return std::optional<Piece>();
-  if (auto mine = from_pending()) return mine;  // filled meanwhile by another thread
+  if (auto mine = from_pending()) return served(std::move(mine));  // filled meanwhile by another thread
   stats_.misses++;
   WFS_ASSIGN_OR_RETURN(FillResult fill, Fill(key, kind, index, /*recheck=*/stats_.corrupt.load() == corrupt_before));
   if (fill.data) {
     const std::vector<uint8_t>& d = *fill.data;
     if (offset > d.size()) return std::optional<Piece>(Piece{{}, d.size()});
     const uint64_t n = std::min<uint64_t>(length, d.size() - offset);
-    return std::optional<Piece>(Piece{std::vector<uint8_t>(d.begin() + static_cast<ptrdiff_t>(offset),
-                                                           d.begin() + static_cast<ptrdiff_t>(offset + n)),
-                                      d.size()});
+    return served(Piece{std::vector<uint8_t>(d.begin() + static_cast<ptrdiff_t>(offset),
+                                             d.begin() + static_cast<ptrdiff_t>(offset + n)),
+                        d.size()});
   }
   if (fill.in_tier) {
-    if (auto hit = from_tier()) return hit;
+    if (auto hit = from_tier()) return served(std::move(hit));
   }
   return std::optional<Piece>();
+}
+
+void SharedTierStore::ReadOn(std::string_view key, uint64_t index) {
+  MutexLock lock(prefetch_mu_);
+  const std::string k(key);
+  auto it = last_slice_.find(k);
+  const bool sequential = it != last_slice_.end() && (it->second + 1 == index || it->second == index);
+  if (it == last_slice_.end() && last_slice_.size() >= 4096) last_slice_.clear();
+  last_slice_[k] = std::max(index, it != last_slice_.end() ? it->second : index);
+  if (!sequential || prefetch_queue_.size() >= 4 || closing_) return;
+  const std::string next = SliceKey(key, index + 1);
+  if (!prefetched_.insert(next).second) return;
+  if (prefetched_.size() > 4096) prefetched_ = {next};
+  prefetch_queue_.emplace_back(k, index + 1);
+  prefetch_cv_.NotifyAll();
+}
+
+void SharedTierStore::PrefetchLoop() {
+  MutexLock lock(prefetch_mu_);
+  while (true) {
+    prefetch_cv_.Wait(prefetch_mu_, [&]() WFS_REQUIRES(prefetch_mu_) { return closing_ || !prefetch_queue_.empty(); });
+    if (closing_) return;
+    auto [key, index] = std::move(prefetch_queue_.front());
+    prefetch_queue_.pop_front();
+    lock.Unlock();
+    const std::string tier_key = SliceKey(key, index);
+    bool there = BackingOff();
+    {
+      MutexLock put_lock(put_mu_);
+      there = there || pending_.count(tier_key) > 0;
+    }
+    if (!there) {
+      Expected<std::shared_ptr<const Header>> h = ReadHeader(tier_key, key, Kind::kSliced, index);
+      there = !h.ok() || *h != nullptr;
+    }
+    if (!there) {
+      stats_.prefetches++;
+      (void)Fill(key, Kind::kSliced, index, /*recheck=*/true);  // a bucket error is the reader's to see
+    }
+    lock.Lock();
+  }
 }
 
 Expected<std::shared_ptr<const SharedTierStore::Header>> SharedTierStore::ReadHeader(const std::string& tier_key,
@@ -434,6 +490,7 @@ Expected<SharedTierStore::FillResult> SharedTierStore::FillAcrossNodes(std::stri
         (void)tier_->Delete(marker);
         break;
       }
+      if (closing_.load()) return FillResult{};  // a prefetch at shutdown: nobody waits for it
       if (SteadyMs() - started > options_.max_wait.count()) {
         stats_.wait_timeouts++;
         spdlog::info("shared cache: waited {} ms for another node's fill of {}; reading the bucket",

@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -61,6 +62,8 @@ struct SharedTierOptions {
   // Each slice is checked in blocks of this size: a reader of one payload reads (and checks)
   // only the blocks it needs.
   uint32_t block_bytes = 64u << 10;
+  // Fill the next slice of an object ahead of a reader reading its slices one after another.
+  bool read_ahead = true;
   // A fill fetches its slice from the bucket in this many ranged reads at once.
   uint64_t fetch_parts = 4;
   // A fill marker says the filler is done or dead after this long (it fetches one slice).
@@ -91,6 +94,7 @@ struct SharedTierStats {
   std::atomic<uint64_t> evictions{0};       // tier objects this node removed for --shared-cache-size
   std::atomic<uint64_t> bytes_received{0};  // bytes read from the tier
   std::atomic<uint64_t> bytes_filled{0};    // bytes this node put into the tier
+  std::atomic<uint64_t> prefetches{0};      // slices filled ahead of a reader reading on
 };
 
 class SharedTierStore : public StoreWrapper {
@@ -152,6 +156,10 @@ class SharedTierStore : public StoreWrapper {
   };
   void PutFilled(const PendingPut& p);
   void PutLoop();
+  // Slice `index` of `key` was served: when it follows the slice served before it, the next one
+  // is filled ahead, by one thread (at most 4 waiting).
+  void ReadOn(std::string_view key, uint64_t index);
+  void PrefetchLoop();
   // The tier object of `data` (the bytes at `offset` of `key`): header, block hashes, bytes.
   std::vector<uint8_t> BuildObject(std::string_view key, uint64_t offset, std::span<const uint8_t> data,
                                    Header* header) const;
@@ -187,6 +195,13 @@ class SharedTierStore : public StoreWrapper {
   int putting_ WFS_GUARDED_BY(put_mu_) = 0;
   bool stopping_ WFS_GUARDED_BY(put_mu_) = false;
   std::vector<std::thread> putters_;
+  Mutex prefetch_mu_;
+  CondVar prefetch_cv_;
+  std::deque<std::pair<std::string, uint64_t>> prefetch_queue_ WFS_GUARDED_BY(prefetch_mu_);
+  std::map<std::string, uint64_t> last_slice_ WFS_GUARDED_BY(prefetch_mu_);  // object -> furthest slice read
+  std::set<std::string> prefetched_ WFS_GUARDED_BY(prefetch_mu_);            // tier keys queued once
+  std::atomic<bool> closing_{false};
+  std::thread prefetcher_;
   std::atomic<uint64_t> filled_since_check_{0};
   std::atomic<bool> evicting_{false};
 };

@@ -677,7 +677,18 @@ std::string StatsJsonOf(const Impl& s) {
                 {"mean_chain_depth", m.builds.load() ? static_cast<double>(m.chain_steps.load()) /
                                                            static_cast<double>(m.builds.load())
                                                      : 0.0}};
-  if (s.drafts) j["drafts"] = {{"queued_encodes", s.drafts->queued_encodes()}};
+  if (s.drafts) {
+    const Drafts::Metrics d = s.drafts->metrics();
+    j["drafts"] = {{"open", d.open_drafts},
+                   {"pending_files", d.pending_files},
+                   {"bytes_to_go", d.bytes_to_go},
+                   {"queued_encodes", d.queued_encodes},
+                   {"files_encoded", d.files_encoded},
+                   {"bytes_encoded", d.bytes_encoded},
+                   {"bytes_stored", d.bytes_stored},
+                   {"versions_published", d.versions_published},
+                   {"commit_failures", d.commit_failures}};
+  }
   if (s.parts.cache) {
     const ChunkCacheStats& c = s.parts.cache->stats();
     j["disk_cache"] = {{"hits", c.hits.load()},
@@ -705,6 +716,7 @@ std::string StatsJsonOf(const Impl& s) {
                          {"errors", t.errors.load()},
                          {"bypassed", t.bypassed.load()},
                          {"evictions", t.evictions.load()},
+                         {"prefetches", t.prefetches.load()},
                          {"bytes_received", t.bytes_received.load()},
                          {"bytes_filled", t.bytes_filled.load()}};
   }

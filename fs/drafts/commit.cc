@@ -177,6 +177,7 @@ Expected<std::map<std::string, Drafts::State::EncodedFile>> Drafts::State::Encod
 }
 
 void Drafts::State::FinishPublished(const std::shared_ptr<Draft>& d, std::shared_ptr<const Manifest> published) {
+  versions_published++;
   // The mount shows the version before the draft that held its name goes (null: not read back).
   if (options.on_published && published) options.on_published(std::move(published));
   // Published: the draft becomes history; its staging files stay as the cache's source for
@@ -513,6 +514,7 @@ Status Drafts::Commit(uint64_t draft_ino, const std::string& as) {
   WFS_ASSIGN_OR_RETURN(std::shared_ptr<Draft> d, s.DraftOfDir(draft_ino));
   Status st = s.CommitDraft(d, as);
   if (!st.ok()) {
+    s.commit_failures++;
     MutexLock lock(s.mu);
     d->error = st.ToString();
     spdlog::error("commit of draft {}: {}", d->name(), st.ToString());
@@ -525,6 +527,7 @@ Status Drafts::CommitPart(uint64_t draft_ino, const PartCommit& part) {
   WFS_ASSIGN_OR_RETURN(std::shared_ptr<Draft> d, s.DraftOfDir(draft_ino));
   Status st = s.CommitPartOf(d, part);
   if (!st.ok()) {
+    s.commit_failures++;
     MutexLock lock(s.mu);
     d->error = st.ToString();
     if (st.kind() == ErrorKind::kTimeout) {
@@ -612,6 +615,7 @@ Status Drafts::CommitAll() {
     }
     Status st = s.CommitDraft(d, d->commit_as);
     if (!st.ok()) {
+      s.commit_failures++;
       MutexLock lock(s.mu);
       d->error = st.ToString();
       spdlog::error("publishing draft {}: {} (its data stays staged; the next mount resumes it)", d->name(), st.ToString());

@@ -74,6 +74,28 @@ size_t Drafts::queued_encodes() {
   return state_->queue.size();
 }
 
+Drafts::Metrics Drafts::metrics() {
+  State& s = *state_;
+  Metrics m;
+  m.files_encoded = s.files_encoded.load();
+  m.bytes_encoded = s.bytes_encoded.load();
+  m.bytes_stored = s.bytes_stored.load();
+  m.versions_published = s.versions_published.load();
+  m.commit_failures = s.commit_failures.load();
+  m.queued_encodes = queued_encodes();
+  MutexLock lock(s.mu);
+  for (auto& [name, d] : s.drafts) {
+    m.open_drafts++;
+    for (auto& [p, f] : d->files) {
+      MutexLock flock(f->mu);
+      if (f->id == 0 || f->Encoded(p)) continue;
+      m.pending_files++;
+      m.bytes_to_go += f->size;
+    }
+  }
+  return m;
+}
+
 std::string Drafts::StatusJson() {
   State& s = *state_;
   nlohmann::json j;

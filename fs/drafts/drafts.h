@@ -192,6 +192,19 @@ class Drafts {
   std::string StatusJson();
   // Files whose encoding is queued, not started (a queue depth for the metrics).
   size_t queued_encodes();
+  // What the mount's drafts are doing now and have done since it was mounted, for the metrics.
+  struct Metrics {
+    uint64_t open_drafts = 0;         // drafts not yet published
+    uint64_t pending_files = 0;       // written files not yet encoded
+    uint64_t bytes_to_go = 0;         // ... and their bytes
+    uint64_t queued_encodes = 0;      // encodes waiting to start
+    uint64_t files_encoded = 0;       // since mount: files encoded into packs
+    uint64_t bytes_encoded = 0;       // ... their bytes
+    uint64_t bytes_stored = 0;        // ... what the packs took (uploaded to the bucket)
+    uint64_t versions_published = 0;  // drafts published
+    uint64_t commit_failures = 0;     // commits that failed (the draft is kept)
+  };
+  Metrics metrics();
 
   struct State;
 

@@ -354,6 +354,9 @@ Status Drafts::State::EncodeSmall(const std::shared_ptr<Draft>& d, std::vector<s
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     spdlog::info("draft {}: encoded {} small files together ({} bytes -> {} stored in {} packs) in {:.2f} s",
                  d->name(), current, total, encoded->stats.stored_bytes, result.packs, secs);
+    files_encoded += current;
+    bytes_encoded += total;
+    bytes_stored += encoded->stats.stored_bytes;
     return current ? SaveJournal(*d) : Status::Ok();
   }();
   if (!st.ok()) {
@@ -467,6 +470,9 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
   spdlog::info("draft {}: encoded {} ({} bytes -> {} stored, {} full / {} delta / {} same chunks) in {:.2f} s",
                d->name(), path, size, part.stats.stored_bytes, result.full_chunks,
                result.delta_chunks, result.same_chunks, secs);
+  files_encoded++;
+  bytes_encoded += size;
+  bytes_stored += part.stats.stored_bytes;
   return SaveJournal(*d);
 }
 

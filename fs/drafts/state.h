@@ -87,6 +87,10 @@ struct Drafts::State {
     std::chrono::steady_clock::time_point last;
   };
   std::map<std::string, SmallBatch> small;  // by draft; only the worker thread uses it
+  // Counts since mount (Drafts::metrics).
+  std::atomic<uint64_t> files_encoded{0}, bytes_encoded{0}, bytes_stored{0}, versions_published{0},
+      commit_failures{0};
+
   Mutex queue_mu;
   CondVar queue_cv;
   std::deque<std::pair<std::string, std::string>> queue WFS_GUARDED_BY(queue_mu);

@@ -43,6 +43,7 @@ class SharedTierTest : public ::testing::Test {
     o.slice_bytes = kSlice;
     o.block_bytes = 4 << 10;
     o.max_wait = std::chrono::milliseconds(5'000);
+    o.read_ahead = false;  // exact counts (ReadingOnFillsTheNextSliceAhead has it on)
     return o;
   }
   std::unique_ptr<SharedTierStore> Node(SharedTierOptions o, std::shared_ptr<Store> tier = nullptr) {
@@ -108,6 +109,31 @@ TEST_F(SharedTierTest, NodesSharingATierFetchEachSliceOnceFromTheBucket) {
   const uint64_t small_read = c->stats().bytes_received.load();
   (void)c->Get(kPack, ByteRange{5 * kSlice + 100, 200});
   EXPECT_LE(c->stats().bytes_received.load() - small_read, 8u << 10);  // two 4 KiB blocks at most
+}
+
+TEST_F(SharedTierTest, ReadingOnFillsTheNextSliceAhead) {
+  SharedTierOptions o = Options();
+  o.read_ahead = true;
+  auto a = Node(o);
+  // Slices 0 and 1 one after the other: slice 2 is filled ahead.
+  ASSERT_TRUE(a->Get(kPack, ByteRange{0, kSlice}).ok());
+  ASSERT_TRUE(a->Get(kPack, ByteRange{kSlice, kSlice}).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (OriginBytes() < 3 * kSlice && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(a->stats().prefetches.load(), 1u);
+  Expected<std::vector<uint8_t>> got = a->Get(kPack, ByteRange{2 * kSlice + 7, 1000});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, Expect(2 * kSlice + 7, 1000));
+  a->Flush();
+  // Slice 2 came from the prefetch; reading it read on to slice 3.
+  EXPECT_LE(OriginBytes(), 4 * kSlice);
+  // A read here and there is not reading on.
+  auto b = Node(o);
+  ASSERT_TRUE(b->Get(kPack, ByteRange{10 * kSlice, 10}).ok());
+  ASSERT_TRUE(b->Get(kPack, ByteRange{5 * kSlice, 10}).ok());
+  EXPECT_EQ(b->stats().prefetches.load(), 0u);
 }
 
 TEST_F(SharedTierTest, RangesAtAndPastTheEndAnswerAsTheBucketDoes) {

@@ -95,6 +95,41 @@ TEST_F(MetricsTest, BytesFetchedMaterializedAndCacheHitsMoveWithReads) {
   EXPECT_NE(text.out.find("from memory or disk cache 100.0%, built 0"), std::string::npos) << text.out;
 }
 
+TEST_F(MetricsTest, DraftAndUploadCountersMoveWithWritesAndCommits) {
+  Generate("1M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  Mount& a = NewMount("a");
+  ASSERT_EQ(a.Start().exit_code, 0) << a.Describe();
+  ASSERT_EQ(::mkdir(a.Dir("m/x@v1").c_str(), 0755), 0);
+  uint64_t written = 0;
+  for (const std::string& f : FilesUnder(Source(1))) {
+    Result cp = Shell("cp " + (Source(1) / f).string() + " " + a.Dir("m/x@v1").string() + "/");
+    ASSERT_EQ(cp.exit_code, 0) << cp.out;
+    written += fs::file_size(Source(1) / f);
+  }
+  Json before = Metrics(a);
+  EXPECT_EQ(before["drafts"]["open"], 1) << before.dump();
+  EXPECT_EQ(before["drafts"]["versions_published"], 0) << before.dump();
+  Result c = a.Commit("m/x@v1");
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  Json after = Metrics(a);
+  EXPECT_EQ(after["drafts"]["open"], 0) << after.dump();
+  EXPECT_EQ(after["drafts"]["pending_files"], 0) << after.dump();
+  EXPECT_EQ(after["drafts"]["versions_published"], 1) << after.dump();
+  EXPECT_EQ(after["drafts"]["commit_failures"], 0) << after.dump();
+  EXPECT_GE(after["drafts"]["files_encoded"].get<uint64_t>(), 1u) << after.dump();
+  EXPECT_GT(after["drafts"]["bytes_encoded"].get<uint64_t>(), 0u) << after.dump();
+  EXPECT_LE(after["drafts"]["bytes_encoded"].get<uint64_t>(), written) << after.dump();
+  EXPECT_GT(after["drafts"]["bytes_stored"].get<uint64_t>(), 0u) << after.dump();
+  EXPECT_LT(after["drafts"]["bytes_stored"].get<uint64_t>(), after["drafts"]["bytes_encoded"].get<uint64_t>());
+  Result prometheus = Cli("status " + a.mnt().string() + " --prometheus");
+  EXPECT_NE(prometheus.out.find("weightfs_versions_published_total{mountpoint=\"" + a.mnt().string() + "\"} 1\n"),
+            std::string::npos)
+      << prometheus.out;
+  EXPECT_NE(prometheus.out.find("weightfs_uploaded_bytes_total{"), std::string::npos) << prometheus.out;
+  ExpectSameFiles(a.Dir("m/x@v1"), Source(1));
+}
+
 // A port nothing listens on now (bound, read, closed).
 int FreePort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
