@@ -8,7 +8,11 @@
 #   - wall time per node (mean and slowest) for N and for N+1;
 #   - every node's files checked against the source (sha256sum) after the timed reads.
 #
-# Environment: PARAMS (200M: ~400 MB of bf16 a version), NODES ("1 2 4"), WORK
+# The origin's proxy holds every request ORIGIN_LATENCY_MS (20) before forwarding it: a bucket
+# across a network answers a request in tens of ms (S3's first byte: 20-50 ms), where this
+# loopback nginx answers in one.
+#
+# Environment: PARAMS (200M: ~400 MB of bf16 a version), NODES ("1 2 4"), ORIGIN_LATENCY_MS, WORK
 # (/tmp/wfs-bench-shared), KEEP=1 keeps WORK, WEIGHTFS=path uses a prebuilt binary. Needs root
 # or FUSE access, nginx with WebDAV, python3 (scripts/setup.sh installs them).
 set -euo pipefail
@@ -82,7 +86,9 @@ http {
 EOF
 nginx -c "$srv/nginx.conf" & pids+=($!)
 wait_port "$port"
+latency_ms=${ORIGIN_LATENCY_MS:-20}
 /usr/bin/python3 "$root/tests/testing/fault_proxy.py" --listen-port 0 --target "http://127.0.0.1:$port" \
+  --stall-rate "$( ((latency_ms > 0)) && echo 1 || echo 0)" --stall-seconds "$(awk "BEGIN { print $latency_ms / 1000 }")" \
   >"$srv/proxy.out" 2>"$srv/proxy.err" & pids+=($!)
 for _ in $(seq 100); do grep -q '^PORT ' "$srv/proxy.out" 2>/dev/null && break; sleep 0.1; done
 proxy_port=$(awk '/^PORT /{print $2; exit}' "$srv/proxy.out")
@@ -95,7 +101,7 @@ tier="http://127.0.0.1:$port/tier"
 "$wfs" push "$direct" bench/m@n1 "$data/v001" --cache-dir "$work/cache-push" >/dev/null
 stored=$(du -sb --exclude=.weightfs-tmp "$srv/root/bucket" | cut -f1)
 logical=$(du -sb "$data/v000" | cut -f1)
-echo "== a version: $((logical / 1000000)) MB in $(ls "$data/v000" | wc -l) files; the bucket stores $((stored / 1000000)) MB for N and N+1"
+echo "== a version: $((logical / 1000000)) MB in $(ls "$data/v000" | wc -l) files; the bucket stores $((stored / 1000000)) MB for N and N+1; origin latency ${latency_ms} ms a request"
 (cd "$data/v000" && sha256sum -- *) >"$work/n.sha256"
 (cd "$data/v001" && sha256sum -- *) >"$work/n1.sha256"
 
