@@ -217,6 +217,14 @@ Expected<std::optional<std::pair<std::vector<uint8_t>, uint64_t>>> SharedTierSto
     stats_.bytes_received += bytes->size();
     return Piece{std::move(bytes).value(), header.length};
   };
+  // [offset, offset + length) of a slice's bytes this process holds, and the slice's size.
+  auto cut = [&](const std::vector<uint8_t>& d) -> Piece {
+    if (offset > d.size()) return Piece{{}, d.size()};
+    const uint64_t n = std::min<uint64_t>(length, d.size() - offset);
+    return Piece{std::vector<uint8_t>(d.begin() + static_cast<ptrdiff_t>(offset),
+                                      d.begin() + static_cast<ptrdiff_t>(offset + n)),
+                 d.size()};
+  };
   // A slice this process filled whose put is still on its way: from memory.
   auto from_pending = [&]() -> std::optional<Piece> {
     std::shared_ptr<const std::vector<uint8_t>> d;
@@ -226,11 +234,7 @@ Expected<std::optional<std::pair<std::vector<uint8_t>, uint64_t>>> SharedTierSto
       if (it == pending_.end()) return std::nullopt;
       d = it->second;
     }
-    if (offset > d->size()) return Piece{{}, d->size()};
-    const uint64_t n = std::min<uint64_t>(length, d->size() - offset);
-    return Piece{std::vector<uint8_t>(d->begin() + static_cast<ptrdiff_t>(offset),
-                                      d->begin() + static_cast<ptrdiff_t>(offset + n)),
-                 d->size()};
+    return cut(*d);
   };
   // A read of slice i after slice i-1 of the same object reads on: the next slice is filled
   // ahead (RL readers read whole steps; a lone reader of one tensor touches one or two slices).
@@ -246,14 +250,7 @@ Expected<std::optional<std::pair<std::vector<uint8_t>, uint64_t>>> SharedTierSto
   if (auto mine = from_pending()) return served(std::move(mine));  // filled meanwhile by another thread
   stats_.misses++;
   WFS_ASSIGN_OR_RETURN(FillResult fill, Fill(key, kind, index, /*recheck=*/stats_.corrupt.load() == corrupt_before));
-  if (fill.data) {
-    const std::vector<uint8_t>& d = *fill.data;
-    if (offset > d.size()) return std::optional<Piece>(Piece{{}, d.size()});
-    const uint64_t n = std::min<uint64_t>(length, d.size() - offset);
-    return served(Piece{std::vector<uint8_t>(d.begin() + static_cast<ptrdiff_t>(offset),
-                                             d.begin() + static_cast<ptrdiff_t>(offset + n)),
-                        d.size()});
-  }
+  if (fill.data) return served(cut(*fill.data));
   if (fill.in_tier) {
     if (auto hit = from_tier()) return served(std::move(hit));
   }
