@@ -185,6 +185,15 @@ std::string DraftName(const std::string& root, const std::string& dir) {
   return std::filesystem::path(dir).lexically_normal().lexically_relative(root).string();
 }
 
+// The draft was published between our look at it and our request: a commit resumed after a
+// remount (the journal had it requested) finished first. The directory is the version now, and
+// the request, made on what is no longer a draft, failed with EROFS (or ENOENT, ESTALE). The command's
+// goal is met; failing it would tell a caller to redo a commit that is done.
+bool PublishedMeanwhile(const std::string& dir, int err) {
+  if (err != EROFS && err != ENOENT && err != ESTALE) return false;
+  return !GetXattr(dir, "user.weightfs.state") && GetXattr(dir, "user.weightfs.stored_bytes").has_value();
+}
+
 // `weightfs commit DIR --parts N ...`: one part of a version written by several nodes.
 int CommitPart(const ArgParser& args, const std::string& dir) {
   if (args.Has("--as")) return Fail("--as does not go with --parts: every part names the version by its draft");
@@ -239,6 +248,10 @@ int CommitPart(const ArgParser& args, const std::string& dir) {
   done = true;
   reporter.join();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (err != 0 && PublishedMeanwhile(dir, err)) {
+    std::printf("%s is published (all %ld parts are in)\n", name.c_str(), parts);
+    return 0;
+  }
   if (err != 0) {
     std::optional<std::string> why = GetXattr(dir, "user.weightfs.error");
     const std::string text = why ? *why : std::string(std::strerror(err));
@@ -307,7 +320,7 @@ int CommitMain(int argc, char** argv) {
   const int err = WithProgress(root, name, "commit " + name + " (encoded and uploaded)", [&] {
     return ::setxattr(dir.c_str(), "user.weightfs.commit", as.data(), as.size(), 0) == 0 ? 0 : errno;
   });
-  if (err != 0) {
+  if (err != 0 && !(as.empty() && PublishedMeanwhile(dir, err))) {
     std::optional<std::string> why = GetXattr(dir, "user.weightfs.error");
     return Fail("commit of " + name + " failed: " + (why ? *why : std::string(std::strerror(err))));
   }
