@@ -74,6 +74,7 @@ Status OpenSharedTier(const std::string& url, const StoreOptions& options, Opene
   StoreOptions tier_options;
   tier_options.s3_endpoint = options.shared_cache_endpoint.empty() ? options.s3_endpoint : options.shared_cache_endpoint;
   tier_options.s3_region = options.s3_region;
+  tier_options.s3_no_sign_request = options.s3_no_sign_request;
   tier_options.http = options.http;
   tier_options.http.connect_timeout = std::min(tier_options.http.connect_timeout, std::chrono::milliseconds(2'000));
   tier_options.http.stall_timeout = std::min(tier_options.http.stall_timeout, std::chrono::milliseconds(5'000));

@@ -27,6 +27,7 @@ Expected<OpenedStore> OpenStore(std::string_view url, const StoreOptions& option
     S3Options s3;
     s3.endpoint = options.s3_endpoint;
     s3.region = options.s3_region;
+    s3.no_sign_request = options.s3_no_sign_request;
     WFS_ASSIGN_OR_RETURN(inner, OpenS3Store(url, s3, out.http));
   } else if (url.starts_with("hf://buckets/")) {
     out.http = std::make_shared<HttpClient>(options.http);

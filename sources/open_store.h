@@ -23,6 +23,9 @@ namespace weightfs {
 struct StoreOptions {
   std::string s3_endpoint;  // --endpoint; else AWS_ENDPOINT_URL; else AWS (hf://: HF_S3_ENDPOINT, s3.hf.co)
   std::string s3_region;    // --region; else AWS_REGION / AWS_DEFAULT_REGION / ~/.aws/config
+  // --no-sign-request: anonymous S3 requests (a public bucket). Else the AWS provider chain
+  // (store/aws_credential_chain.h), and finding no credentials is an error.
+  bool s3_no_sign_request = false;
   HttpOptions http;
   // --shared-cache URL: a store every node of the cluster reaches, read through for the
   // bucket's packs, tables and heads (engine/shared_tier.h); empty: none. OpenBucketUrl opens it.

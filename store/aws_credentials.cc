@@ -206,29 +206,49 @@ AwsEnvLookup ProcessAwsEnv() {
   };
 }
 
+const AwsIniSection* AwsConfigFiles::CredentialsProfile(const std::string& profile) const {
+  return FindSection(credentials, profile);
+}
+
+const AwsIniSection* AwsConfigFiles::ConfigProfile(const std::string& profile) const {
+  return FindConfigProfile(config, profile);
+}
+
+const std::string* AwsConfigFiles::Setting(const std::string& profile, std::string_view key) const {
+  if (const AwsIniSection* s = ConfigProfile(profile); s && s->Find(key)) return s->Find(key);
+  if (const AwsIniSection* s = CredentialsProfile(profile); s && s->Find(key)) return s->Find(key);
+  return nullptr;
+}
+
+std::optional<std::string> AwsEnvValue(const AwsEnvLookup& env, std::string_view name) { return NonEmpty(env, name); }
+
+Expected<AwsConfigFiles> LoadAwsConfigFiles(const AwsEnvLookup& env) {
+  AwsConfigFiles out;
+  const std::optional<std::string> home = NonEmpty(env, "HOME");
+  if (auto p = NonEmpty(env, "AWS_SHARED_CREDENTIALS_FILE")) out.credentials_path = ExpandHome(*p, home);
+  else if (home) out.credentials_path = *home + "/.aws/credentials";
+  if (auto p = NonEmpty(env, "AWS_CONFIG_FILE")) out.config_path = ExpandHome(*p, home);
+  else if (home) out.config_path = *home + "/.aws/config";
+  if (!out.credentials_path.empty()) {
+    WFS_ASSIGN_OR_RETURN(auto text, ReadIfExists(out.credentials_path));
+    if (text) out.credentials = ParseAwsIni(*text);
+  }
+  if (!out.config_path.empty()) {
+    WFS_ASSIGN_OR_RETURN(auto text, ReadIfExists(out.config_path));
+    if (text) out.config = ParseAwsIni(*text);
+  }
+  return out;
+}
+
 Expected<AwsSettings> LoadAwsSettings(const AwsEnvLookup& env) {
   AwsSettings out;
   const std::optional<std::string> env_profile = NonEmpty(env, "AWS_PROFILE");
   out.profile = env_profile.value_or("default");
-  const std::optional<std::string> home = NonEmpty(env, "HOME");
-
-  std::string cred_path, config_path;
-  if (auto p = NonEmpty(env, "AWS_SHARED_CREDENTIALS_FILE")) cred_path = ExpandHome(*p, home);
-  else if (home) cred_path = *home + "/.aws/credentials";
-  if (auto p = NonEmpty(env, "AWS_CONFIG_FILE")) config_path = ExpandHome(*p, home);
-  else if (home) config_path = *home + "/.aws/config";
-
-  std::vector<AwsIniSection> cred_ini, config_ini;
-  if (!cred_path.empty()) {
-    WFS_ASSIGN_OR_RETURN(auto text, ReadIfExists(cred_path));
-    if (text) cred_ini = ParseAwsIni(*text);
-  }
-  if (!config_path.empty()) {
-    WFS_ASSIGN_OR_RETURN(auto text, ReadIfExists(config_path));
-    if (text) config_ini = ParseAwsIni(*text);
-  }
-  const AwsIniSection* cred_section = FindSection(cred_ini, out.profile);
-  const AwsIniSection* config_section = FindConfigProfile(config_ini, out.profile);
+  WFS_ASSIGN_OR_RETURN(AwsConfigFiles files, LoadAwsConfigFiles(env));
+  const std::string& cred_path = files.credentials_path;
+  const std::string& config_path = files.config_path;
+  const AwsIniSection* cred_section = files.CredentialsProfile(out.profile);
+  const AwsIniSection* config_section = files.ConfigProfile(out.profile);
 
   // 1. The environment.
   const auto env_id = NonEmpty(env, "AWS_ACCESS_KEY_ID");
@@ -268,8 +288,7 @@ Expected<AwsSettings> LoadAwsSettings(const AwsEnvLookup& env) {
     WFS_TRY(CheckHeaderSafe(*out.credentials));
   } else {
     spdlog::debug(
-        "no AWS credentials found (environment, profile '{}' in {} and {}); S3 requests will be "
-        "unsigned (anonymous access)",
+        "no AWS keys in the environment or in profile '{}' of {} and {}",
         out.profile, cred_path.empty() ? "<no HOME>" : cred_path,
         config_path.empty() ? "<no HOME>" : config_path);
   }

@@ -11,9 +11,10 @@
 // Region: AWS_REGION, AWS_DEFAULT_REGION, the profile's `region` in the config file, else
 // us-east-1.
 //
-// Not supported (they need network calls or external processes): credential_process, SSO,
-// assume-role profiles, EC2/ECS instance metadata. A profile that only has those settings
-// counts as absent.
+// These are the steps that need no network and no process. The whole chain (instance metadata,
+// container endpoints, STS web identity and assume-role, credential_process), with refresh
+// before expiry, is store/aws_credential_chain.h; S3 stores use that. A profile that only has
+// such settings counts as absent here.
 //
 // The INI reader follows the CLI's tolerance: blank lines, full-line `#`/`;` comments, inline
 // comments after whitespace, spaces around `=` and inside brackets, case-insensitive keys,
@@ -24,6 +25,7 @@
 // given lookup and files they open themselves).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -41,6 +43,8 @@ struct AwsCredentials {
   std::string session_token;  // empty: long-term credentials
   // Where they came from, for messages: "environment", "profile 'x' in /home/u/.aws/credentials".
   std::string source;
+  // When temporary credentials stop working; nullopt: long-term keys.
+  std::optional<std::chrono::system_clock::time_point> expiration;
 };
 
 // Reads one environment variable; nullopt when unset. Tests pass a map-backed lookup.
@@ -69,5 +73,20 @@ struct AwsIniSection {
   const std::string* Find(std::string_view key) const;
 };
 std::vector<AwsIniSection> ParseAwsIni(std::string_view text);
+
+// The two settings files, read once (a missing file is empty; an unreadable one an error).
+struct AwsConfigFiles {
+  std::string credentials_path;  // AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials ("": no HOME)
+  std::string config_path;       // AWS_CONFIG_FILE, else ~/.aws/config
+  std::vector<AwsIniSection> credentials, config;
+  const AwsIniSection* CredentialsProfile(const std::string& profile) const;  // [profile]
+  const AwsIniSection* ConfigProfile(const std::string& profile) const;       // [profile p] / [default]
+  // A setting of the profile: the config file's section, else the credentials file's.
+  const std::string* Setting(const std::string& profile, std::string_view key) const;
+};
+Expected<AwsConfigFiles> LoadAwsConfigFiles(const AwsEnvLookup& env);
+
+// The first of `names` set to a non-empty value.
+std::optional<std::string> AwsEnvValue(const AwsEnvLookup& env, std::string_view name);
 
 }  // namespace weightfs

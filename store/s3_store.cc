@@ -385,7 +385,7 @@ struct S3Config {
   Endpoint endpoint;
   bool virtual_hosted = false;
   std::string region;
-  std::optional<AwsCredentials> credentials;
+  std::shared_ptr<AwsCredentialSource> credentials;  // null: unsigned (--no-sign-request)
   uint64_t multipart_threshold = 0;
   uint64_t part_size = 0;
   size_t parallelism = 1;
@@ -399,9 +399,7 @@ struct S3Config {
 class S3Store final : public Store {
  public:
   S3Store(S3Config config, std::shared_ptr<HttpClient> http)
-      : cfg_(std::move(config)), http_(std::move(http)) {
-    if (cfg_.credentials) signer_.emplace(*cfg_.credentials, cfg_.region, "s3");
-  }
+      : cfg_(std::move(config)), http_(std::move(http)) {}
 
   Expected<std::vector<uint8_t>> Get(std::string_view key, std::optional<ByteRange> range) override;
   Status Put(std::string_view key, std::span<const uint8_t> data, PutMode mode) override;
@@ -453,7 +451,6 @@ class S3Store final : public Store {
   Expected<ObjectInfo> HeadFull(const std::string& full_key, std::string* etag = nullptr) const;
 
   const S3Config cfg_;
-  std::optional<SigV4Signer> signer_;  // nullopt: anonymous
   std::shared_ptr<HttpClient> http_;
 };
 
@@ -485,13 +482,34 @@ Expected<HttpResponse> S3Store::Send(const Call& c) const {
   req.idempotent = true;  // every S3 call we make may be repeated; see the header for PUT
   req.max_response_bytes = c.max_response_bytes;
   req.sensitive_headers = {"x-amz-security-token"};
-  if (signer_) {
-    const SigV4Signer* signer = &*signer_;
-    req.sign = [signer, payload_sha = Sha256Hex(c.body)](HttpRequest& r) {
-      signer->Sign(r, payload_sha, std::chrono::system_clock::now());
+  std::string payload_sha;
+  if (cfg_.credentials) payload_sha = Sha256Hex(c.body);
+  // Signed with the credentials current now (a refreshing source fetches new ones before the
+  // old expire); a server that says they expired all the same (a clock off, a revoked session)
+  // gets one more try with fresh ones.
+  auto sign_with_current = [&](HttpRequest& r) -> Status {
+    if (!cfg_.credentials) return Status::Ok();
+    Expected<AwsCredentials> now = cfg_.credentials->Get();
+    if (!now.ok()) return Status::Auth(now.status().message());
+    r.sign = [signer = std::make_shared<SigV4Signer>(std::move(now).value(), cfg_.region, "s3"), payload_sha](HttpRequest& x) {
+      signer->Sign(x, payload_sha, std::chrono::system_clock::now());
     };
-  }
+    return Status::Ok();
+  };
+  WFS_TRY(sign_with_current(req));
+  const HttpRequest retry_template = req;
   WFS_ASSIGN_OR_RETURN(HttpResponse r, http_->Send(std::move(req)));
+  if (cfg_.credentials && cfg_.credentials->refreshable() && (r.status == 400 || r.status == 403)) {
+    std::optional<s3::ErrorInfo> err = s3::ParseError(AsText(r.body));
+    if (err && (err->code == "ExpiredToken" || err->code == "TokenRefreshRequired")) {
+      spdlog::info("s3 {} {}: the server says the credentials from {} expired; fetching new ones", c.method,
+                   Where(c.object), cfg_.credentials->name());
+      cfg_.credentials->Invalidate();
+      HttpRequest again = retry_template;
+      WFS_TRY(sign_with_current(again));
+      WFS_ASSIGN_OR_RETURN(r, http_->Send(std::move(again)));
+    }
+  }
   const bool redirect = r.status == 301 || r.status == 302 || r.status == 303 || r.status == 307 || r.status == 308;
   if (redirect && cfg_.follow_get_redirects && c.method == "GET" && !r.Header("location").empty()) {
     return FollowUnsigned(c, r);
@@ -524,11 +542,11 @@ Expected<HttpResponse> S3Store::FollowUnsigned(const Call& c, const HttpResponse
 std::string S3Store::CredentialsHint() const {
   if (!cfg_.credentials_hint.empty()) return cfg_.credentials_hint;
   if (!cfg_.credentials) {
-    return "the request was unsigned because no AWS credentials were found: set "
-           "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials "
-           "(AWS_PROFILE)";
+    return "the request was unsigned (--no-sign-request, or no credentials for this endpoint): give the "
+           "bucket's credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile in ~/.aws, an "
+           "instance or pod role)";
   }
-  return "check the AWS credentials from " + cfg_.credentials->source +
+  return "check the AWS credentials from " + cfg_.credentials->name() +
          " (key id, secret, session token) and that they may access bucket '" + cfg_.bucket + "'";
 }
 
@@ -556,7 +574,7 @@ Status S3Store::ErrorFrom(const HttpResponse& r, const std::string& what) const 
   }
   if (code == "ExpiredToken" || code == "TokenRefreshRequired") {
     return Status::Auth(m + "; the session token has expired: refresh the credentials (" +
-                        (cfg_.credentials ? cfg_.credentials->source : std::string("none")) + ")");
+                        (cfg_.credentials ? cfg_.credentials->name() : std::string("none")) + ")");
   }
   if (code == "RequestTimeTooSkewed") {
     return Status::Auth(m + "; this machine's clock differs from the server's by more than 15 "
@@ -1112,12 +1130,24 @@ Expected<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const S3Optio
 
   const AwsEnvLookup env = options.env ? options.env : ProcessAwsEnv();
   cfg.region = options.region;
-  cfg.credentials = options.credentials;
-  const bool need_credentials = !cfg.credentials && options.credentials_from_aws_chain;
-  if (need_credentials || cfg.region.empty()) {
+  if (options.credentials) cfg.credentials = AwsCredentialSource::Fixed(*options.credentials);
+  if (options.credential_source) cfg.credentials = options.credential_source;
+  const bool need_credentials = !cfg.credentials && options.credentials_from_aws_chain && !options.no_sign_request;
+  if (cfg.region.empty()) {
     WFS_ASSIGN_OR_RETURN(AwsSettings settings, LoadAwsSettings(env));
-    if (need_credentials) cfg.credentials = std::move(settings.credentials);
-    if (cfg.region.empty()) cfg.region = settings.region;
+    cfg.region = settings.region;
+  }
+  if (need_credentials) {
+    WFS_ASSIGN_OR_RETURN(AwsChainResult chain, ResolveAwsCredentialChain({.env = env, .region = cfg.region}));
+    if (!chain.source) {
+      // Never unsigned without being asked: a node whose role is missing would otherwise read a
+      // public copy, or fail later with AccessDenied and no word of why.
+      return Status::Auth("no AWS credentials found for " + std::string(url.substr(0, 200)) + ": looked at " +
+                          chain.looked_at + ". Give the bucket's credentials (AWS_ACCESS_KEY_ID and "
+                          "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance or pod role), or pass --no-sign-request "
+                          "for a bucket that allows anonymous access");
+    }
+    cfg.credentials = std::move(chain.source);
   }
 
   std::string endpoint = options.endpoint;
@@ -1152,7 +1182,7 @@ Expected<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const S3Optio
   spdlog::debug("s3 store s3://{}/{}: endpoint {}, region {}, {} addressing, {}", cfg.bucket,
                 cfg.prefix, cfg.endpoint.ToString(), cfg.region,
                 cfg.virtual_hosted ? "virtual-hosted" : "path-style",
-                cfg.credentials ? "credentials from " + cfg.credentials->source
+                cfg.credentials ? "credentials from " + cfg.credentials->name()
                                 : std::string("anonymous (unsigned) requests"));
   return std::unique_ptr<Store>(new S3Store(std::move(cfg), std::move(http)));
 }

@@ -53,6 +53,7 @@
 #include <string_view>
 #include <vector>
 
+#include "store/aws_credential_chain.h"
 #include "store/aws_credentials.h"
 #include "store/http_client.h"
 #include "store/store.h"
@@ -71,12 +72,16 @@ struct S3Options {
   uint64_t multipart_threshold = 64ull << 20;  // larger objects go up in parts
   uint64_t part_size = 16ull << 20;            // >= 5 MiB (the S3 minimum); grown to stay <= 10000 parts
   size_t multipart_parallelism = 4;            // parts in flight per upload
-  // Explicit credentials (tests, embedding programs). nullopt: from the environment
-  // (store/aws_credentials.h); anonymous when none are found.
+  // Explicit credentials (tests, embedding programs), fixed or refreshing. Neither: the AWS
+  // provider chain (store/aws_credential_chain.h); finding nothing there is an error unless
+  // no_sign_request.
   std::optional<AwsCredentials> credentials;
+  std::shared_ptr<AwsCredentialSource> credential_source;
+  // Anonymous, unsigned requests (the AWS CLI's --no-sign-request), for public buckets.
+  bool no_sign_request = false;
   // Environment lookup for credentials, region and endpoint; empty: the process environment.
   AwsEnvLookup env;
-  // false: never look credentials up in the AWS chain (environment, ~/.aws): only
+  // false: never look credentials up in the AWS chain (environment, ~/.aws, roles): only
   // `credentials`, else anonymous. For S3-compatible services with keys of their own (the Hub's
   // gateway), so that a user's real AWS keys are never signed and sent to them.
   bool credentials_from_aws_chain = true;

@@ -42,8 +42,10 @@ namespace {
 constexpr const char* kBucketHelp = R"(
 BUCKET is a directory (path or file:///path), a WebDAV server (http://host:port/prefix,
 https://...), an S3 bucket (s3://bucket/prefix; endpoint from --endpoint or
-AWS_ENDPOINT_URL, credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN
-or ~/.aws/credentials with AWS_PROFILE, region from --region or AWS_REGION), or a Hugging
+AWS_ENDPOINT_URL, credentials as the AWS CLI finds them: AWS_ACCESS_KEY_ID and
+AWS_SECRET_ACCESS_KEY, AWS_PROFILE in ~/.aws (keys, role_arn, credential_process), EKS
+web identity, ECS/EKS container credentials, the EC2 instance role; region from --region
+or AWS_REGION; anonymous only with --no-sign-request), or a Hugging
 Face Storage Bucket (hf://buckets/NAMESPACE/NAME/prefix: reads from HF_ENDPOINT
 [https://huggingface.co] with HF_TOKEN or the token file under HF_HOME; writes through the
 Hub's S3 gateway (--endpoint or HF_S3_ENDPOINT [https://s3.hf.co]) with an HFAK... key pair
@@ -54,6 +56,8 @@ first with `hf buckets create NAMESPACE/NAME`).
 common options:
   --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
   --region NAME        S3 region                                        [us-east-1]
+  --no-sign-request    S3: send requests unsigned (a bucket open to anyone);
+                       without it, finding no AWS credentials is an error
   --timeout SECONDS    give up on a request (retries included) after this long;
                        waits the Hugging Face Hub asks for (429, up to its
                        5-minute window) are not counted                    [120]
@@ -70,7 +74,7 @@ constexpr const char* kCacheHelp = R"(  --cache-dir DIR      local chunk cache: 
 )";
 
 const std::vector<std::string> kCommonValues = {"--endpoint", "--region", "--timeout", "--log-level"};
-const std::vector<std::string> kCommonFlags = {"--help", "-h"};
+const std::vector<std::string> kCommonFlags = {"--help", "-h", "--no-sign-request"};
 
 std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());

@@ -62,6 +62,7 @@ options:
   --keyframe-depth N   as for push                                                 [64]
   --endpoint URL       S3 endpoint (both buckets)
   --region NAME        S3 region                                            [us-east-1]
+  --no-sign-request    S3: send requests unsigned (a bucket open to anyone)
   --timeout SECONDS    give up on a request (retries included) after this long     [120]
   --log-level LEVEL    error, warn, info, debug                                   [warn]
   -h, --help           show this help
@@ -121,7 +122,7 @@ Expected<uint64_t> ParseStep(const std::string& text) {
 int ImportMain(int argc, char** argv) {
   ArgParser args({"--model", "--from-step", "--to-step", "--cache-dir", "--cache-size", "--threads",
                   "--keyframe-ratio", "--keyframe-depth", "--endpoint", "--region", "--timeout", "--log-level"},
-                 {"--help", "-h"});
+                 {"--help", "-h", "--no-sign-request"});
   if (auto rc = ParseArgs(args, argc, argv, kImportHelp, 2)) return *rc;
   const std::string src_url = args.positionals()[0];
   const std::string dest_url = args.positionals()[1];

@@ -167,6 +167,8 @@ options:
   --shared-cache-endpoint URL  S3 endpoint of an s3:// tier          [--endpoint]
   --endpoint URL       S3 endpoint (MinIO, Ceph, R2, the Hub's S3 gateway...)
   --region NAME        S3 region                                        [us-east-1]
+  --no-sign-request    S3: send requests unsigned (a bucket open to anyone);
+                       without it, finding no AWS credentials is an error
   --timeout SECONDS    give up on a bucket request (retries included) after this long; the
                        read that needed it then fails with EIO. Waits the Hugging Face
                        Hub asks for (429, up to its 5-minute window) are not counted  [120]
@@ -519,7 +521,7 @@ int MountMain(int argc, char** argv, bool quiet) {
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval",
                   "--metadata-timeout", "--uid", "--gid", "--file-mode", "--dir-mode", "--log-format",
                   "--metrics-port", "--shared-cache", "--shared-cache-size", "--shared-cache-endpoint"},
-                 {"--foreground", "-f", "--read-only", "--allow-other", "--allow-invalid", "--help", "-h"});
+                 {"--foreground", "-f", "--read-only", "--allow-other", "--allow-invalid", "--no-sign-request", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);
   if (!config.ok()) return Fail(config.status().message());

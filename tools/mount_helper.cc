@@ -146,6 +146,8 @@ int MountHelperMain(int argc, char** argv) {
         args.push_back("--allow-other");
       } else if (key == "allow_invalid" && eq == std::string::npos) {
         args.push_back("--allow-invalid");
+      } else if (key == "no_sign_request" && eq == std::string::npos) {
+        args.push_back("--no-sign-request");
       } else {
         fuse.push_back(opt);
       }

@@ -72,6 +72,8 @@ options:
   --stats              also print how each chunk was found, and request counts
   --endpoint URL       S3 endpoint
   --region NAME        S3 region                                        [us-east-1]
+  --no-sign-request    S3: send requests unsigned (a bucket open to anyone);
+                       without it, finding no AWS credentials is an error
   --timeout SECONDS    give up on a request (retries included) after this long   [120]
   --log-level LEVEL    error, warn, info, debug                          [warn]
   -h, --help           show this help
@@ -104,7 +106,7 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes, const std::string& path)
 int PatchMain(int argc, char** argv) {
   ArgParser args({"--from", "-o", "--output", "--cache-dir", "--cache-size", "--threads", "--endpoint", "--region",
                   "--timeout", "--log-level", "--shared-cache", "--shared-cache-size", "--shared-cache-endpoint"},
-                 {"--help", "-h", "--no-cache", "--stats"});
+                 {"--help", "-h", "--no-cache", "--stats", "--no-sign-request"});
   Status parsed = args.Parse(argc, argv, 1);
   if (args.Has("--help") || args.Has("-h")) {
     std::fputs(kPatchHelp, stdout);

@@ -34,6 +34,7 @@ Expected<StoreOptions> StoreOptionsFromArgs(const ArgParser& args) {
   StoreOptions so;
   so.s3_endpoint = args.GetOr("--endpoint", "");
   so.s3_region = args.GetOr("--region", "");
+  so.s3_no_sign_request = args.Has("--no-sign-request");
   if (auto t = args.Get("--timeout")) {
     WFS_ASSIGN_OR_RETURN(double seconds, ParseDouble(*t));
     so.http.total_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));

@@ -409,9 +409,24 @@ TEST_F(S3StoreTest, AuthErrorsFromS3MapToAuthWithoutSecrets) {
   EXPECT_EQ(store->Get("k").status().kind(), ErrorKind::kConflict);
 }
 
-TEST_F(S3StoreTest, AnonymousAccessSendsUnsignedRequests) {
+// Issue 29, item 1: never unsigned without being asked. With nothing in the chain (an empty
+// environment, no instance metadata) the open fails and says what it looked at and what to
+// pass; with --no-sign-request the requests go unsigned.
+TEST_F(S3StoreTest, AnonymousAccessOnlyWhenAskedSendsUnsignedRequests) {
   S3Options o = Options(server_->endpoint());
-  o.credentials.reset();  // and an empty environment: nothing to sign with
+  o.credentials.reset();
+  o.env = [](std::string_view n) -> std::optional<std::string> {
+    if (n == "AWS_EC2_METADATA_DISABLED") return "true";
+    return std::nullopt;
+  };
+  auto refused = OpenS3Store("s3://wfs-test/" + prefix_, o, *http_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().kind(), ErrorKind::kAuth);
+  for (const char* said : {"no AWS credentials found", "the environment (AWS_ACCESS_KEY_ID)", "AWS_EC2_METADATA_DISABLED",
+                           "--no-sign-request", "container endpoint", "web identity"}) {
+    EXPECT_NE(refused.status().message().find(said), std::string::npos) << said << " in " << refused.status().ToString();
+  }
+  o.no_sign_request = true;
   auto store = Open(o);
   ASSERT_TRUE(store);
   ASSERT_TRUE(store->Put("anon", Bytes("a")).ok());
@@ -513,6 +528,7 @@ TEST(S3StoreOpenTest, RejectsBadUrlsAndOptions) {
 TEST(S3StoreOpenTest, EndpointAndRegionComeFromTheEnvironment) {
   std::map<std::string, std::string> env = {{"AWS_REGION", "eu-west-3"}};
   S3Options o;
+  o.no_sign_request = true;  // (no request is made)
   o.env = [&env](std::string_view n) -> std::optional<std::string> {
     auto it = env.find(std::string(n));
     return it == env.end() ? std::nullopt : std::optional<std::string>(it->second);

@@ -29,9 +29,16 @@ the access key id is its own). This reverse proxy (Python 3 standard library onl
       drop=<n>               forward the next n conditional writes, then reset the client's
                              connection without answering (a response lost on the way back)
   GET /.s3-proxy/stats answers JSON counters: requests, forwarded, injected, conditional,
-  precondition_failed, dropped, part_uploads, completes, aborts.
+  precondition_failed, dropped, part_uploads, completes, aborts; with --tokens-file also
+  signed_ok, token_missing, token_unknown, token_expired, bad_signature and tokens_used (the
+  session tokens requests were accepted with, in order of first use).
 
-    s3_precondition_proxy.py --target http://127.0.0.1:4568 [--listen-port 0]
+  Temporary credentials (--tokens-file F, written by fake_aws_credentials.py): every request
+  must carry an x-amz-security-token listed in F (else 403 InvalidToken), not yet expired (else
+  400 ExpiredToken, as S3 answers), and a SigV4 signature made with that token's secret (else
+  403 SignatureDoesNotMatch). s3rver checks none of this.
+
+    s3_precondition_proxy.py --target http://127.0.0.1:4568 [--listen-port 0] [--tokens-file F]
 
 Prints "PORT <n>" as the first line of stdout once it accepts connections. Stops on SIGTERM.
 """
@@ -45,11 +52,15 @@ import socket
 import struct
 import sys
 import threading
+import time
 import urllib.parse
 import xml.etree.ElementTree as ET
 from xml.sax.saxutils import escape
 from contextlib import contextmanager, nullcontext
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fake_aws_credentials import sigv4_ok  # noqa: E402
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection",
@@ -99,7 +110,9 @@ class KeyLocks:
 
 
 class State:
-    def __init__(self, target):
+    def __init__(self, target, tokens_file=None):
+        self.tokens_file = tokens_file
+        self.tokens_used = []
         t = urllib.parse.urlsplit(target)
         if t.scheme != "http" or not t.hostname:
             raise SystemExit(f"s3_precondition_proxy: --target must be http://host:port, got {target!r}")
@@ -113,7 +126,8 @@ class State:
         self.drop = 0
         self.stats = {k: 0 for k in ("requests", "forwarded", "injected", "conditional",
                                      "precondition_failed", "dropped", "part_uploads",
-                                     "completes", "aborts")}
+                                     "completes", "aborts", "signed_ok", "token_missing",
+                                     "token_unknown", "token_expired", "bad_signature")}
 
     def count(self, name):
         with self.lock:
@@ -188,6 +202,35 @@ class Handler(BaseHTTPRequestHandler):
                 st.drop = int(q["drop"][0])
         self.reply(200, b"ok\n", "text/plain")
 
+    def credentials_ok(self, body):
+        st = self.state
+        token = self.headers.get("x-amz-security-token")
+        if not token:
+            st.count("token_missing")
+            self.reply(403, error_xml("InvalidToken", "no session token (temporary credentials expected)"))
+            return False
+        with open(st.tokens_file) as f:
+            issued = json.load(f)
+        if token not in issued:
+            st.count("token_unknown")
+            self.reply(403, error_xml("InvalidToken", "The provided token is malformed or otherwise invalid."))
+            return False
+        if issued[token]["expires"] <= time.time():
+            st.count("token_expired")
+            self.reply(400, error_xml("ExpiredToken", "The provided token has expired."))
+            return False
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        if not sigv4_ok(self.command, self.path, headers, body, headers.get("authorization", "x").split("Credential=")[-1].split("/")[0],
+                        issued[token]["secret"], "s3"):
+            st.count("bad_signature")
+            self.reply(403, error_xml("SignatureDoesNotMatch", "The request signature we calculated does not match"))
+            return False
+        st.count("signed_ok")
+        with st.lock:
+            if token not in st.tokens_used:
+                st.tokens_used.append(token)
+        return True
+
     def handle_any(self):
         st = self.state
         length = int(self.headers.get("Content-Length") or 0)
@@ -198,10 +241,12 @@ class Handler(BaseHTTPRequestHandler):
             return
         if path == "/.s3-proxy/stats":
             with st.lock:
-                payload = json.dumps(st.stats).encode()
+                payload = json.dumps(dict(st.stats, tokens_used=st.tokens_used)).encode()
             self.reply(200, payload, "application/json")
             return
         st.count("requests")
+        if st.tokens_file and not self.credentials_ok(body):
+            return
         params = urllib.parse.parse_qs(query, keep_blank_values=True)
         if self.command == "PUT" and "partNumber" in params:
             st.count("part_uploads")
@@ -363,8 +408,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--listen-port", type=int, default=0)
     p.add_argument("--target", required=True)
+    p.add_argument("--tokens-file")
     args = p.parse_args()
-    Handler.state = State(args.target)
+    Handler.state = State(args.target, args.tokens_file)
     server = Server(("127.0.0.1", args.listen_port), Handler)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     signal.signal(signal.SIGINT, lambda *_: os._exit(0))

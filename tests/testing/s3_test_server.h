@@ -118,14 +118,16 @@ class S3PreconditionProxy {
     return (std::filesystem::path(__FILE__).parent_path() / "s3_precondition_proxy.py").string();
   }
 
-  ::testing::AssertionResult Start(const std::string& target) {
+  // `tokens_file`: accept only the temporary credentials fake_aws_credentials.py wrote there.
+  ::testing::AssertionResult Start(const std::string& target, const std::string& tokens_file = "") {
     const std::string python = FindExecutable("python3");
     if (python.empty()) return ::testing::AssertionFailure() << "python3 not found; run scripts/setup.sh";
     if (::access(Script().c_str(), R_OK) != 0) {
       return ::testing::AssertionFailure() << "proxy script " << Script() << " not found";
     }
-    ::testing::AssertionResult started =
-        process_.Start({python, "-u", Script(), "--listen-port", "0", "--target", target}, /*pipe_stdout=*/true);
+    std::vector<std::string> argv = {python, "-u", Script(), "--listen-port", "0", "--target", target};
+    if (!tokens_file.empty()) argv.insert(argv.end(), {"--tokens-file", tokens_file});
+    ::testing::AssertionResult started = process_.Start(argv, /*pipe_stdout=*/true);
     if (!started) return started;
     const std::optional<std::string> line = process_.ReadLine(std::chrono::seconds(10));
     if (!line || line->rfind("PORT ", 0) != 0) {
@@ -165,6 +167,19 @@ class S3PreconditionProxy {
     for (const auto& [k, v] : json.items()) {
       if (v.is_number_unsigned()) out[k] = v.get<uint64_t>();
     }
+    return out;
+  }
+
+  // With a tokens file: the session tokens requests were accepted with, in order of first use.
+  std::vector<std::string> TokensUsed() {
+    std::vector<std::string> out;
+    HttpRequest r;
+    r.url = endpoint() + "/.s3-proxy/stats";
+    auto resp = http_->Send(std::move(r));
+    if (!resp.ok() || resp->status != 200) return out;
+    const auto json = nlohmann::json::parse(resp->body.begin(), resp->body.end(), nullptr, false);
+    if (!json.is_object() || !json.contains("tokens_used")) return out;
+    for (const auto& t : json["tokens_used"]) out.push_back(t.get<std::string>());
     return out;
   }
 

@@ -181,10 +181,10 @@ TEST_F(InstallTest, MountHelperTurnsFstabOptionsIntoMountOptions) {
   // -f (fake) -v: mount(8)'s flags; the helper prints the command it would run and stops.
   CommandResult r = Shell(prefix_ + "/sbin/mount.fuse.weightfs /b /m -v -f -o '"
                           "rw,_netdev,nofail,cache_dir=/c,cache-size=1G,log_level=debug,ro,allow_other,"
-                          "x-systemd.requires=x.service,default_permissions,comment=\"a,b\"'");
+                          "x-systemd.requires=x.service,no_sign_request,default_permissions,comment=\"a,b\"'");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("weightfs mount /b /m --cache-dir /c --cache-size 1G --log-level debug --read-only "
-                       "--allow-other -o default_permissions\n"),
+                       "--allow-other --no-sign-request -o default_permissions\n"),
             std::string::npos)
       << r.out;
   CommandResult bad = Shell(prefix_ + "/sbin/mount.fuse.weightfs /b /m -o cache_dir");

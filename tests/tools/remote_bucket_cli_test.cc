@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/command_runner.h"
+#include "tests/testing/fake_aws.h"
 #include "tests/testing/s3_test_server.h"
 #include "tests/testing/test_servers.h"
 
@@ -162,5 +163,56 @@ TEST_P(RemoteBucketCli, BucketThatIsDownFailsWithinTheTimeout) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, RemoteBucketCli, ::testing::Values("http", "s3"),
                          [](const auto& info) { return info.param; });
+
+// Issue 29, item 1, as a node sees it: no keys anywhere, an instance role. The commands sign
+// with what instance metadata (the fake on loopback) hands out; the proxy in front of s3rver
+// accepts only those credentials and checks each signature. With no role and no keys the
+// command refuses and says what to do, and --no-sign-request is the one way to go unsigned.
+TEST(RemoteBucketCliCredentials, AnInstanceRoleSignsAndNothingIsEverUnsignedUnasked) {
+  weightfs::test::TempDir dir("cli-creds");
+  const std::string tokens = dir.Join("tokens.json");
+  S3rverServer s3("bench");
+  ASSERT_TRUE(s3.Start());
+  weightfs::test::FakeAwsCredentials fake;
+  ASSERT_TRUE(fake.Start(tokens));
+  weightfs::test::S3PreconditionProxy proxy;
+  ASSERT_TRUE(proxy.Start(s3.endpoint(), tokens));
+  fs::create_directories(dir.Join("home"));
+  const std::string node_env = "env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE "
+                               "-u AWS_WEB_IDENTITY_TOKEN_FILE -u AWS_CONTAINER_CREDENTIALS_FULL_URI "
+                               "-u AWS_CONTAINER_CREDENTIALS_RELATIVE_URI HOME=" + dir.Join("home") +
+                               " AWS_REGION=us-east-1 ";
+  auto run = [&](const std::string& extra_env, const std::string& args) {
+    return weightfs::test::RunShell(node_env + extra_env + " " + std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1");
+  };
+  const std::string imds = "AWS_EC2_METADATA_SERVICE_ENDPOINT=" + fake.endpoint();
+  const std::string bucket = "s3://bench/role --endpoint " + proxy.endpoint();
+  const fs::path data = dir.Join("data");
+  ASSERT_EQ(weightfs::test::RunShell(std::string(WEIGHTFS_BINARY) + " gen " + data.string() +
+                                     " --params 1M --versions 1 --shard-size 4M --seed 3 2>&1").exit_code, 0);
+  Result init = run(imds, "init " + bucket);
+  ASSERT_EQ(init.exit_code, 0) << init.out;
+  Result push = run(imds, "push " + bucket + " acme/m@v0 " + (data / "v000").string() + " --no-cache");
+  ASSERT_EQ(push.exit_code, 0) << push.out;
+  Result log = run(imds, "log " + bucket + " acme/m");
+  EXPECT_EQ(log.exit_code, 0) << log.out;
+  EXPECT_NE(log.out.find("acme/m@v0"), std::string::npos) << log.out;
+  EXPECT_GE(fake.Stats()["issued_imds"], 3u);  // one per command
+  EXPECT_EQ(proxy.Stats()["bad_signature"], 0u);
+  EXPECT_EQ(proxy.Stats()["token_missing"], 0u);
+
+  // No role, no keys (nothing answers at the metadata address): refused, said, fast.
+  const std::string nowhere = "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:" +
+                              std::to_string(weightfs::test::FreeLoopbackPort());
+  Result refused = run(nowhere, "log s3://bench/role --endpoint " + s3.endpoint() + " acme/m");
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("no AWS credentials found"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("--no-sign-request"), std::string::npos) << refused.out;
+  EXPECT_LT(refused.seconds, 10.0);
+  // Anonymous when asked (s3rver lets anyone read).
+  Result anonymous = run(nowhere, "log s3://bench/role --endpoint " + s3.endpoint() + " acme/m --no-sign-request");
+  EXPECT_EQ(anonymous.exit_code, 0) << anonymous.out;
+  EXPECT_NE(anonymous.out.find("acme/m@v0"), std::string::npos) << anonymous.out;
+}
 
 }  // namespace
