@@ -85,6 +85,7 @@ void PackWriter::UploaderMain() {
     else spdlog::debug("uploaded {} ({} bytes)", key, pack.bytes.size());
     const size_t size = pack.bytes.size();
     pack.bytes = {};
+    if (s.ok() && on_uploaded_) on_uploaded_(pack.seq, hash, size);
     lock.Lock();
     if (s.ok()) {
       hashes_[pack.seq] = hash;

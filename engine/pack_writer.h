@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -38,6 +39,11 @@ class PackWriter {
   Expected<PackSlot> Add(std::span<const uint8_t> payload) WFS_EXCLUDES(mu_);
   // Seals the last pack and waits for every upload. Returns the first upload error.
   Status Finish() WFS_EXCLUDES(mu_);
+  // Called on an uploader thread after pack `seq` is in the store (its hash and size), before
+  // Finish can return; not under the writer's lock. Set before the first Add.
+  void set_on_uploaded(std::function<void(size_t seq, const Hash128& hash, uint64_t bytes)> f) {
+    on_uploaded_ = std::move(f);
+  }
 
   // Call once Finish() returned OK.
   Hash128 PackHash(size_t pack) const WFS_EXCLUDES(mu_) {
@@ -76,6 +82,7 @@ class PackWriter {
   std::vector<Hash128> hashes_ WFS_GUARDED_BY(mu_);  // by sequence number
   uint64_t bytes_uploaded_ WFS_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> uploaders_;
+  std::function<void(size_t, const Hash128&, uint64_t)> on_uploaded_;
 };
 
 }  // namespace weightfs

@@ -13,6 +13,7 @@
 #include "core/safetensors.h"
 #include "engine/lease.h"
 #include "engine/materializer.h"
+#include "engine/push_record.h"
 #include "engine/version_writer.h"
 
 namespace weightfs {
@@ -719,6 +720,7 @@ Expected<StagedState> PushPart(Bucket& bucket, ChunkCache* cache, ThreadPool& po
   record.meta.stored_bytes = record.manifest.stats.stored_bytes;
   record.meta.tally = {r.tensor_elements, r.tensor_changed, r.other_elements, r.other_changed};
   WFS_ASSIGN_OR_RETURN(StagedState st, staged.Submit(record));
+  if (options.record) options.record->Remove();  // the part is in: its packs are referenced
   lease.reset();
   if (part.progress) part.progress(st);
   if (st.kind == StagedState::kConflict || st.kind == StagedState::kGone) return Status::Conflict(st.message);

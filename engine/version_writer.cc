@@ -15,6 +15,7 @@
 #include "engine/lease.h"
 #include "engine/materializer.h"
 #include "engine/pack_writer.h"
+#include "engine/push_record.h"
 #include "engine/staged_version.h"
 
 namespace weightfs {
@@ -139,6 +140,10 @@ struct PendingChunk {
   PackSlot slot;
 };
 
+// Fresh chunks hold their pack's sequence number in ref.pack until Finish; a payload an
+// interrupted push uploaded (PushOptions::record) holds this plus its index in resumed_packs.
+constexpr uint32_t kResumedPack = 1u << 31;
+
 }  // namespace
 
 Expected<std::vector<PushFile>> FilesUnder(const std::string& dir) {
@@ -191,12 +196,18 @@ struct VersionEncoder::State {
   // several passes and must see the same bytes in each (a draft's staging file written again
   // while it is encoded, a pushed file changed on disk). The copy costs ~0.3 ms a 4 MiB chunk.
   std::vector<ByteBuffer> snapshots;  // (ByteBuffer: growing one does not zero it)
+  std::vector<Hash128> resumed_packs;   // (under mu)
+  std::map<Hash128, uint32_t> resumed_index;
 
   State(Bucket& b, ChunkCache* c, ThreadPool& p, std::shared_ptr<const Manifest> par,
         const PushOptions& o, uint64_t total)
       : bucket(b), cache(c), pool(p), parent(std::move(par)), options(o), total_bytes(total),
         packs(&b.store(), o.pack_bytes, o.uploaders, o.max_packs_in_flight), parents(&b, c),
-        codecs(p.size()), buffers(p.size()), snapshots(p.size()) {}
+        codecs(p.size()), buffers(p.size()), snapshots(p.size()) {
+    if (o.record) {
+      packs.set_on_uploaded([r = o.record](size_t seq, const Hash128& h, uint64_t n) { r->PackUploaded(seq, h, n); });
+    }
+  }
 };
 
 VersionEncoder::VersionEncoder(Bucket& bucket, ChunkCache* cache, ThreadPool& pool,
@@ -325,6 +336,27 @@ Status VersionEncoder::AddFile(const std::string& path, const FileBytes& data, c
       e.keyframe_bytes = pc->keyframe_bytes;
       changed = 0;
       st.result.same_chunks++;
+    } else if (const PushRecord::Chunk* r = options.record ? options.record->Find(path, i) : nullptr;
+               r && r->offset == spec.offset && r->length == spec.length && r->input == e.hash &&
+               (!r->base || (pc && pc->hash == *r->base))) {
+      // Encoded and uploaded by an interrupted run of this push, from these very bytes (and,
+      // for a delta, this very parent chunk): its payload is in the bucket already.
+      keyframe = !r->base;
+      e.encoding = r->encoding;
+      e.depth = r->depth;
+      e.chain_bytes = r->chain_bytes;
+      e.keyframe_bytes = r->keyframe_bytes;
+      e.origin = 0;
+      e.ref.length = r->payload_bytes;
+      changed = r->changed;
+      MutexLock lock(mu);
+      e.base = r->base ? manifest.VersionIndex(parent->version) : 0;
+      auto [at, added] = st.resumed_index.emplace(r->pack, static_cast<uint32_t>(st.resumed_packs.size()));
+      if (added) st.resumed_packs.push_back(r->pack);
+      p.slot = PackSlot{kResumedPack + at->second, r->pack_offset};
+      p.fresh = true;
+      st.result.resumed_chunks++;
+      st.result.resumed_bytes += r->payload_bytes;
     } else {
       if (pc) {
         Expected<ByteBuffer> pbytes = st.parents.Chunk(*parent, *pfile, it->second);
@@ -360,6 +392,21 @@ Status VersionEncoder::AddFile(const std::string& path, const FileBytes& data, c
       if (!slot_or.ok()) return fail(slot_or.status());
       p.slot = *slot_or;
       p.fresh = true;
+      if (options.record) {
+        PushRecord::Chunk rc;
+        rc.offset = e.offset;
+        rc.length = e.length;
+        rc.input = e.hash;
+        if (!keyframe) rc.base = pc->hash;
+        rc.encoding = e.encoding;
+        rc.depth = e.depth;
+        rc.chain_bytes = e.chain_bytes;
+        rc.keyframe_bytes = e.keyframe_bytes;
+        rc.pack_offset = p.slot.offset;
+        rc.payload_bytes = e.ref.length;
+        rc.changed = changed;
+        options.record->Add(path, i, rc, p.slot.pack);
+      }
     }
     MutexLock lock(mu);
     if (p.fresh) {
@@ -441,7 +488,9 @@ Expected<Manifest> VersionEncoder::Finish(PushResult* result) {
         c.ref.pack = manifest.SourceIndex(st.parent->sources[c.ref.pack]);
         continue;
       }
-      const Hash128& h = c.origin == 0 ? st.packs.PackHash(c.ref.pack) : st.parent->packs[c.ref.pack];
+      const Hash128 h = c.origin != 0                  ? st.parent->packs[c.ref.pack]
+                        : c.ref.pack >= kResumedPack ? st.resumed_packs[c.ref.pack - kResumedPack]
+                                                     : st.packs.PackHash(c.ref.pack);
       auto [it, inserted] = pack_index.emplace(h, static_cast<uint32_t>(manifest.packs.size()));
       if (inserted) manifest.packs.push_back(h);
       c.ref.pack = it->second;
@@ -503,6 +552,8 @@ Expected<Manifest> EncodePushFiles(Bucket& bucket, ChunkCache* cache, ThreadPool
     return Status::IOError(files[fi].local_path + " was truncated while it was being read; nothing was "
                            "published (push it again once it is complete)");
   };
+  // (The caller holds the lease: gc leaves the record's packs alone from here on.)
+  if (options.record && !options.record->loaded()) WFS_TRY(options.record->Load(bucket.store(), pool));
   VersionEncoder encoder(bucket, cache, pool, target, std::move(parent), options, total_bytes);
   for (size_t fi = 0; fi < files.size(); ++fi) {
     Status s = encoder.AddFile(files[fi].path, opened[fi], files[fi].local_path);
@@ -540,6 +591,7 @@ Expected<PushResult> PushVersion(Bucket& bucket, ChunkCache* cache, ThreadPool& 
   if (!manifest.ok()) return manifest.status();
   Status published = bucket.PublishManifest(*manifest);
   if (!published.ok()) return published;
+  if (options.record) options.record->Remove();  // published: nothing to resume
   // Reading it back through the bucket validates what we wrote (format 2: the head and every
   // section of its table).
   WFS_ASSIGN_OR_RETURN(result.manifest, bucket.ReadFullManifest(target.model, target.version));

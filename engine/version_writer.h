@@ -31,6 +31,8 @@
 
 namespace weightfs {
 
+class PushRecord;
+
 struct PushFile {
   std::string path;        // inside the version ("model-00001-of-00002.safetensors")
   std::string local_path;  // file to read
@@ -52,6 +54,10 @@ struct PushOptions {
   bool allow_invalid = false;
   // Called from worker threads (serialized) with logical bytes done and total.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // What an interrupted run of this push already uploaded (engine/push_record.h): chunks whose
+  // bytes and delta base match a recorded one reuse its payload; every chunk encoded now is
+  // recorded once its pack is uploaded. Null: none.
+  PushRecord* record = nullptr;
 };
 
 struct PushResult {
@@ -62,6 +68,8 @@ struct PushResult {
   // What the changed fraction is made of: tensor elements, and bytes of other data (headers,
   // opaque files; they count only in a version without tensors). Parts encoded separately add.
   uint64_t tensor_elements = 0, tensor_changed = 0, other_elements = 0, other_changed = 0;
+  // Chunks whose payload an interrupted run had uploaded (PushOptions::record), and its bytes.
+  uint64_t resumed_chunks = 0, resumed_bytes = 0;
 };
 
 // The pieces PushVersion is made of, for callers that encode a version a file at a time (the

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cmath>
 #include <set>
 #include <chrono>
@@ -14,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +26,7 @@
 #include "engine/gc.h"
 #include "engine/lease.h"
 #include "engine/materializer.h"
+#include "engine/push_record.h"
 #include "engine/shared_tier.h"
 #include "engine/staged_version.h"
 #include "engine/version_reader.h"
@@ -227,6 +231,59 @@ options:
 
 // ---- push -------------------------------------------------------------------------------------
 
+// Ctrl-C during a push: says what stays in the bucket and how to go on, then exits 130. The
+// handler only sets a flag; a thread of ours prints (it may take locks) and exits.
+volatile std::sig_atomic_t g_push_interrupted = 0;
+
+class PushInterruptReport {
+ public:
+  PushInterruptReport(std::shared_ptr<PushRecord> record, std::string bucket)
+      : record_(std::move(record)), bucket_(std::move(bucket)) {
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { g_push_interrupted = 1; };
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    watcher_ = std::thread([this] {
+      while (!done_) {
+        if (g_push_interrupted) Report();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+  }
+  ~PushInterruptReport() {
+    done_ = true;
+    watcher_.join();
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  PushInterruptReport(const PushInterruptReport&) = delete;
+  PushInterruptReport& operator=(const PushInterruptReport&) = delete;
+
+ private:
+  [[noreturn]] void Report() {
+    std::string text = "\nweightfs: push interrupted; nothing was published.";
+    if (!record_) {
+      text += " The packs uploaded so far are not recorded (--no-cache): the same command sends everything again, "
+              "and `weightfs gc " + bucket_ + "` removes them.";
+    } else {
+      const uint64_t kept = (record_->loaded() ? record_->loaded_bytes() : 0) + record_->recorded_bytes();
+      text += " " + FormatBytes(static_cast<double>(kept)) + " of packs from this push are in the bucket, recorded in " +
+              record_->path() + ": run the same command again to resume (they are not sent again); `weightfs gc " +
+              bucket_ + "` removes them if you do not.";
+    }
+    std::fprintf(stderr, "%s\n", text.c_str());
+    std::fflush(stderr);
+    std::_Exit(130);
+  }
+
+  std::shared_ptr<PushRecord> record_;
+  std::string bucket_;
+  struct sigaction old_int_ {}, old_term_ {};
+  std::atomic<bool> done_{false};
+  std::thread watcher_;
+};
+
 // "no model NAME in the bucket", with the models it may have meant (a typo, the organisation
 // forgotten) or, when none looks alike, a few that are there. `bucket_url` for the message.
 std::string NoSuchModel(Bucket& bucket, const std::string& model, const std::string& bucket_url) {
@@ -417,6 +474,27 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
                                                    " Push to that name to store deltas against it)")
                                                       .c_str());
   }
+  // The record of what this push puts in the bucket, for the same push run again after an
+  // interruption (engine/push_record.h); keyed by bucket, version, parent and chunk size.
+  std::shared_ptr<PushRecord> record;
+  if (!args.Has("--no-cache")) {
+    const std::string what = ctx->bucket->Describe() + "\n" + target->model + "@" + target->version + "\n" +
+                             (parent ? parent->version : std::string("-")) + "\n" + std::to_string(opts.chunk_bytes) +
+                             "\n" + args.GetOr("--part", "");
+    record = std::make_shared<PushRecord>(PushRecord::PathFor(args.GetOr("--cache-dir", DefaultCacheDir()), what));
+    opts.record = record.get();
+    std::error_code ec;
+    if (std::filesystem::file_size(record->path(), ec) > 64 && !ec) {
+      std::printf("resuming an interrupted push of %s (its record: %s)\n", pos[1].c_str(), record->path().c_str());
+      std::fflush(stdout);
+    }
+  }
+  PushInterruptReport interrupt(record, pos[0]);
+  auto say_resumed = [&](const PushResult& r) {
+    if (r.resumed_chunks == 0) return;
+    std::printf("resumed: %llu chunks (%s stored) were in the bucket from the interrupted push and were not sent again\n",
+                (unsigned long long)r.resumed_chunks, FormatBytes(static_cast<double>(r.resumed_bytes)).c_str());
+  };
   std::shared_ptr<Progress> progress;
   opts.progress = ProgressFn("push " + pos[1], &progress);
   if (args.Has("--parts")) {
@@ -450,6 +528,7 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
     Expected<StagedState> st = PushPart(*ctx->bucket, ctx->cache.get(), *ctx->pool, *target, parent, files, opts,
                                         part, &result);
     progress->Finish();
+    say_resumed(result);
     if (!st.ok()) {
       if (st.status().kind() == ErrorKind::kTimeout) {
         std::fprintf(stderr, "weightfs: %s\n", st.status().message().c_str());
@@ -472,6 +551,7 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
                                        files, opts);
   progress->Finish();
   if (!r.ok()) return Fail(r.status());
+  say_resumed(*r);
   const Manifest& m = *r->manifest;
   std::printf("published %s@%s%s: %zu files, %s, stored %s (%s), %.2f%% of elements changed, "
               "chunks: %llu full, %llu delta, %llu unchanged; %zu packs; %.1f s\n",
