@@ -324,7 +324,9 @@ version and publishes it. Each chunk is stored as a delta against the same chunk
 version, FULL when its delta chain gets long (keyframe policy), or not at all when unchanged.
 Packs upload while encoding goes on; the manifest is created last with create-if-absent, so
 a version is either fully published or invisible, and of two pushes of one name exactly one
-wins.
+wins. Interrupted (Ctrl-C, a preempted job, a bucket that went away), the same command again
+resumes: the packs already in the bucket are not sent again (a record in the cache directory
+says which chunks they hold; nothing without --no-cache).
 
 options:
   --parent VERSION     version to delta against     [the model's latest; none for a new model]
