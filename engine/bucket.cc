@@ -139,8 +139,13 @@ void Bucket::set_metadata_budget(uint64_t bytes) {
   files_.set_max_bytes(bytes / 2);
 }
 
-Expected<std::vector<VersionInfo>> Bucket::ListVersions(std::string_view model) {
-  if (derived_) return derived_->ListVersions(model);
+Expected<std::vector<VersionInfo>> Bucket::ListVersions(std::string_view model, bool with_sub_models) {
+  if (derived_) {
+    if (!with_sub_models || model.empty()) return derived_->ListVersions(model);
+    WFS_ASSIGN_OR_RETURN(std::vector<VersionInfo> all, derived_->ListVersions({}));
+    std::erase_if(all, [&](const VersionInfo& v) { return !ModelUnder(v.model, model); });
+    return all;
+  }
   std::string prefix = "models/";
   if (!model.empty()) {
     WFS_TRY(ValidateModelName(model));
@@ -170,7 +175,7 @@ Expected<std::vector<VersionInfo>> Bucket::ListVersions(std::string_view model) 
     std::string_view m = key.substr(7, mid - 7);
     std::string_view v = key.substr(mid + kMid.size(), key.size() - mid - kMid.size() - 5);
     if (!ValidateModelName(m).ok() || !ValidateVersionName(v).ok()) continue;
-    if (!model.empty() && m != model) continue;  // a sub-organisation's models, not this one
+    if (!model.empty() && m != model && !with_sub_models) continue;  // a sub-organisation's models, not this one
     out.push_back({std::string(m), std::string(v), std::nullopt});
   }
   for (VersionInfo& v : out) {

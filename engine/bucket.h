@@ -56,6 +56,13 @@ struct VersionTime {
   int64_t created_ms = 0;
 };
 
+// Whether `model` is `prefix` or a model under it ("acme/qwen" is under "acme"; "acme2/x" is
+// not); every model is under "".
+inline bool ModelUnder(std::string_view model, std::string_view prefix) {
+  return prefix.empty() || model == prefix ||
+         (model.size() > prefix.size() && model.starts_with(prefix) && model[prefix.size()] == '/');
+}
+
 class Bucket {
  public:
   // Writes weightfs.json unless the bucket already has one (then checks its format). `format`:
@@ -88,7 +95,10 @@ class Bucket {
 
   // Every published version, optionally of one model (and its sub-organisation), sorted by
   // model then version name.
-  Expected<std::vector<VersionInfo>> ListVersions(std::string_view model = {});
+  // `model` empty: every model. Else that model's versions, and with `with_sub_models` those of
+  // the models under it too ("acme" lists acme/qwen, acme/llama/8b...): one listing of
+  // models/<model>/, for a mount of part of a bucket (--prefix).
+  Expected<std::vector<VersionInfo>> ListVersions(std::string_view model = {}, bool with_sub_models = false);
   // Reads the manifests of `versions` of `model` that are not cached yet, several at a time
   // (errors are left to the ReadManifest that needs them). A materializer walking a chunk's
   // chain back otherwise reads and parses them one after another.

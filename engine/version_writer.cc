@@ -48,8 +48,9 @@ void WarnIfRenamed(Bucket& bucket, const std::shared_ptr<const Manifest>& parent
     }
     if (same * 10 >= tensors.size() * 9) {
       spdlog::warn("{} has no file of that path in {}@{} and is stored whole (deltas pair files by path); {} there "
-                   "holds the same tensors: saved under that name it would store only its changes",
-                   path, parent->model, parent->version, f.path);
+                   "holds the same tensors: saved under that name it would store only its changes (weightfs push "
+                   "BUCKET MODEL@VERSION FILE --as {}, or in a draft: cp FILE DRAFT/{})",
+                   path, parent->model, parent->version, f.path, f.path, f.path);
       return;
     }
   }

@@ -125,6 +125,7 @@ void Namespace::Invalidate() {
 }
 
 void Namespace::AddPublished(std::shared_ptr<const Manifest> manifest) {
+  if (!ModelUnder(manifest->model, options_.prefix)) return;
   std::lock_guard<std::mutex> lock(mu_);
   AddFoundLocked(manifest->model, manifest->version, std::nullopt);
   Model& m = models_[manifest->model];
@@ -167,6 +168,7 @@ Expected<bool> Namespace::Probe(uint64_t dir, std::string_view name) {
     const Node* d = NodeLocked(dir);
     if (!d || d->kind != Kind::kDir) return false;
     model = d->model.empty() ? leaf : d->model + "/" + leaf;
+    if (!ModelUnder(model, options_.prefix)) return false;  // not shown by this mount (--prefix)
     const std::string key = model + "@" + version;
     const auto now = std::chrono::steady_clock::now();
     if (auto it = absent_.find(key); it != absent_.end() && now - it->second < options_.probe_negative_ttl) return false;
@@ -273,7 +275,9 @@ uint64_t Namespace::DirForModelLocked(const std::string& model, std::string* lea
 
 void Namespace::ApplyListingLocked(const std::vector<VersionInfo>& versions, uint64_t listing_seq) {
   std::map<std::string, std::map<std::string, std::optional<int64_t>>> listed;
-  for (const VersionInfo& v : versions) listed[v.model][v.version] = v.created_ms;
+  for (const VersionInfo& v : versions) {
+    if (ModelUnder(v.model, options_.prefix)) listed[v.model][v.version] = v.created_ms;
+  }
 
   // Versions that are gone (retired by gc): their entries go, their inodes stay.
   for (auto& [name, m] : models_) {
@@ -367,7 +371,7 @@ Status Namespace::RefreshIfStale() {
   Expected<std::vector<VersionInfo>> versions = Status::IOError("not listed");
   {
     Done done{this};
-    versions = bucket_->ListVersions();
+    versions = bucket_->ListVersions(options_.prefix, /*with_sub_models=*/true);
     std::lock_guard<std::mutex> l(mu_);
     listed_at_ = std::chrono::steady_clock::now();
     if (versions.ok()) {

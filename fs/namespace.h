@@ -65,6 +65,10 @@ struct NamespaceOptions {
   // none, a version appears with the next listing); an absent answer is reused this long.
   double probe_rate = 20;
   std::chrono::milliseconds probe_negative_ttl{200};
+  // --prefix: only the models under this model path ("acme", "acme/qwen") are shown, listed
+  // (one listing of models/<prefix>/) and probed; paths stay those of the whole bucket, so
+  // MNT/acme/qwen@v3 is the same path on every node whatever it mounts. "": every model.
+  std::string prefix;
 };
 
 // A node's attributes as a FUSE reply needs them (copied out under the lock).

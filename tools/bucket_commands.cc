@@ -313,7 +313,7 @@ int PushMain(int argc, char** argv) {
   ArgParser args(Concat(kCommonValues, {"--parent", "--cache-dir", "--cache-size", "--threads",
                                         "--chunk-size", "--pack-size", "--keyframe-ratio",
                                         "--keyframe-depth", "--json", "--base-repo", "--base-name",
-                                        "--parts", "--part", "--timeout"}),
+                                        "--parts", "--part", "--timeout", "--as"}),
                  Concat(kCommonFlags, {"--no-cache", "--stats", "--base", "--allow-no-weights", "--allow-nested",
                                        "--no-wait", "--allow-invalid"}));
   std::string help = std::string(R"(usage: weightfs push BUCKET MODEL@VERSION PATH... [options]
@@ -330,6 +330,9 @@ says which chunks they hold; nothing without --no-cache).
 
 options:
   --parent VERSION     version to delta against     [the model's latest; none for a new model]
+  --as NAME            store the one FILE given under the path NAME: checkpoints saved as
+                       step-0001.safetensors, step-0002.safetensors... are deltas of each
+                       other only under one name (deltas pair files by path)
   --base               push as a base (no parent) even if the model has versions
   --base hf://ORG/REPO[@REVISION]
                        the parent is a model repo on the Hugging Face Hub (HF_ENDPOINT,
@@ -386,6 +389,13 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
     } else {
       return Fail(pos[i] + " is not a file or directory");
     }
+  }
+  if (std::optional<std::string> as = args.Get("--as")) {
+    std::error_code ec;
+    if (pos.size() != 3 || !std::filesystem::is_regular_file(pos[2], ec)) {
+      return Usage("--as NAME renames one FILE; give exactly one file (not a directory)");
+    }
+    files[0].path = *as;
   }
   if (pos.size() > 2 && !args.Has("--allow-no-weights")) {
     if (Status s = CheckHasWeights({pos.begin() + 2, pos.end()}, files); !s.ok()) return Fail(s.message());

@@ -115,6 +115,10 @@ options:
                        the rest; readers beyond wait), the rest for chunks kept
                        in memory
   --refresh SECONDS    re-list the bucket at most this often                  [10]
+  --prefix MODEL       show only the models under MODEL (an organisation such as
+                       acme, or a model such as acme/qwen): the mount lists only
+                       models/MODEL/ and makes drafts only there; paths stay the
+                       bucket's (MNT/acme/qwen@v3), the same on every node
   --probe-rate N       bucket checks a second, at most, for version names not   [20]
                        listed yet (a lookup of NAME@VERSION, `weightfs wait`);
                        0: new versions appear only with the --refresh listing
@@ -471,6 +475,16 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
     }
   }
   m.drafts.push.allow_invalid = args.Has("--allow-invalid");
+  if (auto v = args.Get("--prefix")) {
+    std::string prefix = *v;
+    while (prefix.ends_with("/")) prefix.pop_back();
+    if (Status valid = ValidateModelName(prefix); !valid.ok()) {
+      return Status::InvalidArgument("--prefix " + *v + ": give an organisation or a model, such as acme or acme/qwen (" +
+                                     valid.message() + ")");
+    }
+    m.names.prefix = prefix;
+    m.drafts.prefix = prefix;
+  }
   m.names.uid = ::getuid();
   m.names.gid = ::getgid();
   auto id_option = [&](const char* name, uint32_t* out) -> Status {
@@ -520,7 +534,7 @@ int MountMain(int argc, char** argv, bool quiet) {
   ArgParser args({"--cache-dir", "--cache-size", "--memory-limit", "--refresh", "--probe-rate", "--threads", "-o", "--chunk-size",
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval",
                   "--metadata-timeout", "--uid", "--gid", "--file-mode", "--dir-mode", "--log-format",
-                  "--metrics-port", "--shared-cache", "--shared-cache-size", "--shared-cache-endpoint"},
+                  "--metrics-port", "--shared-cache", "--shared-cache-size", "--shared-cache-endpoint", "--prefix"},
                  {"--foreground", "-f", "--read-only", "--allow-other", "--allow-invalid", "--no-sign-request", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);

@@ -34,7 +34,7 @@ const std::map<std::string, std::string>& ValueOptions() {
       {"uid", "--uid"},               {"gid", "--gid"},               {"file_mode", "--file-mode"},
       {"dir_mode", "--dir-mode"},     {"log_format", "--log-format"}, {"metrics_port", "--metrics-port"},
       {"shared_cache", "--shared-cache"}, {"shared_cache_size", "--shared-cache-size"},
-      {"shared_cache_endpoint", "--shared-cache-endpoint"},
+      {"shared_cache_endpoint", "--shared-cache-endpoint"}, {"prefix", "--prefix"},
   };
   return options;
 }

@@ -62,6 +62,9 @@ struct DraftsOptions {
   size_t encode_threads = 0;  // 0: one per core
   uid_t uid = 0;
   gid_t gid = 0;
+  // --prefix: drafts only of models under it (engine/bucket.h ModelUnder); directories only on
+  // the way to it or under it. "": any.
+  std::string prefix;
   // Called with a draft's published manifest before the draft goes (the Namespace shows the
   // version from then on, so the name never answers ENOENT in between).
   std::function<void(std::shared_ptr<const Manifest>)> on_published;

@@ -49,9 +49,16 @@ Status Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_
   }
   const std::string n(name);
   const size_t at = n.rfind('@');
+  const std::string& prefix = s.options.prefix;
+  auto outside = [&](const std::string& what) {
+    spdlog::warn("mkdir {}: this mount shows only the models under {} (--prefix)", what, prefix);
+    return Status::ReadOnly(what + " is outside " + prefix + ", the part of the bucket this mount shows (--prefix)");
+  };
   if (at == std::string::npos) {
     const std::string path = Join(dir_path, n);
     if (!ValidateModelName(path).ok()) return Status::InvalidArgument(path + " is not a valid model directory name");
+    // On the way to the prefix ("acme" for acme/qwen), or under it.
+    if (!ModelUnder(path, prefix) && !ModelUnder(prefix, path)) return outside(path);
     MutexLock lock(s.mu);
     if (s.NewDirsInLocked(dir_path).count(path)) return Status::Conflict(path + " exists already");
     s.new_dirs.insert(path);
@@ -63,6 +70,7 @@ Status Drafts::MkdirIn(const std::string& dir_path, std::string_view name, mode_
     spdlog::warn("mkdir {}: {}", n, v.message());
     return Status::InvalidArgument(n + ": not a valid model name");
   }
+  if (!ModelUnder(model, prefix)) return outside(model + "@" + version);
   if (Status v = ValidateVersionName(version); !v.ok() || version == "latest") {
     const std::string why = v.ok() ? "'latest' is reserved for the newest version's link" : v.message();
     spdlog::warn("mkdir {}: not a valid version name: {} (docs/drafts.md, \"Names\")", n, why);

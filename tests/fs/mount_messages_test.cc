@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -164,4 +165,49 @@ TEST_F(MountMessagesTest, ACacheTooSmallToFollowAModelIsSaidOnceWithTheSizeThatF
 }
 
 }  // namespace
+// Issue 29, item 8: a mount of one model (or organisation) of a bucket. It lists only
+// models/PREFIX/, shows and probes only the models under it (paths stay the bucket's), and
+// makes drafts only there; what is outside is absent, and a mkdir there is refused saying why.
+TEST_F(MountMessagesTest, APrefixMountShowsAndWritesOnlyTheModelsUnderIt) {
+  Generate("1M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  for (const char* other : {"m/y@v0", "n/z@v0", "m/x2@v0"}) {
+    Result p = Cli("push " + bucket_ + " " + other + " " + Source(0).string() + " --no-cache");
+    ASSERT_EQ(p.exit_code, 0) << p.out;
+  }
+  Mount& one = NewMount("one", "--prefix m/x");
+  ASSERT_EQ(one.Start().exit_code, 0) << one.Describe();
+  auto names = [](const fs::path& dir) {
+    std::set<std::string> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) out.insert(e.path().filename().string());
+    return out;
+  };
+  EXPECT_EQ(names(one.mnt()), std::set<std::string>{"m"});
+  EXPECT_EQ(names(one.mnt() / "m"), (std::set<std::string>{"x@v0", "x@latest"}));
+  struct stat st {};
+  EXPECT_NE(::stat((one.mnt() / "m/y@v0").c_str(), &st), 0);  // not probed either
+  EXPECT_EQ(errno, ENOENT);
+  EXPECT_NE(::stat((one.mnt() / "m/x2@v0").c_str(), &st), 0);  // "m/x" is not a string prefix
+  EXPECT_NE(::stat((one.mnt() / "n/z@v0").c_str(), &st), 0);
+  for (const std::string& f : FilesUnder(Source(0))) {
+    EXPECT_EQ(Sha256sum(one.mnt() / "m/x@v0" / f), Sha256Of(Source(0) / f)) << f;
+  }
+  EXPECT_EQ(::mkdir((one.mnt() / "m/x@v1").c_str(), 0755), 0) << std::strerror(errno);
+  EXPECT_NE(::mkdir((one.mnt() / "m/y@v1").c_str(), 0755), 0);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_NE(::mkdir((one.mnt() / "q").c_str(), 0755), 0);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_NE(one.LogText().find("this mount shows only the models under m/x (--prefix)"), std::string::npos)
+      << one.Describe();
+  // An organisation: its models, not the others'.
+  Mount& org = NewMount("org", "--prefix m --read-only");
+  ASSERT_EQ(org.Start().exit_code, 0) << org.Describe();
+  EXPECT_EQ(names(org.mnt()), std::set<std::string>{"m"});
+  EXPECT_EQ(names(org.mnt() / "m"), (std::set<std::string>{"x@v0", "x@latest", "y@v0", "y@latest", "x2@v0", "x2@latest"}));
+  Result bad = Cli("mount " + bucket_ + " " + (root_ / "bad").string() + " --prefix 'm/../x'");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--prefix m/../x: give an organisation or a model"), std::string::npos) << bad.out;
+}
+
 }  // namespace weightfs

@@ -589,6 +589,27 @@ TEST_F(BucketCli, AFileRenamedBetweenVersionsIsSaidToBeStoredWhole) {
             std::string::npos)
       << renamed.out;
   EXPECT_NE(renamed.out.find("step-0000.safetensors there holds the same tensors"), std::string::npos) << renamed.out;
+  EXPECT_NE(renamed.out.find("FILE --as step-0000.safetensors"), std::string::npos) << renamed.out;
+  // Pushed as what the warning says: a delta of the same name, a fraction of the bytes.
+  Result as = RunCli("push " + bucket_ + " acme/m@s3 " + (root_ / "step1" / "step-0001.safetensors").string() +
+                     " --as step-0000.safetensors --parent s0" + Cache("c"));
+  ASSERT_EQ(as.exit_code, 0) << as.out;
+  EXPECT_EQ(as.out.find("stored whole"), std::string::npos) << as.out;
+  Result log = RunCli("log " + bucket_ + " acme/m --json");
+  const nlohmann::json versions = nlohmann::json::parse(log.out, nullptr, false);
+  uint64_t whole = 0, delta = 0;
+  for (const auto& v : versions) {
+    if (v.value("version", "") == "s1") whole = v.value("stored_bytes", uint64_t{0});
+    if (v.value("version", "") == "s3") delta = v.value("stored_bytes", uint64_t{0});
+  }
+  EXPECT_GT(delta, 0u) << log.out;
+  EXPECT_LT(delta * 5, whole) << log.out;
+  Result pull = RunCli("pull " + bucket_ + " acme/m@s3 " + (root_ / "s3").string() + " --no-cache");
+  ASSERT_EQ(pull.exit_code, 0) << pull.out;
+  EXPECT_EQ(Slurp((root_ / "s3" / "step-0000.safetensors").string()),
+            Slurp((root_ / "step1" / "step-0001.safetensors").string()));
+  Result two = RunCli("push " + bucket_ + " acme/m@s4 " + (root_ / "step1").string() + " --as x.safetensors");
+  EXPECT_EQ(two.exit_code, 2) << two.out;
   // The same name as in its parent: no warning.
   fs::rename(root_ / "step1" / "step-0001.safetensors", root_ / "step1" / "step-0000.safetensors");
   Result same = RunCli("push " + bucket_ + " acme/m@s2 " + (root_ / "step1").string() + Cache("c") + " --parent s0");
