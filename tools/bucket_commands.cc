@@ -231,8 +231,9 @@ options:
 
 // ---- push -------------------------------------------------------------------------------------
 
-// Ctrl-C during a push: says what stays in the bucket and how to go on, then exits 130. The
-// handler only sets a flag; a thread of ours prints (it may take locks) and exits.
+// Ctrl-C (or SIGTERM: a preempted job) during a push: says what stays in the bucket and how to
+// go on, then exits 128 + the signal (130, 143). The handler only notes the signal; a thread of
+// ours prints (it may take locks) and exits.
 volatile std::sig_atomic_t g_push_interrupted = 0;
 
 class PushInterruptReport {
@@ -240,7 +241,7 @@ class PushInterruptReport {
   PushInterruptReport(std::shared_ptr<PushRecord> record, std::string bucket)
       : record_(std::move(record)), bucket_(std::move(bucket)) {
     struct sigaction sa {};
-    sa.sa_handler = [](int) { g_push_interrupted = 1; };
+    sa.sa_handler = [](int sig) { g_push_interrupted = sig; };
     sigemptyset(&sa.sa_mask);
     ::sigaction(SIGINT, &sa, &old_int_);
     ::sigaction(SIGTERM, &sa, &old_term_);
@@ -274,7 +275,7 @@ class PushInterruptReport {
     }
     std::fprintf(stderr, "%s\n", text.c_str());
     std::fflush(stderr);
-    std::_Exit(130);
+    std::_Exit(128 + static_cast<int>(g_push_interrupted));
   }
 
   std::shared_ptr<PushRecord> record_;
