@@ -25,6 +25,13 @@ std::string KeyHash(const std::string& what) {
       .substr(0, 16);
 }
 
+// A line's own check (XXH3-64 of the line without it): a line a disk or an editor damaged is
+// skipped, never trusted to say where a payload is.
+uint64_t LineCheck(const nlohmann::json& without_check) {
+  const std::string text = without_check.dump();
+  return Hash64(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
 std::optional<Hash128> HashField(const nlohmann::json& j, const char* key) {
   if (!j.contains(key) || !j[key].is_string()) return std::nullopt;
   Expected<Hash128> h = Hash128::FromHex(j[key].get<std::string>());
@@ -50,7 +57,7 @@ Status PushRecord::Load(Store& store, ThreadPool& pool) {
     std::string line;
     bool header = false;
     while (std::getline(in, line)) {
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (!j.is_object()) continue;  // a line cut by a crash
       if (!header) {
         if (j.value("weightfs_push_record", 0) != kRecordVersion) break;  // not ours to read
@@ -58,6 +65,10 @@ Status PushRecord::Load(Store& store, ThreadPool& pool) {
         continue;
       }
       try {
+        if (!j.contains("k") || !j["k"].is_number_unsigned()) continue;
+        const uint64_t check = j["k"].get<uint64_t>();
+        j.erase("k");
+        if (LineCheck(j) != check) continue;
         Chunk c;
         c.offset = j.at("o").get<uint64_t>();
         c.length = j.at("l").get<uint64_t>();
@@ -154,6 +165,7 @@ void PushRecord::WriteLocked(const std::string& file, size_t index, const Chunk&
                       {"pl", c.payload_bytes},
                       {"c", c.changed}};
   if (c.base) j["b"] = c.base->ToHex();
+  j["k"] = LineCheck(j);
   const std::string line = j.dump() + "\n";
   // One write per line (O_APPEND): a crash leaves whole lines and at most one cut line.
   if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {

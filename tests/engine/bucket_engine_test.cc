@@ -339,6 +339,60 @@ TEST_F(BucketEngineTest, AnInterruptedPushResumesFromItsRecord) {
   }
 }
 
+// The record itself: lines are written only for uploaded packs; on reading, a line damaged on
+// disk (its own check fails), a line cut by a crash, garbage, and the lines of a pack the bucket
+// no longer has are all dropped, never trusted.
+TEST_F(BucketEngineTest, APushRecordKeepsOnlyIntactLinesOfPacksTheBucketHas) {
+  const std::string path = (root_ / "rec/pushes/x.jsonl").string();
+  const std::vector<uint8_t> pack_a(5000, 1), pack_b(6000, 2);
+  const Hash128 ha = HashChunk(pack_a), hb = HashChunk(pack_b);
+  ASSERT_TRUE(store_->Put(Bucket::PackKey(ha), pack_a).ok());
+  ASSERT_TRUE(store_->Put(Bucket::PackKey(hb), pack_b).ok());
+  {
+    PushRecord r(path);
+    ASSERT_TRUE(r.Load(*store_, pool_).ok());
+    for (size_t i = 0; i < 6; ++i) {
+      PushRecord::Chunk c;
+      c.offset = i * 100;
+      c.length = 100;
+      c.input = HashChunk(std::vector<uint8_t>(1, static_cast<uint8_t>(i)));
+      c.pack_offset = i * 10;
+      c.payload_bytes = 10;
+      r.Add("f", i, c, i < 3 ? 0 : 1);
+    }
+    r.Add("f", 6, PushRecord::Chunk{}, 2);  // its pack never uploads: never written
+    r.PackUploaded(0, ha, pack_a.size());
+    r.PackUploaded(1, hb, pack_b.size());
+    EXPECT_EQ(r.recorded_bytes(), pack_a.size() + pack_b.size());
+  }
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(path);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  ASSERT_EQ(lines.size(), 7u);  // the header and six chunks
+  const size_t digit = lines[1].find("\"o\":0");
+  ASSERT_NE(digit, std::string::npos) << lines[1];
+  lines[1][digit + 4] = '7';               // a flipped byte in chunk 0's line
+  lines.push_back("{\"f\":\"f\",\"i\":9");  // cut by a crash
+  lines.push_back("not json at all");
+  {
+    std::ofstream out(path, std::ios::trunc);
+    for (const std::string& l : lines) out << l << "\n";
+  }
+  ASSERT_TRUE(store_->Delete(Bucket::PackKey(hb)).ok());  // gc took pack b meanwhile
+  PushRecord again(path);
+  ASSERT_TRUE(again.Load(*store_, pool_).ok());
+  EXPECT_EQ(again.loaded_chunks(), 2u);  // chunks 1 and 2: 0 is damaged, 3-5 lost their pack
+  EXPECT_EQ(again.Find("f", 0), nullptr);
+  ASSERT_NE(again.Find("f", 1), nullptr);
+  EXPECT_EQ(again.Find("f", 1)->pack, ha);
+  EXPECT_EQ(again.Find("f", 1)->pack_offset, 10u);
+  EXPECT_EQ(again.Find("f", 3), nullptr);
+  EXPECT_EQ(again.loaded_packs(), 1u);
+  EXPECT_EQ(again.loaded_bytes(), pack_a.size());
+}
+
 // What a mount's drafts do: each file encoded on its own (a one-file manifest per file, under
 // the draft's name), an untouched file inherited from the parent, the parts assembled under
 // another version name. The result stores what a push of the same files stores, with the same
