@@ -74,6 +74,12 @@ std::optional<size_t> ManifestFile::FindChunk(const ChunkKey& key) const {
   return std::nullopt;
 }
 
+const ManifestChunk* ManifestFile::FindChunkNear(const ChunkKey& key, size_t hint) const {
+  if (hint < chunks.size() && chunks[hint].key == key) return &chunks[hint];
+  const std::optional<size_t> i = FindChunk(key);
+  return i ? &chunks[*i] : nullptr;
+}
+
 size_t ManifestFile::ChunkAt(uint64_t offset) const {
   auto it = std::upper_bound(chunks.begin(), chunks.end(), offset,
                              [](uint64_t off, const ManifestChunk& c) { return off < c.offset; });
@@ -334,7 +340,7 @@ std::string FormatUtc(int64_t unix_ms) {
 
 // Exactly "YYYY-MM-DDTHH:MM:SS[.f...]Z" with every field in range (strptime would take spaces,
 // one-digit fields and February 31, and stop at a NUL).
-Expected<int64_t> ParseUtc(std::string_view text) {
+Expected<int64_t> ParseUtc(std::string_view text, UtcForm form) {
   auto bad = [&] {  // quotes at most 64 bytes: the text may be anything a manifest holds
     return Status::Corruption("'" + std::string(text.substr(0, 64)) +
                               (text.size() > 64 ? "...'" : "'") + " is not an RFC 3339 UTC time");
@@ -347,7 +353,8 @@ Expected<int64_t> ParseUtc(std::string_view text) {
     }
     return v;
   };
-  if (text.size() < 20 || text[4] != '-' || text[7] != '-' || text[10] != 'T' || text[13] != ':' ||
+  const size_t shortest = form == UtcForm::kStrict ? 20 : 19;  // (kAnyOffset: no zone at all)
+  if (text.size() < shortest || text[4] != '-' || text[7] != '-' || text[10] != 'T' || text[13] != ':' ||
       text[16] != ':') {
     return bad();
   }
@@ -362,7 +369,7 @@ Expected<int64_t> ParseUtc(std::string_view text) {
   }
   size_t pos = 19;
   int64_t ms = 0;
-  if (text[pos] == '.') {
+  if (pos < text.size() && text[pos] == '.') {
     size_t n = 0;
     for (++pos; pos < text.size() && text[pos] >= '0' && text[pos] <= '9'; ++pos, ++n) {
       if (n < 3) ms = ms * 10 + (text[pos] - '0');
@@ -370,7 +377,18 @@ Expected<int64_t> ParseUtc(std::string_view text) {
     if (n == 0) return bad();
     for (; n < 3; ++n) ms *= 10;
   }
-  if (text.substr(pos) != "Z") return bad();
+  // The zone: "Z"; or, in kAnyOffset, "+hh:mm", "-hh:mm" or nothing (UTC).
+  const std::string_view zone = text.substr(pos);
+  int64_t offset_s = 0;
+  if (zone != "Z") {
+    if (form == UtcForm::kStrict) return bad();
+    if (!zone.empty()) {
+      if (zone.size() != 6 || (zone[0] != '+' && zone[0] != '-') || zone[3] != ':') return bad();
+      const int oh = digits(pos + 1, 2), om = digits(pos + 4, 2);
+      if (oh < 0 || oh > 23 || om < 0 || om > 59) return bad();
+      offset_s = (zone[0] == '+' ? 1 : -1) * (oh * 3600 + om * 60);
+    }
+  }
   std::tm tm{};
   tm.tm_year = year - 1900;
   tm.tm_mon = month - 1;
@@ -378,7 +396,7 @@ Expected<int64_t> ParseUtc(std::string_view text) {
   tm.tm_hour = hour;
   tm.tm_min = minute;
   tm.tm_sec = second;
-  return static_cast<int64_t>(timegm(&tm)) * 1000 + ms;
+  return (static_cast<int64_t>(timegm(&tm)) - offset_s) * 1000 + ms;
 }
 
 }  // namespace weightfs

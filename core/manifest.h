@@ -90,6 +90,9 @@ struct ManifestFile {
   TableSection section;  // format 2
   // Index of the chunk with this key, or nullopt.
   std::optional<size_t> FindChunk(const ChunkKey& key) const;
+  // The chunk with this key, trying index `hint` first (versions of a file usually share their
+  // layout, so a chain walk finds its parent's row at once), then a scan; null if none.
+  const ManifestChunk* FindChunkNear(const ChunkKey& key, size_t hint) const;
   // Index of the chunk containing byte `offset`. REQUIRES: offset < size.
   size_t ChunkAt(uint64_t offset) const;
 };
@@ -212,8 +215,11 @@ struct KeyframePolicy {
 };
 
 // RFC 3339 UTC ("2026-12-02T13:00:00.123Z") of Unix milliseconds, and back (the fraction is
-// optional on input).
+// optional on input). kStrict (manifests) takes only the "Z" form; kAnyOffset (times other
+// tools send, such as AWS credential expiries) also takes "+hh:mm" / "-hh:mm" and no zone at
+// all (read as UTC).
 std::string FormatUtc(int64_t unix_ms);
-Expected<int64_t> ParseUtc(std::string_view text);
+enum class UtcForm { kStrict, kAnyOffset };
+Expected<int64_t> ParseUtc(std::string_view text, UtcForm form = UtcForm::kStrict);
 
 }  // namespace weightfs

@@ -27,14 +27,6 @@ struct Step {
   std::shared_ptr<const ManifestFile> file_holder;  // keeps `file` (its rows) alive
 };
 
-// The chunk of `file` with `key`, trying the same position first (versions usually share
-// their layout), then a scan.
-const ManifestChunk* FindByKey(const ManifestFile& file, const ChunkKey& key, size_t hint) {
-  if (hint < file.chunks.size() && file.chunks[hint].key == key) return &file.chunks[hint];
-  std::optional<size_t> i = file.FindChunk(key);
-  return i ? &file.chunks[*i] : nullptr;
-}
-
 }  // namespace
 
 std::string DescribeChunkOf(const Manifest& manifest, const ManifestFile& file, size_t index) {
@@ -426,7 +418,7 @@ Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& fi
     }
     const ManifestFile* bf = bf_holder.get();
     const ManifestChunk* bc =
-        bf ? FindByKey(*bf, s.chunk->key, static_cast<size_t>(s.chunk - s.file->chunks.data())) : nullptr;
+        bf ? bf->FindChunkNear(s.chunk->key, static_cast<size_t>(s.chunk - s.file->chunks.data())) : nullptr;
     if (!bc) {
       return where(Status::Corruption("the delta's base chunk is missing from " + s.manifest->model +
                                       "@" + base_version));

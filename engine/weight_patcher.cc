@@ -137,12 +137,6 @@ struct ChainStep {
   const ManifestChunk* row;
 };
 
-const ManifestChunk* FindByKey(const ManifestFile& file, const ChunkKey& key, size_t hint) {
-  if (hint < file.chunks.size() && file.chunks[hint].key == key) return &file.chunks[hint];
-  std::optional<size_t> i = file.FindChunk(key);
-  return i ? &file.chunks[*i] : nullptr;
-}
-
 // The rows of each tensor of a safetensors file, checked against its header: they must tile
 // each tensor's bytes in index order.
 Expected<std::unordered_map<std::string, RowRange>> RowsByTensor(const ManifestFile& file,
@@ -331,7 +325,7 @@ Status WeightPatcher::Write(const std::string& path, const PatchSink& sink, Patc
       if (!(*bm)->FindFile(path)) return where(Status::Corruption("the delta's base file is missing"));
       Expected<std::shared_ptr<const ManifestFile>> bf = bucket.File(*bm, path);
       if (!bf.ok()) return where(bf.status());
-      const ManifestChunk* bc = FindByKey(**bf, cur.row->key, row_index);
+      const ManifestChunk* bc = (*bf)->FindChunkNear(cur.row->key, row_index);
       if (!bc) return where(Status::Corruption("the delta's base chunk is missing"));
       if (bc->depth >= cur.row->depth) return where(Status::Corruption("delta chain depth does not decrease"));
       cur = ChainStep{std::move(bm).value(), std::move(bf).value(), bc};

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/hash.h"
+#include "core/manifest.h"
 #include "store/http_client.h"
 #include "store/s3_signer.h"
 #include "store/s3_store.h"
@@ -25,33 +26,9 @@ namespace weightfs {
 using SysClock = std::chrono::system_clock;
 
 std::optional<SysClock::time_point> ParseAwsTime(std::string_view text) {
-  int y = 0, mo = 0, d = 0, h = 0, mi = 0, s = 0, consumed = 0;
-  const std::string t(text.substr(0, 64));
-  if (std::sscanf(t.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &s, &consumed) != 6) return std::nullopt;
-  std::string_view rest = std::string_view(t).substr(static_cast<size_t>(consumed));
-  if (rest.starts_with(".")) {  // fractional seconds: dropped
-    rest.remove_prefix(1);
-    while (!rest.empty() && rest[0] >= '0' && rest[0] <= '9') rest.remove_prefix(1);
-  }
-  long offset_s = 0;
-  if (rest == "Z" || rest.empty()) {
-  } else if ((rest[0] == '+' || rest[0] == '-') && rest.size() == 6 && rest[3] == ':') {
-    const long oh = std::strtol(std::string(rest.substr(1, 2)).c_str(), nullptr, 10);
-    const long om = std::strtol(std::string(rest.substr(4, 2)).c_str(), nullptr, 10);
-    offset_s = (rest[0] == '+' ? 1 : -1) * (oh * 3600 + om * 60);
-  } else {
-    return std::nullopt;
-  }
-  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || s > 60) return std::nullopt;
-  std::tm tm{};
-  tm.tm_year = y - 1900;
-  tm.tm_mon = mo - 1;
-  tm.tm_mday = d;
-  tm.tm_hour = h;
-  tm.tm_min = mi;
-  tm.tm_sec = s;
-  const time_t epoch = ::timegm(&tm);
-  return SysClock::from_time_t(epoch - offset_s);
+  const Expected<int64_t> ms = ParseUtc(text, UtcForm::kAnyOffset);
+  if (!ms.ok()) return std::nullopt;
+  return SysClock::time_point(std::chrono::seconds(*ms / 1000));  // (whole seconds, as AWS sends)
 }
 
 // ---- the source ---------------------------------------------------------------------------------
@@ -140,18 +117,12 @@ std::string Answer(const HttpResponse& r) {
   return out;
 }
 
+// Credentials a provider handed out: both keys, header-safe (Corruption: the provider's fault).
 Status CheckToken(const AwsCredentials& c) {
-  for (const std::string* v : {&c.access_key_id, &c.session_token}) {
-    for (char ch : *v) {
-      const auto u = static_cast<unsigned char>(ch);
-      if (u <= 0x20 || u >= 0x7f) {
-        return Status::Corruption("the credentials from " + c.source + " contain spaces or control characters");
-      }
-    }
-  }
   if (c.access_key_id.empty() || c.secret_access_key.empty()) {
     return Status::Corruption("the credentials from " + c.source + " lack an access key id or a secret");
   }
+  if (Status st = CheckAwsCredentialsHeaderSafe(c); !st.ok()) return Status::Corruption(st.message());
   return Status::Ok();
 }
 
@@ -492,22 +463,9 @@ struct Chain {
     for (const auto& [section, path] : {std::pair{files.CredentialsProfile(profile), files.credentials_path},
                                         std::pair{files.ConfigProfile(profile), files.config_path}}) {
       if (!section) continue;
-      const std::string* id = section->Find("aws_access_key_id");
-      const std::string* secret = section->Find("aws_secret_access_key");
-      const bool has_id = id && !id->empty(), has_secret = secret && !secret->empty();
-      if (has_id != has_secret) {
-        return Status::InvalidArgument("profile '" + profile + "' in " + path + " sets " +
-                                       (has_id ? "aws_access_key_id but not aws_secret_access_key"
-                                               : "aws_secret_access_key but not aws_access_key_id"));
-      }
-      if (has_id) {
-        AwsCredentials c{*id, *secret, "", "profile '" + profile + "' in " + path, std::nullopt};
-        const std::string* token = section->Find("aws_session_token");
-        if (!token) token = section->Find("aws_security_token");
-        if (token) c.session_token = *token;
-        if (Status st = CheckToken(c); !st.ok()) return Status::InvalidArgument(st.message());
-        return AwsCredentialSource::Fixed(std::move(c));
-      }
+      WFS_ASSIGN_OR_RETURN(std::optional<AwsCredentials> keys,
+                           AwsKeysOf(*section, "profile '" + profile + "' in " + path));
+      if (keys) return AwsCredentialSource::Fixed(std::move(*keys));
       if (section == files.CredentialsProfile(profile)) {
         if (const std::string* cmd = section->Find("credential_process"); cmd && !cmd->empty()) {
           return ProcessSource(*cmd, profile);
@@ -524,15 +482,9 @@ struct Chain {
   }
 
   Expected<std::shared_ptr<AwsCredentialSource>> EnvKeysSource() const {
-    const auto id = Env("AWS_ACCESS_KEY_ID"), secret = Env("AWS_SECRET_ACCESS_KEY");
-    if (id.has_value() != secret.has_value()) {
-      return Status::InvalidArgument(id ? "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not; set both or neither"
-                                        : "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not; set both or neither");
-    }
-    if (!id) return std::shared_ptr<AwsCredentialSource>();
-    AwsCredentials c{*id, *secret, Env("AWS_SESSION_TOKEN").value_or(""), "environment (AWS_ACCESS_KEY_ID)", std::nullopt};
-    if (Status st = CheckToken(c); !st.ok()) return Status::InvalidArgument(st.message());
-    return AwsCredentialSource::Fixed(std::move(c));
+    WFS_ASSIGN_OR_RETURN(std::optional<AwsCredentials> keys, AwsKeysFromEnvironment(env));
+    if (!keys) return std::shared_ptr<AwsCredentialSource>();
+    return AwsCredentialSource::Fixed(std::move(*keys));
   }
 
   // A profile with role_arn: AssumeRole (source_profile, credential_source) or web identity.
@@ -591,7 +543,11 @@ Expected<AwsChainResult> ResolveAwsCredentialChain(const AwsChainOptions& option
   Chain chain;
   chain.env = options.env ? options.env : ProcessAwsEnv();
   chain.region = options.region.empty() ? "us-east-1" : options.region;
-  WFS_ASSIGN_OR_RETURN(chain.files, LoadAwsConfigFiles(chain.env));
+  if (options.files) {
+    chain.files = *options.files;
+  } else {
+    WFS_ASSIGN_OR_RETURN(chain.files, LoadAwsConfigFiles(chain.env));
+  }
   HttpOptions h;
   h.connect_timeout = std::chrono::seconds(3);
   h.stall_timeout = std::chrono::seconds(5);

@@ -89,6 +89,8 @@ struct AwsChainOptions {
   AwsEnvLookup env;  // empty: the process environment
   // The resolved region (for STS): the caller's --region, else LoadAwsSettings' region.
   std::string region;
+  // The settings files, when the caller has read them already (else they are read here).
+  const AwsConfigFiles* files = nullptr;
 };
 
 struct AwsChainResult {

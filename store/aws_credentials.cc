@@ -102,51 +102,6 @@ const AwsIniSection* FindConfigProfile(const std::vector<AwsIniSection>& section
   return found;
 }
 
-struct ProfileKeys {
-  const std::string* key_id = nullptr;
-  const std::string* secret = nullptr;
-  const std::string* token = nullptr;
-};
-
-ProfileKeys KeysOf(const AwsIniSection& s) {
-  ProfileKeys k;
-  k.key_id = s.Find("aws_access_key_id");
-  k.secret = s.Find("aws_secret_access_key");
-  k.token = s.Find("aws_session_token");
-  if (!k.token) k.token = s.Find("aws_security_token");  // the boto2-era name, still accepted
-  return k;
-}
-
-Expected<std::optional<AwsCredentials>> CredentialsFrom(const ProfileKeys& k,
-                                                        const std::string& where) {
-  const bool has_id = k.key_id && !k.key_id->empty();
-  const bool has_secret = k.secret && !k.secret->empty();
-  if (!has_id && !has_secret) return std::optional<AwsCredentials>();
-  if (has_id != has_secret) {
-    return Status::InvalidArgument(where + " sets " +
-                                   (has_id ? "aws_access_key_id but not aws_secret_access_key"
-                                           : "aws_secret_access_key but not aws_access_key_id"));
-  }
-  AwsCredentials c;
-  c.access_key_id = *k.key_id;
-  c.secret_access_key = *k.secret;
-  if (k.token) c.session_token = *k.token;
-  c.source = where;
-  return std::optional<AwsCredentials>(std::move(c));
-}
-
-Status CheckHeaderSafe(const AwsCredentials& c) {
-  if (!IsHeaderSafeToken(c.access_key_id)) {
-    return Status::InvalidArgument("the AWS access key id from " + c.source +
-                                   " contains spaces or control characters");
-  }
-  if (!IsHeaderSafeToken(c.session_token)) {
-    return Status::InvalidArgument("the AWS session token from " + c.source +
-                                   " contains spaces or control characters");
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 const std::string* AwsIniSection::Find(std::string_view key) const {
@@ -222,6 +177,58 @@ const std::string* AwsConfigFiles::Setting(const std::string& profile, std::stri
 
 std::optional<std::string> AwsEnvValue(const AwsEnvLookup& env, std::string_view name) { return NonEmpty(env, name); }
 
+Expected<std::optional<AwsCredentials>> AwsKeysOf(const AwsIniSection& section, const std::string& where) {
+  const std::string* id = section.Find("aws_access_key_id");
+  const std::string* secret = section.Find("aws_secret_access_key");
+  const std::string* token = section.Find("aws_session_token");
+  if (!token) token = section.Find("aws_security_token");  // the boto2-era name, still accepted
+  const bool has_id = id && !id->empty();
+  const bool has_secret = secret && !secret->empty();
+  if (!has_id && !has_secret) return std::optional<AwsCredentials>();
+  if (has_id != has_secret) {
+    return Status::InvalidArgument(where + " sets " +
+                                   (has_id ? "aws_access_key_id but not aws_secret_access_key"
+                                           : "aws_secret_access_key but not aws_access_key_id"));
+  }
+  AwsCredentials c;
+  c.access_key_id = *id;
+  c.secret_access_key = *secret;
+  if (token) c.session_token = *token;
+  c.source = where;
+  WFS_TRY(CheckAwsCredentialsHeaderSafe(c));
+  return std::optional<AwsCredentials>(std::move(c));
+}
+
+Expected<std::optional<AwsCredentials>> AwsKeysFromEnvironment(const AwsEnvLookup& env) {
+  const auto id = NonEmpty(env, "AWS_ACCESS_KEY_ID");
+  const auto secret = NonEmpty(env, "AWS_SECRET_ACCESS_KEY");
+  if (id.has_value() != secret.has_value()) {
+    return Status::InvalidArgument(
+        id ? "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not; set both or neither"
+           : "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not; set both or neither");
+  }
+  if (!id) return std::optional<AwsCredentials>();
+  AwsCredentials c;
+  c.access_key_id = *id;
+  c.secret_access_key = *secret;
+  c.session_token = NonEmpty(env, "AWS_SESSION_TOKEN").value_or("");
+  c.source = "environment (AWS_ACCESS_KEY_ID)";
+  WFS_TRY(CheckAwsCredentialsHeaderSafe(c));
+  return std::optional<AwsCredentials>(std::move(c));
+}
+
+Status CheckAwsCredentialsHeaderSafe(const AwsCredentials& c) {
+  if (!IsHeaderSafeToken(c.access_key_id)) {
+    return Status::InvalidArgument("the AWS access key id from " + c.source +
+                                   " contains spaces or control characters");
+  }
+  if (!IsHeaderSafeToken(c.session_token)) {
+    return Status::InvalidArgument("the AWS session token from " + c.source +
+                                   " contains spaces or control characters");
+  }
+  return Status::Ok();
+}
+
 Expected<AwsConfigFiles> LoadAwsConfigFiles(const AwsEnvLookup& env) {
   AwsConfigFiles out;
   const std::optional<std::string> home = NonEmpty(env, "HOME");
@@ -241,41 +248,29 @@ Expected<AwsConfigFiles> LoadAwsConfigFiles(const AwsEnvLookup& env) {
 }
 
 Expected<AwsSettings> LoadAwsSettings(const AwsEnvLookup& env) {
+  WFS_ASSIGN_OR_RETURN(AwsConfigFiles files, LoadAwsConfigFiles(env));
+  return LoadAwsSettings(env, files);
+}
+
+Expected<AwsSettings> LoadAwsSettings(const AwsEnvLookup& env, const AwsConfigFiles& files) {
   AwsSettings out;
   const std::optional<std::string> env_profile = NonEmpty(env, "AWS_PROFILE");
   out.profile = env_profile.value_or("default");
-  WFS_ASSIGN_OR_RETURN(AwsConfigFiles files, LoadAwsConfigFiles(env));
   const std::string& cred_path = files.credentials_path;
   const std::string& config_path = files.config_path;
   const AwsIniSection* cred_section = files.CredentialsProfile(out.profile);
   const AwsIniSection* config_section = files.ConfigProfile(out.profile);
 
   // 1. The environment.
-  const auto env_id = NonEmpty(env, "AWS_ACCESS_KEY_ID");
-  const auto env_secret = NonEmpty(env, "AWS_SECRET_ACCESS_KEY");
-  if (env_id.has_value() != env_secret.has_value()) {
-    return Status::InvalidArgument(
-        env_id ? "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not; set both or neither"
-               : "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not; set both or neither");
-  }
-  if (env_id) {
-    AwsCredentials c;
-    c.access_key_id = *env_id;
-    c.secret_access_key = *env_secret;
-    c.session_token = NonEmpty(env, "AWS_SESSION_TOKEN").value_or("");
-    c.source = "environment (AWS_ACCESS_KEY_ID)";
-    out.credentials = std::move(c);
-  }
+  WFS_ASSIGN_OR_RETURN(out.credentials, AwsKeysFromEnvironment(env));
   // 2. and 3. The profile in the credentials file, then in the config file.
   if (!out.credentials && cred_section) {
     WFS_ASSIGN_OR_RETURN(out.credentials,
-                         CredentialsFrom(KeysOf(*cred_section),
-                                         "profile '" + out.profile + "' in " + cred_path));
+                         AwsKeysOf(*cred_section, "profile '" + out.profile + "' in " + cred_path));
   }
   if (!out.credentials && config_section) {
     WFS_ASSIGN_OR_RETURN(out.credentials,
-                         CredentialsFrom(KeysOf(*config_section),
-                                         "profile '" + out.profile + "' in " + config_path));
+                         AwsKeysOf(*config_section, "profile '" + out.profile + "' in " + config_path));
   }
   if (!out.credentials && env_profile && !cred_section && !config_section) {
     return Status::InvalidArgument(
@@ -284,9 +279,7 @@ Expected<AwsSettings> LoadAwsSettings(const AwsEnvLookup& env) {
         " nor as [profile " + out.profile + "] in " +
         (config_path.empty() ? "the config file" : config_path));
   }
-  if (out.credentials) {
-    WFS_TRY(CheckHeaderSafe(*out.credentials));
-  } else {
+  if (!out.credentials) {
     spdlog::debug(
         "no AWS keys in the environment or in profile '{}' of {} and {}",
         out.profile, cred_path.empty() ? "<no HOME>" : cred_path,

@@ -64,6 +64,9 @@ struct AwsSettings {
 // reverse), a profile with a key id but no secret, an explicitly named AWS_PROFILE found in
 // neither file, an unreadable file that exists.
 Expected<AwsSettings> LoadAwsSettings(const AwsEnvLookup& env = ProcessAwsEnv());
+struct AwsConfigFiles;
+// The same from settings files read already (LoadAwsConfigFiles).
+Expected<AwsSettings> LoadAwsSettings(const AwsEnvLookup& env, const AwsConfigFiles& files);
 
 // One INI file as the AWS tools read it: section -> key (lower-cased) -> value.
 // Exposed for tests.
@@ -88,5 +91,17 @@ Expected<AwsConfigFiles> LoadAwsConfigFiles(const AwsEnvLookup& env);
 
 // The first of `names` set to a non-empty value.
 std::optional<std::string> AwsEnvValue(const AwsEnvLookup& env, std::string_view name);
+
+// Static keys, as every reader of them takes them (LoadAwsSettings and the credential chain):
+// nullopt when none are set; InvalidArgument for a key id without its secret (or the reverse)
+// or a value that cannot go into a request header.
+// - of a profile's INI section (aws_access_key_id, aws_secret_access_key, aws_session_token or
+//   its boto2-era name aws_security_token); `where` names it and becomes the source;
+Expected<std::optional<AwsCredentials>> AwsKeysOf(const AwsIniSection& section, const std::string& where);
+// - of the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN).
+Expected<std::optional<AwsCredentials>> AwsKeysFromEnvironment(const AwsEnvLookup& env);
+// InvalidArgument when the key id or the session token holds a space or a control character
+// (they go into the Authorization and X-Amz-Security-Token headers as they are).
+Status CheckAwsCredentialsHeaderSafe(const AwsCredentials& c);
 
 }  // namespace weightfs

@@ -1133,12 +1133,17 @@ Expected<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const S3Optio
   if (options.credentials) cfg.credentials = AwsCredentialSource::Fixed(*options.credentials);
   if (options.credential_source) cfg.credentials = options.credential_source;
   const bool need_credentials = !cfg.credentials && options.credentials_from_aws_chain && !options.no_sign_request;
+  std::optional<AwsConfigFiles> files;  // ~/.aws/{credentials,config}, read once for both
+  if (cfg.region.empty() || need_credentials) {
+    WFS_ASSIGN_OR_RETURN(files, LoadAwsConfigFiles(env));
+  }
   if (cfg.region.empty()) {
-    WFS_ASSIGN_OR_RETURN(AwsSettings settings, LoadAwsSettings(env));
+    WFS_ASSIGN_OR_RETURN(AwsSettings settings, LoadAwsSettings(env, *files));
     cfg.region = settings.region;
   }
   if (need_credentials) {
-    WFS_ASSIGN_OR_RETURN(AwsChainResult chain, ResolveAwsCredentialChain({.env = env, .region = cfg.region}));
+    WFS_ASSIGN_OR_RETURN(AwsChainResult chain,
+                         ResolveAwsCredentialChain({.env = env, .region = cfg.region, .files = &*files}));
     if (!chain.source) {
       // Never unsigned without being asked: a node whose role is missing would otherwise read a
       // public copy, or fail later with AccessDenied and no word of why.

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -261,8 +262,28 @@ class PushInterruptReport {
   PushInterruptReport(const PushInterruptReport&) = delete;
   PushInterruptReport& operator=(const PushInterruptReport&) = delete;
 
+  // push --parts: this part is in the bucket (`command` waits for the others); from now on an
+  // interrupt leaves the part there, and the version is published without this process.
+  void PartSubmitted(std::string command) {
+    std::lock_guard<std::mutex> lock(mu_);
+    submitted_ = std::move(command);
+  }
+
  private:
   [[noreturn]] void Report() {
+    std::string submitted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      submitted = submitted_;
+    }
+    if (!submitted.empty()) {
+      const std::string text = "\nweightfs: push interrupted while waiting for the other parts; this part is in the "
+                               "bucket and counts: the version is published when the last part is in (" + submitted +
+                               " again waits for it)";
+      std::fprintf(stderr, "%s\n", text.c_str());
+      std::fflush(stderr);
+      std::_Exit(128 + static_cast<int>(g_push_interrupted));
+    }
     std::string text = "\nweightfs: push interrupted; nothing was published.";
     if (!record_) {
       text += " The packs uploaded so far are not recorded (--no-cache): the same command sends everything again, "
@@ -280,6 +301,8 @@ class PushInterruptReport {
 
   std::shared_ptr<PushRecord> record_;
   std::string bucket_;
+  std::mutex mu_;
+  std::string submitted_;  // guarded by mu_: non-empty once a part is in the bucket
   struct sigaction old_int_ {}, old_term_ {};
   std::atomic<bool> done_{false};
   std::thread watcher_;
@@ -533,6 +556,7 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
     }
     std::string last;
     part.progress = [&](const StagedState& st) {
+      if (st.kind == StagedState::kWaiting) interrupt.PartSubmitted("the same command");
       const std::string line = std::to_string(st.in.size()) + " of " + std::to_string(part.parts) + " parts in";
       if (line != last && st.kind == StagedState::kWaiting) std::fprintf(stderr, "%s: %s\n", pos[1].c_str(), line.c_str());
       last = line;

@@ -1269,6 +1269,21 @@ TEST(UtcTimeTest, RejectsGarbage) {
   EXPECT_FALSE(ParseUtc(with_nul).ok());
 }
 
+TEST(UtcTimeTest, AnyOffsetTakesOffsetsAndNoZoneAndStillRejectsGarbage) {
+  const int64_t t = 1796216400000;  // 2026-12-02T13:00:00Z
+  EXPECT_EQ(ParseUtc("2026-12-02T13:00:00Z", UtcForm::kAnyOffset).value(), t);
+  EXPECT_EQ(ParseUtc("2026-12-02T13:00:00", UtcForm::kAnyOffset).value(), t);
+  EXPECT_EQ(ParseUtc("2026-12-02T14:30:00+01:30", UtcForm::kAnyOffset).value(), t);
+  EXPECT_EQ(ParseUtc("2026-12-02T08:00:00.250-05:00", UtcForm::kAnyOffset).value(), t + 250);
+  EXPECT_EQ(ParseUtc("2026-12-02T13:00:00+00:00", UtcForm::kAnyOffset).value(), t);
+  for (std::string_view bad : {"2026-12-02T13:00:00+1:00", "2026-12-02T13:00:00+01:60", "2026-12-02T13:00:00+24:00",
+                               "2026-12-02T13:00:00+0100", "2026-12-02T13:00:00 PST", "2026-12-02T13:00:0",
+                               "2026-12-02T13:00:00.", "2026-02-30T13:00:00", "2026-12-02T13:00:00+01:00Z"}) {
+    SCOPED_TRACE(std::string(bad));
+    EXPECT_FALSE(ParseUtc(bad, UtcForm::kAnyOffset).ok());
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Keyframe policy.
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "store/http_client.h"
+#include "tests/testing/server_control.h"
 #include "tests/testing/test_servers.h"
 
 namespace weightfs::test {
@@ -51,28 +52,11 @@ class FakeAwsCredentials {
 
   // "lifetime=303", "expire_all=1", "fail=imds:500", "fail=".
   ::testing::AssertionResult Control(const std::string& query) {
-    HttpRequest r;
-    r.url = endpoint() + "/control?" + query;
-    auto resp = http_->Send(std::move(r));
-    if (!resp.ok()) return ::testing::AssertionFailure() << resp.status().ToString();
-    if (resp->status != 200) return ::testing::AssertionFailure() << "control answered HTTP " << resp->status;
-    return ::testing::AssertionSuccess();
+    return SendServerControl(*http_, "GET", endpoint() + "/control?" + query);
   }
 
   // Counters: requests, issued_<provider>, rejected_<provider>, failed_<provider>, imds_tokens.
-  std::map<std::string, uint64_t> Stats() {
-    std::map<std::string, uint64_t> out;
-    HttpRequest r;
-    r.url = endpoint() + "/stats";
-    auto resp = http_->Send(std::move(r));
-    if (!resp.ok() || resp->status != 200) return out;
-    const auto json = nlohmann::json::parse(resp->body.begin(), resp->body.end(), nullptr, false);
-    if (!json.is_object()) return out;
-    for (const auto& [k, v] : json.items()) {
-      if (v.is_number_unsigned()) out[k] = v.get<uint64_t>();
-    }
-    return out;
-  }
+  std::map<std::string, uint64_t> Stats() { return ServerCounters(FetchServerJson(*http_, endpoint() + "/stats")); }
 
  private:
   ChildProcess process_;

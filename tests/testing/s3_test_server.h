@@ -30,6 +30,7 @@
 
 #include "store/aws_credentials.h"
 #include "store/http_client.h"
+#include "tests/testing/server_control.h"
 #include "tests/testing/test_servers.h"
 
 namespace weightfs::test {
@@ -146,38 +147,16 @@ class S3PreconditionProxy {
 
   // Sends a control request (see the script: "fail=403:AccessDenied&count=1", "drop=1", "fail=").
   ::testing::AssertionResult Control(const std::string& query) {
-    HttpRequest r;
-    r.method = "POST";
-    r.url = endpoint() + "/.s3-proxy/control?" + query;
-    auto resp = http_->Send(std::move(r));
-    if (!resp.ok()) return ::testing::AssertionFailure() << resp.status().ToString();
-    if (resp->status != 200) return ::testing::AssertionFailure() << "control answered HTTP " << resp->status;
-    return ::testing::AssertionSuccess();
+    return SendServerControl(*http_, "POST", endpoint() + "/.s3-proxy/control?" + query);
   }
 
   // The proxy's counters (empty on failure).
-  std::map<std::string, uint64_t> Stats() {
-    std::map<std::string, uint64_t> out;
-    HttpRequest r;
-    r.url = endpoint() + "/.s3-proxy/stats";
-    auto resp = http_->Send(std::move(r));
-    if (!resp.ok() || resp->status != 200) return out;
-    const auto json = nlohmann::json::parse(resp->body.begin(), resp->body.end(), nullptr, false);
-    if (!json.is_object()) return out;
-    for (const auto& [k, v] : json.items()) {
-      if (v.is_number_unsigned()) out[k] = v.get<uint64_t>();
-    }
-    return out;
-  }
+  std::map<std::string, uint64_t> Stats() { return ServerCounters(FetchServerJson(*http_, endpoint() + "/.s3-proxy/stats")); }
 
   // With a tokens file: the session tokens requests were accepted with, in order of first use.
   std::vector<std::string> TokensUsed() {
     std::vector<std::string> out;
-    HttpRequest r;
-    r.url = endpoint() + "/.s3-proxy/stats";
-    auto resp = http_->Send(std::move(r));
-    if (!resp.ok() || resp->status != 200) return out;
-    const auto json = nlohmann::json::parse(resp->body.begin(), resp->body.end(), nullptr, false);
+    const nlohmann::json json = FetchServerJson(*http_, endpoint() + "/.s3-proxy/stats");
     if (!json.is_object() || !json.contains("tokens_used")) return out;
     for (const auto& t : json["tokens_used"]) out.push_back(t.get<std::string>());
     return out;

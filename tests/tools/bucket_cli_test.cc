@@ -284,6 +284,38 @@ TEST_F(BucketCli, AnInterruptedPushResumesWithoutSendingAgainWhatItKept) {
   }
 }
 
+// `push --parts` interrupted while it waits for the other parts: its part is in the bucket and
+// counts (the message says so, not "nothing was published"), and the last part publishes.
+TEST_F(BucketCli, APartInterruptedWhileWaitingStaysInAndCounts) {
+  ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  std::vector<std::string> shards;
+  for (const auto& e : fs::directory_iterator(Version(1))) {
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path().string());
+  }
+  std::sort(shards.begin(), shards.end());
+  ASSERT_GE(shards.size(), 2u);
+  const std::string log_path = (root_ / "waiting").string();
+  pid_t pid = Spawn({"push", bucket_, "acme/m@v1", shards[0], "--no-cache", "--parts", "2", "--part", "p0"}, log_path);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (Slurp(log_path).find("1 of 2 parts in") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid, SIGINT);
+  EXPECT_EQ(Wait(pid), 130);
+  const std::string said = Slurp(log_path);
+  EXPECT_NE(said.find("this part is in the bucket and counts"), std::string::npos) << said;
+  EXPECT_EQ(said.find("nothing was published"), std::string::npos) << said;
+  Result last = RunCli("push " + bucket_ + " acme/m@v1 " + shards[1] + " --no-cache --parts 2 --part p1 --timeout 60");
+  ASSERT_EQ(last.exit_code, 0) << last.out;
+  EXPECT_NE(last.out.find("published acme/m@v1 from 2 parts"), std::string::npos) << last.out;
+  Result pull = RunCli("pull " + bucket_ + " acme/m@v1 " + (root_ / "out").string() + " --no-cache");
+  ASSERT_EQ(pull.exit_code, 0) << pull.out;
+  for (size_t i = 0; i < 2; ++i) {
+    const fs::path name = fs::path(shards[i]).filename();
+    EXPECT_EQ(Slurp(shards[i]), Slurp((root_ / "out" / name).string())) << name;
+  }
+}
+
 // `push --parts`: three processes, each pushing one shard of v1, publish v1 once with all
 // three; the small files no part pushes are inherited from v0. A part alone times out (124)
 // and is listed as staged; a killed part pushed again is not counted twice.
