@@ -271,7 +271,57 @@ ChunkCache::ChunkCache(std::string dir, uint64_t max_bytes, const ChunkCacheOpti
       options_(options),
       refs_(std::make_unique<RefIndex>()) {}
 
-ChunkCache::~ChunkCache() = default;
+ChunkCache::~ChunkCache() {
+  {
+    MutexLock lock(behind_mu_);
+    behind_stop_ = true;  // (the writer writes out what is queued first)
+  }
+  behind_cv_.NotifyAll();
+  if (writer_.joinable()) writer_.join();
+}
+
+void ChunkCache::set_write_behind(uint64_t bytes) {
+  MutexLock lock(behind_mu_);
+  behind_limit_ = bytes;
+  if (bytes > 0 && !writer_.joinable()) writer_ = std::thread([this] { WriterMain(); });
+}
+
+void ChunkCache::PutBehind(const Hash128& hash, ChunkBytes bytes, size_t capacity) {
+  {
+    MutexLock lock(behind_mu_);
+    if (writer_.joinable() && !behind_stop_ && behind_bytes_ + bytes.size() <= behind_limit_) {
+      behind_bytes_ += bytes.size();
+      behind_.push_back(Behind{hash, std::move(bytes), capacity});
+      behind_cv_.NotifyAll();
+      return;
+    }
+  }
+  (void)PutAligned(hash, bytes.span(), capacity);
+}
+
+void ChunkCache::Flush() {
+  MutexLock lock(behind_mu_);
+  behind_cv_.Wait(behind_mu_, [&]() WFS_REQUIRES(behind_mu_) { return behind_.empty() && !behind_writing_; });
+}
+
+void ChunkCache::WriterMain() {
+  MutexLock lock(behind_mu_);
+  for (;;) {
+    behind_cv_.Wait(behind_mu_, [&]() WFS_REQUIRES(behind_mu_) { return behind_stop_ || !behind_.empty(); });
+    if (behind_.empty()) return;  // stopping, and everything is written
+    Behind entry = std::move(behind_.front());
+    behind_.pop_front();
+    behind_writing_ = true;
+    lock.Unlock();
+    (void)PutAligned(entry.hash, entry.bytes.span(), entry.capacity);  // (errors are logged there)
+    const uint64_t size = entry.bytes.size();
+    entry = Behind{};  // the buffer goes back to its owner before the queue has room again
+    lock.Lock();
+    behind_writing_ = false;
+    behind_bytes_ -= size;
+    behind_cv_.NotifyAll();
+  }
+}
 
 bool ChunkCache::Contains(const Hash128& hash) {
   const std::string path = PathOf(hash);

@@ -67,10 +67,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/bytes.h"
@@ -157,6 +159,16 @@ class ChunkCache {
   // disk without a copy into (and without filling) the page cache. Falls back to Put where the
   // filesystem refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE filesystems).
   Status PutAligned(const Hash128& hash, std::span<const uint8_t> bytes, size_t capacity);
+  // PutAligned on a background thread, so that the builder (and the reader waiting for its
+  // chunk) does not wait for the disk: `bytes` keeps the buffer alive until it is written.
+  // Written at once by the caller, as PutAligned, when write-behind is off or the queue holds
+  // its bound already (back-pressure: an entry is never dropped for want of room).
+  void PutBehind(const Hash128& hash, ChunkBytes bytes, size_t capacity) WFS_EXCLUDES(behind_mu_);
+  // Lets PutBehind queue up to `bytes` of entries (0, the default: no queue). The queue is
+  // written out before the cache is destroyed, and by Flush().
+  void set_write_behind(uint64_t bytes) WFS_EXCLUDES(behind_mu_);
+  // Waits until every entry queued so far is written.
+  void Flush() WFS_EXCLUDES(behind_mu_);
   // Records that the rows' byte ranges of the local file `path` (absolute) are their chunks (the
   // caller verified them): one index file for the whole file, replacing the one written for
   // `path` before, stamped with the file's size and mtime as stat'ed now. Costs 32 bytes a
@@ -211,6 +223,21 @@ class ChunkCache {
   const std::unique_ptr<RefIndex> refs_;
   std::atomic<uint64_t> total_{0};  // this process's view; resynced by every eviction scan
   Mutex evict_mu_;                  // one eviction at a time in this process (flock for others)
+  // Write-behind (PutBehind): entries waiting for the writer thread, and their bytes.
+  struct Behind {
+    Hash128 hash;
+    ChunkBytes bytes;
+    size_t capacity = 0;
+  };
+  void WriterMain() WFS_EXCLUDES(behind_mu_);
+  Mutex behind_mu_;
+  CondVar behind_cv_;
+  std::deque<Behind> behind_ WFS_GUARDED_BY(behind_mu_);
+  uint64_t behind_bytes_ WFS_GUARDED_BY(behind_mu_) = 0;
+  uint64_t behind_limit_ WFS_GUARDED_BY(behind_mu_) = 0;
+  bool behind_writing_ WFS_GUARDED_BY(behind_mu_) = false;  // the writer holds an entry
+  bool behind_stop_ WFS_GUARDED_BY(behind_mu_) = false;
+  std::thread writer_;  // started by the first set_write_behind with a bound
   std::atomic<bool> direct_ok_{true};  // false once the filesystem refused O_DIRECT
   ChunkCacheStats stats_;
   RateLimitedLog failed_inserts_{"failed chunk cache inserts"};

@@ -313,13 +313,27 @@ Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const Manife
     GiveScratch(std::move(out));
     return st;
   }
-  if (cache_ && cache_results_) (void)cache_->PutAligned(chunk.hash, out.bytes(), out.capacity());
+  if (cache_ && cache_results_) {
+    const size_t capacity = out.capacity();
+    if (HandsOutBuffer(out)) {
+      // The buffer itself is what readers get: the disk cache's copy is written behind them
+      // (ChunkCache::PutBehind, when the mount turned it on), not before the reply.
+      ChunkBytes handed = HandOut(std::move(out));
+      cache_->PutBehind(chunk.hash, handed, capacity);
+      return handed;
+    }
+    (void)cache_->PutAligned(chunk.hash, out.bytes(), capacity);
+  }
   return HandOut(std::move(out));
 }
 
-ChunkBytes Materializer::HandOut(Scratch out) {
+bool Materializer::HandsOutBuffer(const Scratch& out) {
   const size_t size = out.bytes().size();
-  if (out.capacity() - size > size / 8) {
+  return out.capacity() - size <= size / 8;
+}
+
+ChunkBytes Materializer::HandOut(Scratch out) {
+  if (!HandsOutBuffer(out)) {
     // A short chunk in a large buffer: a copy sized to it (the buffer serves the next build).
     ChunkBytes copy(ByteBuffer(out.bytes().begin(), out.bytes().end()));
     GiveScratch(std::move(out));

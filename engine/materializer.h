@@ -144,6 +144,8 @@ class Materializer {
   // The bytes of `out` as Shared() hands them out: the buffer itself, back to the pool when the
   // last reader lets go, or a heap copy when the bytes fill little of it.
   ChunkBytes HandOut(Scratch out);
+  // Whether HandOut hands out `out` itself (it fills at least 8/9 of its capacity).
+  static bool HandsOutBuffer(const Scratch& out);
   // Reused buffers for intermediate results (at most max_scratch_bytes_ of capacity kept), and
   // codecs (their zstd contexts and tables are warm), shared by every thread.
   Scratch TakeScratch();

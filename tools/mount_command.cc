@@ -300,6 +300,11 @@ int Serve(const MountConfig& c, int notify_fd) {
   opened->bucket->set_max_manifest_json_bytes(c.mount.reader.memory_limit / 4);
   opened->bucket->set_metadata_budget(ChunkReader::MetadataBudget(c.mount.reader.memory_limit));
   Materializer materializer(opened->bucket.get(), opened->cache.get());
+  // Chunks the mount builds reach the disk cache behind the reply, not before it: a reader
+  // following a run (holding N, reading N+1) waited for an O_DIRECT write per chunk, a third of
+  // its time (scripts/bench_step.sh row 3). Four chunks at most wait; the write-behind queue
+  // mostly holds buffers the memory cache holds anyway, and is written out at unmount.
+  if (opened->cache) opened->cache->set_write_behind(4 * kDefaultChunkBytes);
   ServerParts parts{opened->bucket.get(), &materializer, opened->cache.get(), opened->store.store.get(),
                     opened->store.shared.get()};
   MountOptions mount_options = c.mount;

@@ -528,5 +528,69 @@ TEST_F(ChunkCacheReferencesTest, ConcurrentLookupsAndChangesNeverYieldWrongBytes
   EXPECT_LE(WalkCache().refs.size(), 2u);
 }
 
+// Write-behind (the mount's builds): entries are written by the cache's own thread, the queue
+// never holds more than its bound (the caller writes beyond it), every entry lands with its
+// bytes, each buffer is let go once written, and what is queued when the cache is destroyed is
+// written first.
+TEST_F(ChunkCacheReferencesTest, WriteBehindWritesEveryEntryAndLetsItsBufferGo) {
+  constexpr size_t kEntry = 64 << 10;
+  constexpr size_t kEntries = 24;
+  std::atomic<int> alive{0};  // buffers not freed yet
+  struct Made {
+    Hash128 hash;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Made> made;
+  auto make = [&](size_t i) {  // an aligned buffer whose owner counts itself
+    auto* bytes = static_cast<uint8_t*>(std::aligned_alloc(4096, kEntry));
+    std::mt19937_64 rng(i);
+    for (size_t k = 0; k < kEntry; ++k) bytes[k] = static_cast<uint8_t>(rng());
+    alive++;
+    std::shared_ptr<const void> owner(bytes, [&alive](const void* q) {
+      std::free(const_cast<void*>(q));
+      alive--;
+    });
+    const std::span<const uint8_t> span(bytes, kEntry);
+    made.push_back({HashChunk(span), std::vector<uint8_t>(span.begin(), span.end())});
+    return ChunkBytes(std::move(owner), span);
+  };
+  auto expect_all = [&](ChunkCache& cache) {
+    for (size_t i = 0; i < made.size(); ++i) {
+      ByteBuffer out;
+      ASSERT_TRUE(cache.Get(made[i].hash, &out)) << i;
+      EXPECT_TRUE(std::equal(out.begin(), out.end(), made[i].bytes.begin(), made[i].bytes.end())) << i;
+    }
+  };
+  {
+    std::unique_ptr<ChunkCache> cache = Open();
+    ASSERT_TRUE(cache);
+    // Off (the default): the caller writes, and the entry is there when PutBehind returns.
+    {
+      ChunkBytes first = make(0);
+      cache->PutBehind(made[0].hash, first, kEntry);
+      EXPECT_TRUE(cache->Contains(made[0].hash));
+    }
+    EXPECT_EQ(alive.load(), 0);
+    cache->set_write_behind(3 * kEntry);
+    for (size_t i = 1; i < kEntries / 2; ++i) {
+      ChunkBytes b = make(i);
+      cache->PutBehind(made.back().hash, std::move(b), kEntry);
+      EXPECT_LE(alive.load(), 4) << "more than the bound queued (3) plus the one being written";
+    }
+    cache->Flush();
+    EXPECT_EQ(alive.load(), 0) << "a buffer outlived its write";
+    expect_all(*cache);
+    for (size_t i = kEntries / 2; i < kEntries; ++i) {
+      ChunkBytes b = make(i);
+      cache->PutBehind(made.back().hash, std::move(b), kEntry);
+    }
+  }  // destroyed with entries queued
+  EXPECT_EQ(alive.load(), 0);
+  std::unique_ptr<ChunkCache> again = Open();
+  ASSERT_TRUE(again);
+  ASSERT_EQ(made.size(), kEntries);
+  expect_all(*again);
+}
+
 }  // namespace
 }  // namespace weightfs
