@@ -65,12 +65,12 @@ ChunkReader::ChunkReader(Materializer* materializer, ChunkReaderOptions options)
 ChunkReader::~ChunkReader() = default;
 
 size_t ChunkReader::builds_running() const {
-  std::lock_guard<std::mutex> lock(builds_mu_);
+  MutexLock lock(builds_mu_);
   return builds_;
 }
 
 uint64_t ChunkReader::cached_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return cached_bytes_;
 }
 
@@ -103,7 +103,7 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
   const Hash128& hash = file.chunks[index].hash;
   std::promise<BytesResult> promise;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = cache_.find(hash); it != cache_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second.lru);
       stats_.memory_hits++;
@@ -111,7 +111,7 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
     }
     if (auto it = inflight_.find(hash); it != inflight_.end()) {
       std::shared_future<BytesResult> future = it->second;
-      lock.unlock();
+      lock.Unlock();
       stats_.shared_waits++;
       return future.get();
     }
@@ -126,8 +126,8 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
   }
   BytesResult result = Status::IOError("not materialized");
   {
-    std::unique_lock<std::mutex> lock(builds_mu_);
-    build_done_.wait(lock, [&] { return builds_ < max_builds_; });
+    MutexLock lock(builds_mu_);
+    build_done_.Wait(builds_mu_, [&]() WFS_REQUIRES(builds_mu_) { return builds_ < max_builds_; });
     ++builds_;
     if (builds_ > stats_.builds_peak.load()) stats_.builds_peak = builds_;
   }
@@ -141,10 +141,10 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
                              ": " + e.what());
   }
   {
-    std::lock_guard<std::mutex> lock(builds_mu_);
+    MutexLock lock(builds_mu_);
     --builds_;
   }
-  build_done_.notify_one();
+  build_done_.NotifyOne();
   if (result.ok() && result->size() != file.chunks[index].length) {
     // The Materializer verified the hash, so this cannot happen with a valid manifest; a
     // reply must never be built on a short buffer all the same.
@@ -154,7 +154,7 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
                                 DescribeChunkOf(*manifest, file, index));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     inflight_.erase(hash);
     if (result.ok()) {
       InsertLocked(hash, *result);
@@ -171,12 +171,12 @@ bool ChunkReader::Prefetch(const std::shared_ptr<const Manifest>& manifest,
   if (index >= file->chunks.size()) return true;
   const Hash128 hash = file->chunks[index].hash;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (cache_.count(hash) || inflight_.count(hash) || !queued_.insert(hash).second) return true;
   }
   bool queued = readahead_.TryPush([this, manifest, f = file, index, hash] {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       queued_.erase(hash);
     }
     try {
@@ -191,7 +191,7 @@ bool ChunkReader::Prefetch(const std::shared_ptr<const Manifest>& manifest,
     return true;
   }
   stats_.readahead_dropped++;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   queued_.erase(hash);
   return false;
 }

@@ -34,18 +34,18 @@
 #include <sys/uio.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <future>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "core/bytes.h"
 #include "core/manifest.h"
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 #include "engine/materializer.h"
 #include "fs/work_queue.h"
 
@@ -174,8 +174,7 @@ class ChunkReader {
   // if the stream is sequential.
   void Readahead(const std::shared_ptr<const Manifest>& manifest, const std::shared_ptr<const ManifestFile>& file,
                  uint64_t offset, uint64_t end, size_t last, ReadStream* stream);
-  // REQUIRES: mu_ held.
-  void InsertLocked(const Hash128& hash, ChunkBytes bytes);
+  void InsertLocked(const Hash128& hash, ChunkBytes bytes) WFS_REQUIRES(mu_);
 
   Materializer* const materializer_;
   const ChunkReaderOptions options_;
@@ -185,17 +184,17 @@ class ChunkReader {
   const uint64_t readahead_bytes_;  // options_.readahead_bytes, adjusted (see the constructor)
 
   // Lock order: mu_ is never held across a materialization, a reply or a readahead_ call.
-  mutable std::mutex mu_;
-  std::unordered_map<Hash128, Entry, HashOf> cache_;                            // GUARDED_BY(mu_)
-  std::list<Hash128> lru_;  // most recently used first                         // GUARDED_BY(mu_)
-  uint64_t cached_bytes_ = 0;                                                    // GUARDED_BY(mu_)
-  std::unordered_map<Hash128, std::shared_future<BytesResult>, HashOf> inflight_;  // GUARDED_BY(mu_)
-  std::unordered_set<Hash128, HashOf> queued_;  // readahead jobs not started yet  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::unordered_map<Hash128, Entry, HashOf> cache_ WFS_GUARDED_BY(mu_);
+  std::list<Hash128> lru_ WFS_GUARDED_BY(mu_);  // most recently used first
+  uint64_t cached_bytes_ WFS_GUARDED_BY(mu_) = 0;
+  std::unordered_map<Hash128, std::shared_future<BytesResult>, HashOf> inflight_ WFS_GUARDED_BY(mu_);
+  std::unordered_set<Hash128, HashOf> queued_ WFS_GUARDED_BY(mu_);  // readahead jobs not started yet
 
   // Builds running (at most max_builds_); a reader that would exceed it waits on build_done_.
-  mutable std::mutex builds_mu_;
-  std::condition_variable build_done_;
-  size_t builds_ = 0;  // GUARDED_BY(builds_mu_)
+  mutable Mutex builds_mu_;
+  CondVar build_done_;
+  size_t builds_ WFS_GUARDED_BY(builds_mu_) = 0;
 
   ChunkReaderStats stats_;
   // Last member: destroyed first, so no readahead job outlives the state above.

@@ -16,13 +16,14 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <new>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 #include "engine/shared_tier.h"
 #include "fs/metrics.h"
 #include "fs/mount_point.h"
@@ -61,8 +62,8 @@ constexpr size_t kNameMax = 255;
 bool TooLong(const char* name) { return std::strlen(name) > kNameMax; }
 
 // libfuse's messages, into our log; the last error is kept for Mount()'s error message.
-std::mutex g_fuse_log_mu;
-std::string g_fuse_last_error;  // GUARDED_BY(g_fuse_log_mu)
+Mutex g_fuse_log_mu;
+std::string g_fuse_last_error WFS_GUARDED_BY(g_fuse_log_mu);
 
 void FuseLog(enum fuse_log_level level, const char* fmt, va_list ap) {
   char buf[1024];
@@ -71,7 +72,7 @@ void FuseLog(enum fuse_log_level level, const char* fmt, va_list ap) {
   while (!msg.empty() && msg.back() == '\n') msg.pop_back();
   if (level <= FUSE_LOG_ERR) {
     spdlog::error("libfuse: {}", msg);
-    std::lock_guard<std::mutex> lock(g_fuse_log_mu);
+    MutexLock lock(g_fuse_log_mu);
     g_fuse_last_error = msg;
   } else if (level <= FUSE_LOG_NOTICE) {
     spdlog::info("libfuse: {}", msg);
@@ -81,7 +82,7 @@ void FuseLog(enum fuse_log_level level, const char* fmt, va_list ap) {
 }
 
 std::string TakeFuseError() {
-  std::lock_guard<std::mutex> lock(g_fuse_log_mu);
+  MutexLock lock(g_fuse_log_mu);
   std::string e = std::move(g_fuse_last_error);
   g_fuse_last_error.clear();
   return e.empty() ? "see the log" : e;
@@ -115,8 +116,8 @@ struct FuseServer::Impl {
   std::atomic<bool> publish_at_exit{true};
   fuse_session* session = nullptr;
   bool mounted = false;
-  std::mutex cache_warned_mu;
-  std::map<std::string, int> cache_warned;  // model -> the worst warning given (1, 2)
+  Mutex cache_warned_mu;
+  std::map<std::string, int> cache_warned WFS_GUARDED_BY(cache_warned_mu);  // model -> the worst warning given (1, 2)
 
   // Says once per model when the chunk cache cannot hold what reading the model's versions
   // needs: a version read whole (1), or two (2: a node following a run builds N+1 from N's
@@ -127,7 +128,7 @@ struct FuseServer::Impl {
     const int level = size > room ? 1 : 2 * size > room ? 2 : 0;
     if (level == 0) return;
     {
-      std::lock_guard<std::mutex> lock(cache_warned_mu);
+      MutexLock lock(cache_warned_mu);
       int& given = cache_warned[m.model];
       if (given != 0 && given <= level) return;
       given = level;

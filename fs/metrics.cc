@@ -130,22 +130,22 @@ std::string PrometheusText(const std::string& stats_json, const std::string& mou
 MetricsFile::MetricsFile(std::string path, std::chrono::milliseconds interval, std::function<std::string(bool)> text)
     : path_(std::move(path)), interval_(interval), text_(std::move(text)) {
   thread_ = std::thread([this] {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     while (!stop_) {
-      lock.unlock();
+      lock.Unlock();
       WriteOnce(false);
-      lock.lock();
-      stop_cv_.wait_for(lock, interval_, [this] { return stop_; });
+      lock.Lock();
+      stop_cv_.WaitFor(mu_, interval_, [this]() WFS_REQUIRES(mu_) { return stop_; });
     }
   });
 }
 
 MetricsFile::~MetricsFile() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.NotifyAll();
   thread_.join();
   WriteOnce(true);
 }

@@ -11,13 +11,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "core/mutex.h"
 #include "core/status.h"
+#include "core/thread_annotations.h"
 
 namespace weightfs {
 
@@ -46,9 +46,9 @@ class MetricsFile {
   const std::chrono::milliseconds interval_;
   const std::function<std::string(bool)> text_;
   std::string last_error_;  // only the writer thread (and the destructor, after joining) use it
-  std::mutex mu_;
-  std::condition_variable stop_cv_;
-  bool stop_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar stop_cv_;
+  bool stop_ WFS_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

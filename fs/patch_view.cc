@@ -54,7 +54,7 @@ PatchView::PatchView(Bucket* bucket, Materializer* materializer, ChunkCache* cac
 PatchView::~PatchView() = default;
 
 PatchView::Stats PatchView::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return stats_;
 }
 
@@ -64,13 +64,13 @@ const PatchView::Node* PatchView::NodeOf(uint64_t ino) const {
 }
 
 std::optional<PatchView::Node> PatchView::CopyOf(uint64_t ino) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = NodeOf(ino);
   return n ? std::optional<Node>(*n) : std::nullopt;
 }
 
 bool PatchView::IsFile(uint64_t ino) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = NodeOf(ino);
   return n && n->kind == Kind::kFile;
 }
@@ -79,7 +79,7 @@ uint64_t PatchView::NodeFor(Kind kind, uint64_t parent, const std::string& model
                             const std::string& from, const std::string& path, int64_t mtime_ms) {
   std::string key = std::to_string(static_cast<int>(kind)) + '\0' + std::to_string(parent) + '\0' + model + '\0' +
                     to + '\0' + from + '\0' + path;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = by_key_.find(key);
   if (it != by_key_.end()) return it->second;
   Node n;
@@ -130,7 +130,7 @@ Status PatchView::Manifest(const std::string& model, const std::string& version,
 
 Status PatchView::Ancestors(const Node& root, std::vector<std::string>* listed) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = ancestors_.find(root.ino);
     if (it != ancestors_.end()) {
       *listed = it->second;
@@ -147,7 +147,7 @@ Status PatchView::Ancestors(const Node& root, std::vector<std::string>* listed) 
     if (!Manifest(root.model, *m->parent, &p).ok()) break;  // the chain ends where manifests do
     m = std::move(p);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ancestors_[root.ino] = names;
   *listed = std::move(names);
   return Status::Ok();
@@ -183,7 +183,7 @@ Status PatchView::LookupRoot(uint64_t version_ino, const std::string& model, con
   std::shared_ptr<const weightfs::Manifest> m;
   WFS_TRY(Manifest(model, version, &m));
   uint64_t ino = NodeFor(Kind::kRoot, version_ino, model, version, "", "", m->created_ms);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Fill(*NodeOf(ino), 0, out);
   return Status::Ok();
 }
@@ -200,7 +200,7 @@ Status PatchView::Lookup(uint64_t parent, std::string_view name_view, NodeAttr* 
     WFS_TRY(IsAncestor(p, name, &yes));
     if (!yes) return Status::NotFound(name + " is not an ancestor of " + p.model + "@" + p.to);
     uint64_t ino = NodeFor(Kind::kFrom, p.ino, p.model, p.to, name, "", p.mtime_ms);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Fill(*NodeOf(ino), 0, out);
     return Status::Ok();
   }
@@ -227,7 +227,7 @@ Status PatchView::Lookup(uint64_t parent, std::string_view name_view, NodeAttr* 
   }
   if (is_dir) {
     uint64_t ino = NodeFor(Kind::kDir, p.ino, p.model, p.to, p.from, full, p.mtime_ms);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Fill(*NodeOf(ino), 0, out);
     return Status::Ok();
   }
@@ -343,7 +343,7 @@ Status PatchView::Ensure(const Node& n, std::string* file, uint64_t* size) {
     if (Valid(n, *file, size)) {
       ::utimensat(AT_FDCWD, file->c_str(), nullptr, 0);  // recently used (LRU by mtime)
       if (!generated) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         ++stats_.reused;
       }
       return Status::Ok();
@@ -355,11 +355,11 @@ Status PatchView::Ensure(const Node& n, std::string* file, uint64_t* size) {
     std::shared_ptr<Flight> flight;
     bool mine = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       auto it = flights_.find(*file);
       if (it != flights_.end()) {
         flight = it->second;
-        flight_done_.wait(lock, [&] { return flight->done; });
+        flight_done_.Wait(mu_, [&]() WFS_REQUIRES(mu_) { return flight->done; });
         if (!flight->status.ok()) return flight->status;
         generated = true;  // someone else's: check it, but do not loop
         continue;
@@ -371,7 +371,7 @@ Status PatchView::Ensure(const Node& n, std::string* file, uint64_t* size) {
     (void)mine;
     Status st = Generate(n, *file);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       flight->done = true;
       flight->status = st;
       flights_.erase(*file);
@@ -381,14 +381,14 @@ Status PatchView::Ensure(const Node& n, std::string* file, uint64_t* size) {
         ++stats_.failures;
       }
     }
-    flight_done_.notify_all();
+    flight_done_.NotifyAll();
     WFS_TRY(st);
     generated = true;
   }
 }
 
 Status PatchView::Generate(const Node& n, const std::string& file) {
-  std::lock_guard<std::mutex> g(gen_mu_);
+  MutexLock g(gen_mu_);
   const std::string what = n.model + "@" + n.to + "/.patch/" + n.from + "/" + n.path;
   auto fail = [&](const std::string& why) { return Status::IOError("patch view: cannot generate " + what + ": " + why); };
   PatchOptions po;
@@ -453,7 +453,7 @@ void PatchView::Evict(const std::string& keep) {
     if (e.path == keep) continue;
     if (::unlink(e.path.c_str()) == 0) {
       total -= e.size;
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       ++stats_.evicted;
     }
   }

@@ -20,16 +20,16 @@
 
 #include <sys/stat.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 #include "core/thread_pool.h"
 #include "engine/bucket.h"
 #include "engine/chunk_cache.h"
@@ -93,7 +93,7 @@ class PatchView {
     Status status;
   };
 
-  const Node* NodeOf(uint64_t ino) const;  // REQUIRES mu_ (nodes_ may grow and move)
+  const Node* NodeOf(uint64_t ino) const WFS_REQUIRES(mu_);  // (nodes_ may grow and move)
   // A copy of the node, taken under mu_ (nullopt: not ours).
   std::optional<Node> CopyOf(uint64_t ino) const;
   uint64_t NodeFor(Kind kind, uint64_t parent, const std::string& model, const std::string& to,
@@ -115,15 +115,16 @@ class PatchView {
   ChunkCache* const cache_;
   const PatchViewOptions options_;
   std::unique_ptr<ThreadPool> pool_;
-  std::mutex gen_mu_;  // one generation at a time (the pool's threads do the work)
+  Mutex gen_mu_;  // one generation at a time (the pool's threads do the work)
 
-  mutable std::mutex mu_;
-  std::vector<Node> nodes_;                    // nodes_[ino - kFirstIno]
-  std::map<std::string, uint64_t> by_key_;     // node identity -> ino
-  std::map<uint64_t, std::vector<std::string>> ancestors_;  // root ino -> nearest ancestors
-  std::map<std::string, std::shared_ptr<Flight>> flights_;  // patch file -> its generation
-  std::condition_variable flight_done_;
-  Stats stats_;
+  mutable Mutex mu_;
+  std::vector<Node> nodes_ WFS_GUARDED_BY(mu_);                 // nodes_[ino - kFirstIno]
+  std::map<std::string, uint64_t> by_key_ WFS_GUARDED_BY(mu_);  // node identity -> ino
+  std::map<uint64_t, std::vector<std::string>> ancestors_ WFS_GUARDED_BY(mu_);  // root ino -> nearest ancestors
+  // Patch file -> its generation (a Flight's fields are guarded by mu_ too).
+  std::map<std::string, std::shared_ptr<Flight>> flights_ WFS_GUARDED_BY(mu_);
+  CondVar flight_done_;
+  Stats stats_ WFS_GUARDED_BY(mu_);
 };
 
 }  // namespace weightfs

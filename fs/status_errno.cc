@@ -14,7 +14,7 @@ int StatusToErrno(const Status& status, ErrnoContext context, std::string_view o
     case ErrorKind::kNotFound:
       err = context == ErrnoContext::kXattr ? ENODATA : context == ErrnoContext::kData ? EIO : ENOENT;
       break;
-    case ErrorKind::kInvalidArgument: err = commit ? EBUSY : EINVAL; break;
+    case ErrorKind::kInvalidArgument: err = EINVAL; break;
     case ErrorKind::kConflict: err = EEXIST; break;
     case ErrorKind::kUnsupported: err = ENOTSUP; break;
     // Out of a memory budget or a decode cap while reading: the reader could not be served

@@ -9,13 +9,14 @@
 // Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 
 namespace weightfs {
 
@@ -26,19 +27,19 @@ class WorkQueue {
   WorkQueue(const WorkQueue&) = delete;
   WorkQueue& operator=(const WorkQueue&) = delete;
 
-  bool TryPush(std::function<void()> job);
+  bool TryPush(std::function<void()> job) WFS_EXCLUDES(mu_);
   // Jobs waiting (not running).
-  size_t pending() const;
+  size_t pending() const WFS_EXCLUDES(mu_);
 
  private:
-  void WorkerMain();
+  void WorkerMain() WFS_EXCLUDES(mu_);
 
   const size_t capacity_;
-  mutable std::mutex mu_;  // guards jobs_ and stop_
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;  // GUARDED_BY(mu_)
-  bool stop_ = false;                       // GUARDED_BY(mu_)
-  std::vector<std::thread> threads_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> jobs_ WFS_GUARDED_BY(mu_);
+  bool stop_ WFS_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;  // set by the constructor only
 };
 
 }  // namespace weightfs

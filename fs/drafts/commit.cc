@@ -66,7 +66,7 @@ Status Drafts::State::BeginCommit(const std::shared_ptr<Draft>& d, const std::st
                                               : Status::NotFound("the draft " + d->name() + " is gone");
     }
   }
-  if (d->committing) return Status::InvalidArgument("draft " + d->name() + " is being committed already");
+  if (d->committing) return Status::Busy("draft " + d->name() + " is being committed already");
   // The kernel sends RELEASE after close() has returned: a commit that follows a close at
   // once may still see the writer. Give those a moment.
   auto writing = [&] {
@@ -80,7 +80,7 @@ Status Drafts::State::BeginCommit(const std::shared_ptr<Draft>& d, const std::st
   for (auto& [path, f] : d->files) {
     MutexLock flock(f->mu);
     if (f->writers > 0) {
-      return Status::InvalidArgument(d->name() + "/" + path + " is still open for writing; close it, then commit");
+      return Status::Busy(d->name() + "/" + path + " is still open for writing; close it, then commit");
     }
     if (!f->write_error.empty()) {
       return Status::InvalidArgument("a write to " + d->name() + "/" + path + " failed (" + f->write_error +
@@ -119,7 +119,7 @@ Expected<std::map<std::string, Drafts::State::EncodedFile>> Drafts::State::Encod
       for (auto& [path, f] : d->files) {
         MutexLock flock(f->mu);
         if (f->id == 0) continue;
-        if (!f->Encoded(path)) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
+        if (!f->Encoded(path)) return Status::Busy(d->name() + "/" + path + " changed during the commit; commit again");
         part_files.emplace_back(path, f->encoded);
       }
     }
@@ -275,7 +275,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
       if (plan.dropped.count(path)) continue;
       MutexLock flock(f->mu);
       if (f->id == 0) {
-        if (!f->rows) return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
+        if (!f->rows) return Status::Busy(d->name() + "/" + path + " changed during the commit; commit again");
         AppendFileFrom(*d->parent_manifest, *f->rows, &m, /*src_is_dst=*/false);
         m.stats.logical_bytes += f->rows->size;
         inherited.push_back(f->rows);
@@ -284,7 +284,7 @@ Status Drafts::State::CommitDraft(const std::shared_ptr<Draft>& d, const std::st
       for (size_t i = 0; i < 4; ++i) tally[i] += f->tally[i];
       auto part = parts.find(path);
       if (part == parts.end()) {
-        return Status::InvalidArgument(d->name() + "/" + path + " changed during the commit; commit again");
+        return Status::Busy(d->name() + "/" + path + " changed during the commit; commit again");
       }
       AppendFileFrom(*part->second.part, *part->second.file, &m, /*src_is_dst=*/true);
       m.stats.logical_bytes += part->second.file->size;

@@ -27,7 +27,8 @@ void Drafts::State::Enqueue(const std::string& draft, const std::string& path) {
 }
 
 // Encodes the staged file at `path` unless it is encoded already. Waits for an encode of
-// the same file in progress. Busy (InvalidArgument) while the file is open for writing.
+// the same file in progress. Busy while the file is open for writing; InvalidArgument when a
+// write to it failed (it must be written again).
 Status Drafts::State::EnsureEncoded(const std::shared_ptr<Draft>& d, const std::string& path) {
   std::shared_ptr<DraftFile> f;
   uint64_t generation;
@@ -44,7 +45,7 @@ Status Drafts::State::EnsureEncoded(const std::shared_ptr<Draft>& d, const std::
                                        "); write the file again or remove it, then commit");
       }
       if (f->writers > 0) {
-        return Status::InvalidArgument(d->name() + "/" + path + " is still open for writing");
+        return Status::Busy(d->name() + "/" + path + " is still open for writing");
       }
       if (!f->encoding) {
         f->encoding = true;
@@ -161,7 +162,7 @@ void Drafts::State::RunJob(const std::pair<std::string, std::string>& job) {
     return;
   }
   Status s = EnsureEncoded(d, job.second);
-  if (!s.ok() && s.kind() != ErrorKind::kInvalidArgument) {
+  if (!s.ok() && s.kind() != ErrorKind::kInvalidArgument && s.kind() != ErrorKind::kBusy) {
     // The bucket (or the disk) failed: the draft's other queued files would most likely fail
     // the same way, one timeout after another. Commit encodes them when it runs.
     size_t dropped = 0;

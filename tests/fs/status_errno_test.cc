@@ -23,7 +23,10 @@ TEST(StatusErrnoTest, NotFoundDependsOnWhatTheRequestWasAbout) {
 TEST(StatusErrnoTest, ReadsAndCommitsMapTheSameKindsTheirOwnWay) {
   EXPECT_EQ(Errno(ErrorKind::kOk, ErrnoContext::kData), 0);
   EXPECT_EQ(Errno(ErrorKind::kInvalidArgument, ErrnoContext::kName), EINVAL);
-  EXPECT_EQ(Errno(ErrorKind::kInvalidArgument, ErrnoContext::kCommit), EBUSY);
+  // A commit refused because something is in use (a file open for writing, a commit already
+  // running) is Busy; InvalidArgument is EINVAL there as everywhere.
+  EXPECT_EQ(Errno(ErrorKind::kInvalidArgument, ErrnoContext::kCommit), EINVAL);
+  EXPECT_EQ(Errno(ErrorKind::kBusy, ErrnoContext::kCommit), EBUSY);
   EXPECT_EQ(Errno(ErrorKind::kResourceExhausted, ErrnoContext::kData), ENOMEM);
   EXPECT_EQ(Errno(ErrorKind::kResourceExhausted, ErrnoContext::kCommit), ENOSPC);
   EXPECT_EQ(Errno(ErrorKind::kConflict, ErrnoContext::kCommit), EEXIST);
