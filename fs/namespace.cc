@@ -74,7 +74,7 @@ void ParallelFor(size_t n, size_t threads, const std::function<void(size_t)>& fn
 
 Namespace::Namespace(Bucket* bucket, NamespaceOptions options)
     : bucket_(bucket), options_(options), start_ms_(NowMs()) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Node& root = NewNodeLocked(Kind::kDir, kRootIno, "");
   root.mtime_ms = start_ms_;
 }
@@ -120,13 +120,13 @@ void Namespace::RemoveChildLocked(Node& dir, const std::string& name) {
 }
 
 void Namespace::Invalidate() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   invalidated_ = true;
 }
 
 void Namespace::AddPublished(std::shared_ptr<const Manifest> manifest) {
   if (!ModelUnder(manifest->model, options_.prefix)) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   AddFoundLocked(manifest->model, manifest->version, std::nullopt);
   Model& m = models_[manifest->model];
   m.generation++;  // the newest may have changed even if the name was known
@@ -164,7 +164,7 @@ Expected<bool> Namespace::Probe(uint64_t dir, std::string_view name) {
   if (version == "latest" || leaf.find('/') != std::string::npos) return false;
   std::string model;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const Node* d = NodeLocked(dir);
     if (!d || d->kind != Kind::kDir) return false;
     model = d->model.empty() ? leaf : d->model + "/" + leaf;
@@ -175,7 +175,7 @@ Expected<bool> Namespace::Probe(uint64_t dir, std::string_view name) {
     if (!TakeProbeTokenLocked()) return false;  // over the rate: the listing will tell
   }
   Expected<std::shared_ptr<const Manifest>> m = bucket_->ReadManifest(model, version);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!m.ok()) {
     if (m.status().kind() != ErrorKind::kNotFound && m.status().kind() != ErrorKind::kInvalidArgument) {
       return m.status().WithContext("checking for " + model + "@" + version);
@@ -194,7 +194,7 @@ Expected<std::string> Namespace::NewestVersion(uint64_t link_ino) {
   std::string model;
   bool relist = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const Node* n = NodeLocked(link_ino);
     if (!n || (n->kind != Kind::kLatestLink && n->kind != Kind::kVersionDir)) {
       return Status::InvalidArgument("not a version directory");
@@ -209,7 +209,7 @@ Expected<std::string> Namespace::NewestVersion(uint64_t link_ino) {
   }
   if (relist) {
     WFS_ASSIGN_OR_RETURN(std::vector<VersionTime> times, bucket_->VersionTimes(model));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const VersionTime& t : times) AddFoundLocked(model, t.version, t.created_ms);
     if (!times.empty()) model_listed_[model].second = times.back().version;  // sorted by (time, name)
   }
@@ -219,33 +219,33 @@ Expected<std::string> Namespace::NewestVersion(uint64_t link_ino) {
 }
 
 std::optional<std::string> Namespace::DirPath(uint64_t ino) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = NodeLocked(ino);
   if (!n || n->kind != Kind::kDir) return std::nullopt;
   return n->model;
 }
 
 bool Namespace::IsDirectory(uint64_t ino) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = NodeLocked(ino);
   return n && IsDir(n->kind);
 }
 
 std::optional<std::pair<std::string, std::string>> Namespace::VersionOf(uint64_t ino) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = NodeLocked(ino);
   if (!n || n->kind != Kind::kVersionDir) return std::nullopt;
   return std::make_pair(n->model, n->version);
 }
 
 bool Namespace::IsImmutable(uint64_t ino) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = NodeLocked(ino);
   return n && (n->kind == Kind::kVersionDir || n->kind == Kind::kVersionSubdir || n->kind == Kind::kFile);
 }
 
 size_t Namespace::inode_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return nodes_.size();
 }
 
@@ -346,33 +346,33 @@ void Namespace::UpdateLatestLinkLocked(const std::string& name, Model& m) {
 }
 
 Status Namespace::RefreshIfStale() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (listed_ && !invalidated_ && std::chrono::steady_clock::now() - listed_at_ < options_.refresh) {
     return Status::Ok();
   }
   if (refreshing_) {
     if (listed_) return Status::Ok();  // serve the previous listing meanwhile
-    refreshed_.wait(lock, [this] { return !refreshing_; });
+    refreshed_.Wait(mu_, [this]() WFS_REQUIRES(mu_) { return !refreshing_; });
     return listed_ ? Status::Ok() : last_refresh_;
   }
   refreshing_ = true;
   invalidated_ = false;
   const uint64_t listing_seq = publish_seq_;
-  lock.unlock();
+  lock.Unlock();
   // Whatever happens below (exceptions included), the next refresh must be possible.
   struct Done {
     Namespace* ns;
     ~Done() {
-      std::lock_guard<std::mutex> l(ns->mu_);
+      MutexLock l(ns->mu_);
       ns->refreshing_ = false;
-      ns->refreshed_.notify_all();
+      ns->refreshed_.NotifyAll();
     }
   };
   Expected<std::vector<VersionInfo>> versions = Status::IOError("not listed");
   {
     Done done{this};
     versions = bucket_->ListVersions(options_.prefix, /*with_sub_models=*/true);
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     listed_at_ = std::chrono::steady_clock::now();
     if (versions.ok()) {
       ApplyListingLocked(*versions, listing_seq);
@@ -383,7 +383,7 @@ Status Namespace::RefreshIfStale() {
     }
   }
   if (versions.ok()) return Status::Ok();
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (listed_) {
     spdlog::warn("{}; showing the previous listing", last_refresh_.ToString());
     return Status::Ok();
@@ -417,7 +417,7 @@ Status Namespace::EnsureSummaries(std::span<const uint64_t> inos) {
   };
   std::vector<Todo> todo;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (uint64_t ino : inos) {
       Node* n = NodeLocked(ino);
       if (n && n->kind == Kind::kVersionDir && !n->summary) todo.push_back({ino, n->model, n->version, nullptr, {}});
@@ -442,7 +442,7 @@ Status Namespace::EnsureSummaries(std::span<const uint64_t> inos) {
     }
   });
   Status first;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (Todo& t : todo) {
     if (!t.status.ok()) {
       if (first.ok()) first = t.status;
@@ -457,7 +457,7 @@ Status Namespace::EnsureSummaries(std::span<const uint64_t> inos) {
 Status Namespace::EnsureContents(uint64_t version_ino) {
   std::string model, version;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Node* n = NodeLocked(version_ino);
     if (!n || n->kind != Kind::kVersionDir) return Status::InvalidArgument("not a version directory");
     if (n->contents_built) return Status::Ok();
@@ -465,7 +465,7 @@ Status Namespace::EnsureContents(uint64_t version_ino) {
     version = n->version;
   }
   WFS_ASSIGN_OR_RETURN(std::shared_ptr<const Manifest> manifest, bucket_->ReadManifest(model, version));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Node* n = NodeLocked(version_ino);
   if (!n->summary) n->summary = Summarize(*manifest);
   if (!n->contents_built) BuildContentsLocked(*n, std::move(manifest));
@@ -516,7 +516,7 @@ Expected<std::string> Namespace::EnsureLatest(const std::string& model) {
   std::vector<uint64_t> inos;
   uint64_t generation = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = models_.find(model);
     if (it == models_.end()) return Status::NotFound("model " + model + " has no versions");
     Model& m = it->second;
@@ -529,7 +529,7 @@ Expected<std::string> Namespace::EnsureLatest(const std::string& model) {
   }
   Status s = EnsureSummaries(inos);
   if (!s.ok()) spdlog::warn("{}@latest ignores versions whose manifest cannot be read: {}", model, s.ToString());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Model& m = models_[model];
   const Node* best = nullptr;
   for (const auto& [v, ino] : m.versions) {
@@ -551,7 +551,7 @@ Expected<std::string> Namespace::EnsureLatest(const std::string& model) {
 Status Namespace::EnsureAttrInputs(uint64_t ino) {
   std::string link_model;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Node* n = NodeLocked(ino);
     if (!n) return Status::NotFound("no inode " + std::to_string(ino));
     if (n->kind == Kind::kLatestLink) {
@@ -631,7 +631,7 @@ Status Namespace::FillAttrLocked(const Node& node, NodeAttr* out) const {
 Expected<NodeAttr> Namespace::GetAttr(uint64_t ino) {
   bool above_versions = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const Node* n = NodeLocked(ino);
     above_versions = n && n->kind == Kind::kDir;
   }
@@ -639,7 +639,7 @@ Expected<NodeAttr> Namespace::GetAttr(uint64_t ino) {
   // listing works, so a failed listing does not fail its getattr.
   if (above_versions) (void)RefreshIfStale();
   WFS_TRY(EnsureAttrInputs(ino));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   NodeAttr out;
   WFS_TRY(FillAttrLocked(*NodeLocked(ino), &out));
   return out;
@@ -648,7 +648,7 @@ Expected<NodeAttr> Namespace::GetAttr(uint64_t ino) {
 std::vector<NodeAttr> Namespace::GetAttrs(std::span<const uint64_t> inos) {
   std::set<std::string> link_models;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (uint64_t ino : inos) {
       const Node* n = NodeLocked(ino);
       if (n && n->kind == Kind::kLatestLink) link_models.insert(n->model);
@@ -656,7 +656,7 @@ std::vector<NodeAttr> Namespace::GetAttrs(std::span<const uint64_t> inos) {
   }
   std::vector<uint64_t> unknown;  // version directories the listing gave no time for
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (uint64_t ino : inos) {
       const Node* n = NodeLocked(ino);
       if (n && n->kind == Kind::kVersionDir && !CreatedMs(*n)) unknown.push_back(ino);
@@ -666,7 +666,7 @@ std::vector<NodeAttr> Namespace::GetAttrs(std::span<const uint64_t> inos) {
   if (!s.ok()) spdlog::warn("listing: {}", s.ToString());
   for (const std::string& model : link_models) (void)EnsureLatest(model);
   std::vector<NodeAttr> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (uint64_t ino : inos) {
     const Node* n = NodeLocked(ino);
     NodeAttr a;
@@ -678,7 +678,7 @@ std::vector<NodeAttr> Namespace::GetAttrs(std::span<const uint64_t> inos) {
 Expected<NodeAttr> Namespace::Lookup(uint64_t parent, std::string_view name) {
   Kind kind;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const Node* p = NodeLocked(parent);
     if (!p) return Status::NotFound("no inode " + std::to_string(parent));
     kind = p->kind;
@@ -689,7 +689,7 @@ Expected<NodeAttr> Namespace::Lookup(uint64_t parent, std::string_view name) {
   uint64_t child = 0;
   for (bool probed = false;; probed = true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       const Node* p = NodeLocked(parent);
       auto it = p->children.find(name);
       if (it != p->children.end()) {
@@ -709,7 +709,7 @@ Expected<NodeAttr> Namespace::Lookup(uint64_t parent, std::string_view name) {
 Expected<std::vector<DirEntry>> Namespace::ReadDir(uint64_t ino) {
   Kind kind;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const Node* n = NodeLocked(ino);
     if (!n) return Status::NotFound("no inode " + std::to_string(ino));
     kind = n->kind;
@@ -717,7 +717,7 @@ Expected<std::vector<DirEntry>> Namespace::ReadDir(uint64_t ino) {
   if (!IsDir(kind)) return Status::InvalidArgument("not a directory");
   if (kind == Kind::kDir) WFS_TRY(RefreshIfStale());
   if (kind == Kind::kVersionDir) WFS_TRY(EnsureContents(ino));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = NodeLocked(ino);
   std::vector<DirEntry> out;
   out.reserve(n->children.size() + 2);
@@ -734,7 +734,7 @@ Expected<std::vector<DirEntry>> Namespace::ReadDir(uint64_t ino) {
 Expected<std::string> Namespace::ReadLink(uint64_t ino) {
   std::string model;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const Node* n = NodeLocked(ino);
     if (!n || n->kind != Kind::kLatestLink) return Status::InvalidArgument("not a symbolic link");
     model = n->model;
@@ -746,7 +746,7 @@ Expected<VersionFile> Namespace::Open(uint64_t ino) {
   std::shared_ptr<const Manifest> manifest;
   const ManifestFile* head_file;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const Node* n = NodeLocked(ino);
     if (!n) return Status::NotFound("no inode " + std::to_string(ino));
     if (n->kind != Kind::kFile) return Status::InvalidArgument(n->name + " is not a regular file");
@@ -783,7 +783,7 @@ Expected<std::shared_ptr<const Manifest>> Namespace::TakeRewrittenHead(const Man
     spdlog::warn("{}@{} was replaced in the bucket with other files; remount to see them", old.model, old.version);
     return Status::NotFound("replaced");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const std::unique_ptr<Node>& n : nodes_) {
     if (!n || n->manifest.get() != &old) continue;
     if (n->file) n->file = &now->files[static_cast<size_t>(n->file - old.files.data())];
@@ -803,7 +803,7 @@ Expected<std::vector<std::string>> Namespace::ListXattr(uint64_t ino) {
     WFS_TRY(EnsureSummaries(one));  // (a version's xattrs are its summary's)
   }
   std::vector<std::string> names;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = NodeLocked(ino);
   if (n->kind == Kind::kVersionDir) {
     if (n->summary && n->summary->parent) names.push_back(kXattrParent);
@@ -827,7 +827,7 @@ Expected<std::string> Namespace::GetXattr(uint64_t ino, std::string_view name) {
     std::shared_ptr<const Manifest> manifest;
     const ManifestFile* head_file = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       const Node* n = NodeLocked(ino);
       if (n->kind == Kind::kFile) {
         manifest = n->manifest;
@@ -844,7 +844,7 @@ Expected<std::string> Namespace::GetXattr(uint64_t ino, std::string_view name) {
       return std::to_string(stored);
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Node* n = NodeLocked(ino);
   if (n->kind == Kind::kVersionDir && n->summary) {
     const VersionSummary& s = *n->summary;

@@ -32,17 +32,17 @@
 #include <sys/stat.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 #include "core/manifest.h"
 #include "core/status.h"
 #include "engine/bucket.h"
@@ -194,46 +194,47 @@ class Namespace {
     uint64_t latest_generation = ~0ull;
   };
 
-  // Each REQUIRES mu_ not held; they do bucket I/O.
-  Status RefreshIfStale();
+  // These take mu_ themselves and do bucket I/O without it.
+  Status RefreshIfStale() WFS_EXCLUDES(mu_);
   // `name` ("leaf@version") in directory `dir` is not listed: is it a version published since?
   // True when it was found (and added).
-  Expected<bool> Probe(uint64_t dir, std::string_view name);
-  Status EnsureSummaries(std::span<const uint64_t> version_inos);
-  Status EnsureContents(uint64_t version_ino);
+  Expected<bool> Probe(uint64_t dir, std::string_view name) WFS_EXCLUDES(mu_);
+  Status EnsureSummaries(std::span<const uint64_t> version_inos) WFS_EXCLUDES(mu_);
+  Status EnsureContents(uint64_t version_ino) WFS_EXCLUDES(mu_);
   // `old`, a head the nodes hold, checked against the bucket: when it was rewritten in place
   // (gc's rebase: same files and bytes, new rows), every node holding it takes the new head,
   // which is returned; NotFound when it was not.
-  Expected<std::shared_ptr<const Manifest>> TakeRewrittenHead(const Manifest& old);
-  Expected<std::string> EnsureLatest(const std::string& model);
+  Expected<std::shared_ptr<const Manifest>> TakeRewrittenHead(const Manifest& old) WFS_EXCLUDES(mu_);
+  Expected<std::string> EnsureLatest(const std::string& model) WFS_EXCLUDES(mu_);
   // What a node's attributes depend on (summary, latest target), loaded.
-  Status EnsureAttrInputs(uint64_t ino);
+  Status EnsureAttrInputs(uint64_t ino) WFS_EXCLUDES(mu_);
 
-  // REQUIRES: mu_ held.
-  Node* NodeLocked(uint64_t ino) const;
-  Node& NewNodeLocked(Kind kind, uint64_t parent, std::string name);
-  void AddChildLocked(Node& dir, const std::string& name, uint64_t child);
-  void RemoveChildLocked(Node& dir, const std::string& name);
-  uint64_t DirForModelLocked(const std::string& model, std::string* leaf);
+  // With mu_ held.
+  Node* NodeLocked(uint64_t ino) const WFS_REQUIRES(mu_);
+  Node& NewNodeLocked(Kind kind, uint64_t parent, std::string name) WFS_REQUIRES(mu_);
+  void AddChildLocked(Node& dir, const std::string& name, uint64_t child) WFS_REQUIRES(mu_);
+  void RemoveChildLocked(Node& dir, const std::string& name) WFS_REQUIRES(mu_);
+  uint64_t DirForModelLocked(const std::string& model, std::string* leaf) WFS_REQUIRES(mu_);
   // `listing_seq`: publish_seq_ when the listing began.
-  void ApplyListingLocked(const std::vector<VersionInfo>& versions, uint64_t listing_seq);
+  void ApplyListingLocked(const std::vector<VersionInfo>& versions, uint64_t listing_seq) WFS_REQUIRES(mu_);
   // The version's directory node (made if new). `created_ms`: from its time marker.
   uint64_t AddVersionLocked(const std::string& model, const std::string& version,
-                            std::optional<int64_t> created_ms = std::nullopt);
+                            std::optional<int64_t> created_ms = std::nullopt) WFS_REQUIRES(mu_);
   // A version directory's creation time, if known without reading anything.
   static std::optional<int64_t> CreatedMs(const Node& n) {
     if (n.summary) return n.summary->created_ms;
     return n.listed_created_ms;
   }
-  void UpdateLatestLinkLocked(const std::string& name, Model& m);
+  void UpdateLatestLinkLocked(const std::string& name, Model& m) WFS_REQUIRES(mu_);
   // Shows a version found outside a listing (a probe, a model's re-listing), protected from a
   // listing that began before it like AddPublished's.
-  void AddFoundLocked(const std::string& model, const std::string& version, std::optional<int64_t> created_ms);
+  void AddFoundLocked(const std::string& model, const std::string& version, std::optional<int64_t> created_ms)
+      WFS_REQUIRES(mu_);
   // One probe's worth of the rate (token bucket, burst of one second's worth).
-  bool TakeProbeTokenLocked();
-  void BuildContentsLocked(Node& version, std::shared_ptr<const Manifest> manifest);
-  Status FillAttrLocked(const Node& node, NodeAttr* out) const;
-  int64_t VersionTimeLocked(const Node& node) const;
+  bool TakeProbeTokenLocked() WFS_REQUIRES(mu_);
+  void BuildContentsLocked(Node& version, std::shared_ptr<const Manifest> manifest) WFS_REQUIRES(mu_);
+  Status FillAttrLocked(const Node& node, NodeAttr* out) const WFS_REQUIRES(mu_);
+  int64_t VersionTimeLocked(const Node& node) const WFS_REQUIRES(mu_);
 
   static VersionSummary Summarize(const Manifest& m);
   int64_t NowMs() const;
@@ -244,26 +245,26 @@ class Namespace {
 
   // Lock order: mu_ is a leaf (nothing else is acquired under it); never held across bucket
   // I/O or a FUSE reply.
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Node>> nodes_;  // nodes_[ino - 1]        GUARDED_BY(mu_)
-  std::map<std::string, Model> models_;                                // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<Node>> nodes_ WFS_GUARDED_BY(mu_);  // nodes_[ino - 1]
+  std::map<std::string, Model> models_ WFS_GUARDED_BY(mu_);
   // Refresh: one listing at a time; the others serve the previous listing (or wait for the
   // first one).
-  bool listed_ = false;                                                // GUARDED_BY(mu_)
-  bool refreshing_ = false;                                            // GUARDED_BY(mu_)
-  bool invalidated_ = false;                                           // GUARDED_BY(mu_)
-  std::chrono::steady_clock::time_point listed_at_;                    // GUARDED_BY(mu_)
-  Status last_refresh_;                                                // GUARDED_BY(mu_)
+  bool listed_ WFS_GUARDED_BY(mu_) = false;
+  bool refreshing_ WFS_GUARDED_BY(mu_) = false;
+  bool invalidated_ WFS_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point listed_at_ WFS_GUARDED_BY(mu_);
+  Status last_refresh_ WFS_GUARDED_BY(mu_);
   // Versions published through AddPublished ("model@version" -> publish_seq_ then).
-  std::map<std::string, uint64_t> published_;                          // GUARDED_BY(mu_)
-  uint64_t publish_seq_ = 0;                                           // GUARDED_BY(mu_)
-  std::condition_variable refreshed_;
+  std::map<std::string, uint64_t> published_ WFS_GUARDED_BY(mu_);
+  uint64_t publish_seq_ WFS_GUARDED_BY(mu_) = 0;
+  CondVar refreshed_;
   // Probes: "model@version" found absent -> when (bounded: oldest dropped beyond kMaxAbsent).
-  std::map<std::string, std::chrono::steady_clock::time_point> absent_;  // GUARDED_BY(mu_)
-  double probe_tokens_ = 0;                                             // GUARDED_BY(mu_)
-  std::chrono::steady_clock::time_point tokens_at_;                     // GUARDED_BY(mu_)
+  std::map<std::string, std::chrono::steady_clock::time_point> absent_ WFS_GUARDED_BY(mu_);
+  double probe_tokens_ WFS_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point tokens_at_ WFS_GUARDED_BY(mu_);
   // NewestVersion: model -> when its versions were last re-listed, and the newest then.
-  std::map<std::string, std::pair<std::chrono::steady_clock::time_point, std::string>> model_listed_;  // GUARDED_BY(mu_)
+  std::map<std::string, std::pair<std::chrono::steady_clock::time_point, std::string>> model_listed_ WFS_GUARDED_BY(mu_);
   static constexpr size_t kMaxAbsent = 4096;
 };
 
