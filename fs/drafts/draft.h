@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -218,14 +217,14 @@ struct Draft {
     std::string records;                  // lines after it
     uint64_t last_seq = 0;
   };
-  std::mutex journal_out_mu;  // a leaf: guards journal_out
-  JournalOut journal_out;
-  // Under journal_mu (taken after State::mu is released, never under it).
-  std::mutex journal_mu;
-  uint64_t journal_written = 0;  // every record up to this one is in the page cache
-  int journal_fd = -1;           // journal.log, O_APPEND
-  bool journal_unsynced = false;
-  int64_t journal_synced_ns = 0;
+  Mutex journal_out_mu;  // a leaf
+  JournalOut journal_out WFS_GUARDED_BY(journal_out_mu);
+  // Taken after State::mu is released, never under it.
+  Mutex journal_mu;
+  uint64_t journal_written WFS_GUARDED_BY(journal_mu) = 0;  // every record up to this one is in the page cache
+  int journal_fd WFS_GUARDED_BY(journal_mu) = -1;           // journal.log, O_APPEND
+  bool journal_unsynced WFS_GUARDED_BY(journal_mu) = false;
+  int64_t journal_synced_ns WFS_GUARDED_BY(journal_mu) = 0;
   // Read under State::mu to decide when to compact.
   std::atomic<uint64_t> journal_log_bytes{0}, journal_snapshot_bytes{0};
   std::atomic<bool> journal_failed{false};  // an append failed: the next write is a snapshot

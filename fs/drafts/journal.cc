@@ -132,7 +132,7 @@ Status Drafts::State::SaveJournal(Draft& d, JournalWrite w) {
     } else {
       text = RecordLocked(d, seq);
     }
-    std::lock_guard<std::mutex> out(d.journal_out_mu);
+    MutexLock out(d.journal_out_mu);
     if (snapshot) {
       d.journal_out.snapshot = std::move(text);
       d.journal_out.records.clear();  // (the snapshot holds them)
@@ -141,10 +141,10 @@ Status Drafts::State::SaveJournal(Draft& d, JournalWrite w) {
     }
     d.journal_out.last_seq = seq;
   }
-  std::lock_guard<std::mutex> lock(d.journal_mu);
+  MutexLock lock(d.journal_mu);
   Draft::JournalOut out;
   {
-    std::lock_guard<std::mutex> o(d.journal_out_mu);
+    MutexLock o(d.journal_out_mu);
     std::swap(out, d.journal_out);
   }
   auto fail = [&](const Status& st) {
