@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/ascii.h"
+
 namespace weightfs {
 namespace {
 
@@ -19,14 +21,6 @@ std::string_view Trim(std::string_view s) {
   while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\r' || s[b] == '\n')) ++b;
   while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r' || s[e - 1] == '\n')) --e;
   return s.substr(b, e - b);
-}
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
 }
 
 // Values go into HTTP headers (key id, session token): no control characters, no spaces.
@@ -135,7 +129,7 @@ std::vector<AwsIniSection> ParseAwsIni(std::string_view text) {
     if (indented && in_nested) continue;
     const size_t eq = line.find('=');
     if (eq == std::string_view::npos) continue;
-    const std::string key = Lower(Trim(line.substr(0, eq)));
+    const std::string key = AsciiLower(Trim(line.substr(0, eq)));
     std::string_view value = Trim(line.substr(eq + 1));
     // An inline comment starts at '#' or ';' preceded by whitespace (secrets never contain
     // whitespace, so this cannot cut one).

@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "core/ascii.h"
 #include "core/mutex.h"
 
 namespace weightfs {
@@ -39,22 +40,6 @@ void EnsureCurlGlobal() {
   if (global.rc != CURLE_OK) {
     spdlog::error("curl_global_init failed: {}", curl_easy_strerror(global.rc));
   }
-}
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-bool IEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
 }
 
 std::string_view Trim(std::string_view s) {
@@ -264,7 +249,7 @@ size_t HeaderCallback(char* data, size_t size, size_t nitems, void* userdata) no
   const size_t colon = line.find(':');
   if (colon == std::string_view::npos || colon == 0) return n;  // blank line or garbage
   try {
-    t->response->headers.emplace_back(Lower(Trim(line.substr(0, colon))),
+    t->response->headers.emplace_back(AsciiLower(Trim(line.substr(0, colon))),
                                       std::string(Trim(line.substr(colon + 1))));
   } catch (...) {
     t->out_of_memory = true;
@@ -322,7 +307,7 @@ std::string RedactUrl(std::string_view url) {
 
 std::string_view HttpResponse::Header(std::string_view name) const {
   for (const auto& [k, v] : headers) {
-    if (IEquals(k, name)) return v;
+    if (AsciiEqualsIgnoreCase(k, name)) return v;
   }
   return {};
 }
@@ -485,7 +470,7 @@ Expected<HttpResponse> HttpClient::Send(HttpRequest request) {
       bool has_expect = false;
       bool alloc_failed = false;
       for (const auto& [name, value] : attempt_request.headers) {
-        if (IEquals(name, "expect")) has_expect = true;
+        if (AsciiEqualsIgnoreCase(name, "expect")) has_expect = true;
         // "Name;" is curl's spelling of a header with an empty value ("Name:" would remove it).
         alloc_failed |= !headers.Append(value.empty() ? name + ";" : name + ": " + value);
       }

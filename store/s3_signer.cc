@@ -8,31 +8,13 @@
 #include <utility>
 #include <vector>
 
+#include "core/ascii.h"
 #include "core/hash.h"
 
 namespace weightfs {
 namespace {
 
 constexpr const char* kAlgorithm = "AWS4-HMAC-SHA256";
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
-
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
-}
 
 // Trimmed, with every run of spaces/tabs inside collapsed to one space.
 std::string CanonicalHeaderValue(std::string_view v) {
@@ -169,7 +151,7 @@ UrlParts SplitUrl(std::string_view url) {
   size_t pos = 0;
   const size_t scheme_end = url.find("://");
   if (scheme_end != std::string_view::npos) {
-    parts.scheme = Lower(url.substr(0, scheme_end));
+    parts.scheme = AsciiLower(url.substr(0, scheme_end));
     pos = scheme_end + 3;
   }
   size_t authority_end = url.find_first_of("/?#", pos);
@@ -188,7 +170,7 @@ UrlParts SplitUrl(std::string_view url) {
       authority = authority.substr(0, colon);
     }
   }
-  parts.host = Lower(authority);
+  parts.host = AsciiLower(authority);
   std::string_view rest = url.substr(authority_end);
   if (const size_t hash = rest.find('#'); hash != std::string_view::npos) rest = rest.substr(0, hash);
   const size_t q = rest.find('?');
@@ -204,7 +186,7 @@ SigV4Signature ComputeSigV4(const SigV4Params& p, const AwsCredentials& credenti
   std::vector<std::pair<std::string, std::string>> headers;
   headers.emplace_back("host", CanonicalHeaderValue(p.host));
   for (const auto& [name, value] : p.headers) {
-    std::string lname = Lower(name);
+    std::string lname = AsciiLower(name);
     if (lname == "host") continue;
     headers.emplace_back(std::move(lname), CanonicalHeaderValue(value));
   }
@@ -251,10 +233,10 @@ void SigV4Signer::Sign(HttpRequest& request, std::string_view payload_sha256,
   auto& h = request.headers;
   h.erase(std::remove_if(h.begin(), h.end(),
                          [](const auto& kv) {
-                           return EqualsIgnoreCase(kv.first, "x-amz-date") ||
-                                  EqualsIgnoreCase(kv.first, "x-amz-content-sha256") ||
-                                  EqualsIgnoreCase(kv.first, "x-amz-security-token") ||
-                                  EqualsIgnoreCase(kv.first, "authorization");
+                           return AsciiEqualsIgnoreCase(kv.first, "x-amz-date") ||
+                                  AsciiEqualsIgnoreCase(kv.first, "x-amz-content-sha256") ||
+                                  AsciiEqualsIgnoreCase(kv.first, "x-amz-security-token") ||
+                                  AsciiEqualsIgnoreCase(kv.first, "authorization");
                          }),
           h.end());
   const std::string amz_date = AmzDate(now);
@@ -264,7 +246,7 @@ void SigV4Signer::Sign(HttpRequest& request, std::string_view payload_sha256,
     h.emplace_back("x-amz-security-token", credentials_.session_token);
     const bool listed = std::any_of(
         request.sensitive_headers.begin(), request.sensitive_headers.end(),
-        [](const std::string& n) { return EqualsIgnoreCase(n, "x-amz-security-token"); });
+        [](const std::string& n) { return AsciiEqualsIgnoreCase(n, "x-amz-security-token"); });
     if (!listed) request.sensitive_headers.emplace_back("x-amz-security-token");
   }
 
@@ -275,9 +257,9 @@ void SigV4Signer::Sign(HttpRequest& request, std::string_view payload_sha256,
   p.path = std::move(url.path);
   p.query = std::move(url.query);
   for (const auto& [name, value] : h) {
-    const std::string lname = Lower(name);
+    const std::string lname = AsciiLower(name);
     if (IsUnsignedHeader(lname)) continue;
-    if (lname == "host") p.host = Lower(CanonicalHeaderValue(value));
+    if (lname == "host") p.host = AsciiLower(CanonicalHeaderValue(value));
     else p.headers.emplace_back(name, value);
   }
   p.payload_sha256 = std::string(payload_sha256);

@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/ascii.h"
 #include "core/hash.h"
 #include "core/mutex.h"
 #include "store/s3_signer.h"
@@ -248,14 +249,6 @@ std::string_view AsText(const std::vector<uint8_t>& v) {
   return {reinterpret_cast<const char*>(v.data()), v.size()};
 }
 
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
-
 std::string Md5Raw(std::span<const uint8_t> data) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -303,7 +296,7 @@ std::string Base64(std::string_view raw) {
 
 // An ETag without its quotes, lower-cased ("\"9B2CF...\"" -> "9b2cf...").
 std::string NormalizeEtag(std::string_view etag) {
-  std::string e = Lower(etag);
+  std::string e = AsciiLower(etag);
   if (e.rfind("w/", 0) == 0) e = e.substr(2);
   e.erase(std::remove(e.begin(), e.end(), '"'), e.end());
   return e;
@@ -351,7 +344,7 @@ Expected<Endpoint> ParseEndpoint(std::string_view url) {
     return Status::InvalidArgument("S3 endpoint '" + std::string(url.substr(0, 200)) +
                                    "' must start with http:// or https://");
   }
-  e.scheme = Lower(url.substr(0, sep));
+  e.scheme = AsciiLower(url.substr(0, sep));
   if (e.scheme != "http" && e.scheme != "https") {
     return Status::InvalidArgument("S3 endpoint scheme must be http or https, not '" + e.scheme + "'");
   }
@@ -362,7 +355,7 @@ Expected<Endpoint> ParseEndpoint(std::string_view url) {
   const size_t slash = rest.find('/');
   const std::string_view authority = rest.substr(0, slash);
   if (authority.empty()) return Status::InvalidArgument("S3 endpoint has no host");
-  e.authority = Lower(authority);
+  e.authority = AsciiLower(authority);
   std::string base = slash == std::string_view::npos ? "" : std::string(rest.substr(slash));
   while (!base.empty() && base.back() == '/') base.pop_back();
   e.base_path = base;

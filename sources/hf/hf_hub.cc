@@ -16,17 +16,13 @@
 #include <sstream>
 #include <thread>
 
+#include "core/ascii.h"
+
 namespace weightfs {
 namespace {
 
 constexpr int kMaxRedirects = 5;
 constexpr uint64_t kMaxJsonResponse = 64ull << 20;
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 std::string_view TrimWs(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -36,7 +32,7 @@ std::string_view TrimWs(std::string_view s) {
 
 bool IsTrue(const std::optional<std::string>& v) {
   if (!v) return false;
-  const std::string l = Lower(TrimWs(*v));
+  const std::string l = AsciiLower(TrimWs(*v));
   return l == "1" || l == "on" || l == "yes" || l == "true";
 }
 
@@ -83,7 +79,7 @@ std::string ParseLinkNext(std::string_view header) {
     const std::string_view url = header.substr(open + 1, close - open - 1);
     size_t end = header.find('<', close + 1);  // the next link starts with '<'
     if (end == std::string_view::npos) end = header.size();
-    std::string params = Lower(header.substr(close + 1, end - close - 1));
+    std::string params = AsciiLower(header.substr(close + 1, end - close - 1));
     params.erase(std::remove_if(params.begin(), params.end(), [](char c) { return c == ' ' || c == '\t'; }),
                  params.end());
     if (params.find("rel=\"next\"") != std::string::npos || params.find("rel=next") != std::string::npos) {
@@ -97,7 +93,7 @@ std::string ParseLinkNext(std::string_view header) {
 std::string UrlOrigin(std::string_view url) {
   const size_t sep = url.find("://");
   if (sep == std::string_view::npos) return "";
-  const std::string scheme = Lower(url.substr(0, sep));
+  const std::string scheme = AsciiLower(url.substr(0, sep));
   if (scheme != "http" && scheme != "https") return "";
   std::string_view rest = url.substr(sep + 3);
   std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
@@ -107,14 +103,14 @@ std::string UrlOrigin(std::string_view url) {
   if (authority.front() == '[') {  // IPv6 literal
     const size_t rb = authority.find(']');
     if (rb == std::string_view::npos) return "";
-    host = Lower(authority.substr(0, rb + 1));
+    host = AsciiLower(authority.substr(0, rb + 1));
     if (rb + 1 < authority.size()) {
       if (authority[rb + 1] != ':') return "";
       port = std::string(authority.substr(rb + 2));
     }
   } else {
     const size_t colon = authority.rfind(':');
-    host = Lower(authority.substr(0, colon));
+    host = AsciiLower(authority.substr(0, colon));
     if (colon != std::string_view::npos) port = std::string(authority.substr(colon + 1));
   }
   if (host.empty()) return "";
@@ -129,7 +125,7 @@ std::string ResolveUrl(std::string_view base, std::string_view location) {
   const size_t sep = location.find("://");
   const size_t first_special = location.find_first_of("/?#");
   if (sep != std::string_view::npos && (first_special == std::string_view::npos || sep < first_special)) {
-    const std::string scheme = Lower(location.substr(0, sep));
+    const std::string scheme = AsciiLower(location.substr(0, sep));
     if (scheme != "http" && scheme != "https") return "";
     return std::string(location);
   }
@@ -137,7 +133,7 @@ std::string ResolveUrl(std::string_view base, std::string_view location) {
   if (bsep == std::string_view::npos) return "";
   const std::string scheme(base.substr(0, bsep));
   // The result takes the base's scheme, so the base must be http(s) too.
-  if (Lower(scheme) != "http" && Lower(scheme) != "https") return "";
+  if (AsciiLower(scheme) != "http" && AsciiLower(scheme) != "https") return "";
   if (location.starts_with("//")) return scheme + ":" + std::string(location);
   // The base's authority ends at its path, query or fragment.
   const size_t path_start = base.find_first_of("/?#", bsep + 3);

@@ -1,0 +1,26 @@
+// ASCII case for protocol text (HTTP header names, SigV4 canonical headers, INI keys, ETags,
+// environment flags): independent of the C locale, unlike std::tolower.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace weightfs {
+
+inline char AsciiLower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+inline std::string AsciiLower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = AsciiLower(c);
+  return out;
+}
+
+inline bool AsciiEqualsIgnoreCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (AsciiLower(a[i]) != AsciiLower(b[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace weightfs
