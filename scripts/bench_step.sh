@@ -13,7 +13,9 @@
 #               the *.safetensors shards only (config.json and the shard index are
 #               byte-identical in N and N+1; the draft inherits them from N): for binaries
 #               between 05aa40f and aec06db, where a draft holding a file of at most one chunk
-#               fails to commit ("stat of staging file ...: Bad file descriptor").
+#               fails to commit ("stat of staging file ...: Bad file descriptor"). A control
+#               line beside the table: the same files copied by dd bs=1M (through a user-space
+#               buffer, as the daemon copies a FUSE write) + sync.
 #  2 push       `weightfs push` of N+1's files with --parent N into a copy of the bucket (the
 #               push cache holds N as references to N's files, as a trainer that pushed N has)
 #               | zstd -3 -T0 of the same bytes to a file
@@ -217,6 +219,16 @@ for ((r = 1; r <= runs; r++)); do
   cp "${saved[@]}" "$run/local/"
   sync
   add B 1 "$(since "$t0")"
+  # A control, not the baseline: the same copy through a user-space buffer (dd bs=1M, as the
+  # mount's daemon copies a FUSE write into its staging file), where cp copies in the kernel
+  # (copy_file_range). On a VM whose fresh page-cache memory is slow, this is what moves.
+  rm -rf "$run/local"
+  sync
+  t0=$(now)
+  mkdir "$run/local"
+  for f in "${saved[@]}"; do dd if="$f" of="$run/local/$(basename "$f")" bs=1M status=none; done
+  sync
+  add X 1dd "$(since "$t0")"
 done
 
 # --- Row 2: weightfs push | zstd -3 -T0.
@@ -352,7 +364,7 @@ for i in 1 2 3 4 5 6 7 8; do
   echo "| ${names[$i]} | $(summary "${W[$i]}") | $(summary "${B[$i]}") | $(ratio "$(median "${W[$i]}")" "$(median "${B[$i]}")") | ${targets[$i]} |"
 done
 echo
-echo "row 1: cp into the draft $(summary "${X[1cp]}") s of it, the rest is commit; stored $(mb "$(median "${X[1stored]}")") (push stores $(mb "$(median "${X[2stored]}")"), zstd -3 writes $(mb "$(median "${X[2zstd]}")"))"
+echo "row 1: cp into the draft $(summary "${X[1cp]}") s of it, the rest is commit; stored $(mb "$(median "${X[1stored]}")") (push stores $(mb "$(median "${X[2stored]}")"), zstd -3 writes $(mb "$(median "${X[2zstd]}")")); control: dd bs=1M to a local dir + sync $(summary "${X[1dd]}") s"
 echo "rows 3-5, bucket bytes received (median): 3: $(mb "$(median "${X[3recv]}")"), 4: $(mb "$(median "${X[4recv]}")"), 5: $(mb "$(median "${X[5recv]}")") (N+1's deltas: $(mb "$stored_n1"), the base: $(mb "$stored_v0"))"
 echo "row 6: patch files $(mb "${X[6patch]}"), numpy idx/val files $(mb "${X[6np]}")"
 echo "total $(awk "BEGIN { printf \"%.0f\", $(now) - $script_t0 }") s"
