@@ -813,6 +813,10 @@ Status S3Store::CheckOwnWrite(const std::string& key, std::span<const uint8_t> d
     c.headers.emplace_back("Range", "bytes=" + std::to_string(off) + "-" + std::to_string(off + n - 1));
     c.max_response_bytes = n + (1u << 20);
     WFS_ASSIGN_OR_RETURN(HttpResponse r, Send(c));
+    // Gone, or cut shorter, since the HEAD: it was another writer's (a fill marker of the shared
+    // tier comes and goes within milliseconds). A failure here would read as the store failing.
+    if (r.status == 404) return Status::Conflict(conflict + " and was removed since");
+    if (r.status == 416) return Status::Conflict(conflict + " and changed since");
     if (r.status != 206 && r.status != 200) return ErrorFrom(r, "GET " + Where(key));
     std::span<const uint8_t> got(r.body);
     if (r.status == 200) got = got.subspan(std::min<size_t>(off, got.size()));

@@ -95,10 +95,21 @@ TEST_P(SharedCacheTest, FourNodesFollowingARunCostTheOriginOneCopy) {
   ReadAllAtOnce(nodes, "m/x@v1", Source(1));
   const uint64_t origin = OriginBytes() - before;
   uint64_t fills = 0, hits = 0, received = 0;
+  std::string per_node;  // what each node did, for a failure's message
   for (Mount* n : nodes) {
     fills += Shared(*n, "fills");
     hits += Shared(*n, "hits");
     received += n->BytesReceived();
+    per_node += "\n  " + n->mnt().filename().string() + ": fills " + std::to_string(Shared(*n, "fills")) + ", hits " +
+                std::to_string(Shared(*n, "hits")) + ", waits " + std::to_string(Shared(*n, "waits")) + ", errors " +
+                std::to_string(Shared(*n, "errors")) + ", bypassed " + std::to_string(Shared(*n, "bypassed")) +
+                ", from the bucket " + std::to_string(n->BytesReceived());
+    if (Shared(*n, "errors") > 0) {  // its log's words about the tier
+      std::istringstream log(SlurpText(n->mnt().parent_path() / "log.txt"));
+      for (std::string line; std::getline(log, line);) {
+        if (line.find("shared cache") != std::string::npos) per_node += "\n    " + line.substr(0, 400);
+      }
+    }
     EXPECT_EQ(Shared(*n, "corrupt"), 0u);
     EXPECT_EQ(Shared(*n, "wait_timeouts"), 0u);
   }
@@ -107,7 +118,7 @@ TEST_P(SharedCacheTest, FourNodesFollowingARunCostTheOriginOneCopy) {
               (unsigned long long)stored_, (unsigned long long)origin, (unsigned long long)(after_v0 - before),
               (unsigned long long)(origin - (after_v0 - before)), double(origin) / double(stored_),
               (unsigned long long)received, (unsigned long long)fills, (unsigned long long)hits);
-  EXPECT_LE(origin, stored_ + stored_ / 10) << "the origin served more than 1.1x the stored bytes to 4 nodes";
+  EXPECT_LE(origin, stored_ + stored_ / 10) << "the origin served more than 1.1x the stored bytes to 4 nodes:" << per_node;
   EXPECT_GT(hits, 0u);
   EXPECT_GT(fills, 0u);
   // The same counts for Prometheus.
