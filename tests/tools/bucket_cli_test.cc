@@ -33,6 +33,16 @@ Result RunCli(const std::string& args) {
 }
 
 // Starts the binary with `args` (split on spaces), output to `log`; returns its pid.
+// The .safetensors files of `dir`, sorted: the shards a test pushes as parts.
+std::vector<std::string> SafetensorsIn(const std::string& dir) {
+  std::vector<std::string> shards;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path().string());
+  }
+  std::sort(shards.begin(), shards.end());
+  return shards;
+}
+
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
   pid_t pid = fork();
   if (pid == 0) {
@@ -288,11 +298,7 @@ TEST_F(BucketCli, AnInterruptedPushResumesWithoutSendingAgainWhatItKept) {
 // counts (the message says so, not "nothing was published"), and the last part publishes.
 TEST_F(BucketCli, APartInterruptedWhileWaitingStaysInAndCounts) {
   ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
-  std::vector<std::string> shards;
-  for (const auto& e : fs::directory_iterator(Version(1))) {
-    if (e.path().extension() == ".safetensors") shards.push_back(e.path().string());
-  }
-  std::sort(shards.begin(), shards.end());
+  const std::vector<std::string> shards = SafetensorsIn(Version(1));
   ASSERT_GE(shards.size(), 2u);
   const std::string log_path = (root_ / "waiting").string();
   pid_t pid = Spawn({"push", bucket_, "acme/m@v1", shards[0], "--no-cache", "--parts", "2", "--part", "p0"}, log_path);
@@ -321,11 +327,7 @@ TEST_F(BucketCli, APartInterruptedWhileWaitingStaysInAndCounts) {
 // and is listed as staged; a killed part pushed again is not counted twice.
 TEST_F(BucketCli, PartsFromThreeProcessesPublishOneVersion) {
   ASSERT_EQ(RunCli("push " + bucket_ + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
-  std::vector<std::string> shards;
-  for (const auto& e : fs::directory_iterator(Version(1))) {
-    if (e.path().extension() == ".safetensors") shards.push_back(e.path().string());
-  }
-  std::sort(shards.begin(), shards.end());
+  const std::vector<std::string> shards = SafetensorsIn(Version(1));
   ASSERT_GE(shards.size(), 3u);
   const std::string n = std::to_string(shards.size());
   // Part 0 alone: it waits out its timeout, and the version is staged, not published.
