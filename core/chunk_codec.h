@@ -54,7 +54,7 @@ enum class ChunkEncoding : uint8_t {
   kPatch = 4,
   kRaw = 5,
   // Manifest-only, never in a payload header: the chunk is the raw bytes of a range of a file
-  // outside the bucket (engine/external_source.h), e.g. a base model in a Hugging Face repo.
+  // outside the bucket (hub/engine/external_source.h), e.g. a base model in a Hugging Face repo.
   kExternal = 6,
 };
 std::string_view ChunkEncodingName(ChunkEncoding e);
@@ -74,7 +74,7 @@ struct PayloadInfo {
   }
   // Element-wise deltas may be decoded in place: Decode's `out` may be its `parent`. A SPARSE
   // delta decoded in place writes only the changed elements, which is what makes a chain of
-  // deltas cheap to apply (engine/materializer.cc).
+  // deltas cheap to apply (hub/engine/materializer.cc).
   bool decodes_in_place() const {
     return encoding == ChunkEncoding::kSparse || encoding == ChunkEncoding::kDense;
   }
@@ -168,7 +168,7 @@ class ChunkCodec {
   // body codes; DENSE: those with a non-zero difference. Either way each listed element's value
   // differs from what it was, and no other element changed. Checks the parent and the output as
   // Decode(payload, data, data, limits) does; on error `data` is unspecified. For tools that
-  // need the positions (a sparse weight patch, engine/weight_patcher.h); the read path uses Decode.
+  // need the positions (a sparse weight patch, hub/engine/weight_patcher.h); the read path uses Decode.
   Status ApplyInPlace(std::span<const uint8_t> payload, std::span<uint8_t> data,
                       std::vector<uint32_t>* changed, const DecodeLimits& limits = {});
 

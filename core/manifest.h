@@ -120,12 +120,12 @@ struct Manifest {
   std::vector<std::string> versions;  // [0] == version
   std::vector<Hash128> packs;
   // Files outside the bucket that kExternal recipes read ("hf://ORG/REPO@COMMIT/PATH", see
-  // engine/external_source.h); for those recipes ref.pack indexes this table. Serialized only
+  // hub/engine/external_source.h); for those recipes ref.pack indexes this table. Serialized only
   // when non-empty.
   std::vector<std::string> sources;
   ManifestStats stats;
   std::vector<ManifestFile> files;  // sorted by path
-  // Not serialized. Set on manifests a DerivedVersions made (engine/derived_versions.h): chunk
+  // Not serialized. Set on manifests a DerivedVersions made (hub/engine/derived_versions.h): chunk
   // hashes are identifiers, not content hashes, and sha256 may be empty (unknown).
   bool derived = false;
   // Not serialized. The table of the parent head this version's inherited rows (origin != 0)

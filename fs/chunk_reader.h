@@ -6,7 +6,7 @@
 //       -> Materializer (nearest cached ancestor or keyframe, parallel range reads, verified)
 //
 // Chunks are keyed by their content hash, so identical chunks of different versions or files
-// share one entry. Bytes are handed out as ChunkBytes (engine/chunk_cache.h): the materializer's
+// share one entry. Bytes are handed out as ChunkBytes (hub/engine/chunk_cache.h): the materializer's
 // pooled buffer the chunk was built in or read from the disk cache into, or a heap buffer —
 // private memory, verified once, that no change to a cache file can reach. A reply can point
 // into them (fuse_reply_iov) while the cache is free to evict them; Read never copies them.
@@ -46,7 +46,7 @@
 #include "core/manifest.h"
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
-#include "engine/materializer.h"
+#include "hub/engine/materializer.h"
 #include "fs/work_queue.h"
 
 namespace weightfs {

@@ -24,12 +24,13 @@
 
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
-#include "engine/shared_tier.h"
+#include "hub/engine/shared_tier.h"
 #include "fs/metrics.h"
 #include "fs/mount_point.h"
 #include "fs/patch_view.h"
 #include "fs/status_errno.h"
-#include "store/http_client.h"
+#include "hub/store/http_client.h"
+#include "hub/store/local_file.h"
 
 namespace weightfs {
 namespace {
@@ -571,19 +572,13 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
       return Status::Ok();
     }
     if (f.patch_fd >= 0) {
-      std::vector<char> buf(size);
-      size_t got = 0;
-      while (got < size) {
-        ssize_t n = ::pread(f.patch_fd, buf.data() + got, size - got, off + static_cast<off_t>(got));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-          return Status::IOError("read of a patch file at " + std::to_string(off) + "+" + std::to_string(size) + ": " +
-                                 std::strerror(errno));
-        }
-        if (n == 0) break;
-        got += static_cast<size_t>(n);
+      std::vector<uint8_t> buf(size);
+      int err = 0;
+      const uint64_t got = PreadUpTo(f.patch_fd, buf.data(), size, static_cast<uint64_t>(off), &err);
+      if (err != 0) {
+        return StatusOfErrno(err, "read of a patch file at " + std::to_string(off) + "+" + std::to_string(size));
       }
-      fuse_reply_buf(req, buf.data(), got);
+      fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), got);
       return Status::Ok();
     }
     const Manifest& m = *f.file.manifest;

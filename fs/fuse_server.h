@@ -41,13 +41,13 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/bucket.h"
-#include "engine/chunk_cache.h"
-#include "engine/materializer.h"
+#include "hub/engine/bucket.h"
+#include "hub/engine/chunk_cache.h"
+#include "hub/engine/materializer.h"
 #include "fs/chunk_reader.h"
 #include "fs/drafts/drafts.h"
 #include "fs/namespace.h"
-#include "store/store_wrapper.h"
+#include "hub/store/store_wrapper.h"
 
 namespace weightfs {
 

@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "hub/store/local_file.h"
+
 namespace weightfs {
 namespace {
 
@@ -154,19 +156,9 @@ void MetricsFile::WriteOnce(bool final) {
   std::string error;
   try {
     const std::string text = text_(final);
-    const std::string tmp = path_ + ".tmp";
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      error = "cannot create " + tmp + ": " + std::strerror(errno);
-    } else {
-      ssize_t n = ::write(fd, text.data(), text.size());
-      const int werr = errno;
-      ::close(fd);
-      if (n != static_cast<ssize_t>(text.size())) {
-        error = "cannot write " + tmp + ": " + (n < 0 ? std::strerror(werr) : "short write");
-      } else if (::rename(tmp.c_str(), path_.c_str()) != 0) {
-        error = "cannot rename " + tmp + " to " + path_ + ": " + std::strerror(errno);
-      }
+    // Readable by a node exporter's textfile collector; rewritten every interval, so not synced.
+    if (Status st = WriteAtomically(path_, text, AtomicWrite{.mode = 0644, .durable = false}); !st.ok()) {
+      error = st.message();
     }
   } catch (const std::exception& e) {
     error = std::string("metrics: ") + e.what();

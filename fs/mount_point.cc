@@ -151,7 +151,7 @@ Status Unmount(const std::string& path, bool lazy) {
                               "directory there (close them, or unmount lazily with --lazy)");
     }
     if (err == EINVAL) return Status::InvalidArgument(path + " is not a mount point");
-    return Status::IOError("unmounting " + path + ": " + std::strerror(err));
+    return StatusOfErrno(err, "unmounting " + path);
   }
   std::vector<std::string> args = {"fusermount3", "-u"};
   if (lazy) args.push_back("-z");

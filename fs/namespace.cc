@@ -8,7 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "store/http_client.h"
+#include "hub/store/http_client.h"
 
 namespace weightfs {
 namespace {
@@ -45,29 +45,6 @@ std::vector<std::string_view> SplitPath(std::string_view path) {
     start = slash + 1;
   }
   return parts;
-}
-
-// Runs fn(i) for i in [0, n) on up to `threads` threads (the caller's included; fewer if the
-// system refuses to start more). fn must not throw.
-void ParallelFor(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  // The caller's bound on bucket requests (the FUSE operation's) holds for its helpers.
-  const OperationDeadline* op = OperationDeadline::Current();
-  std::optional<std::pair<OperationDeadline::Clock::time_point, std::string>> bound;
-  if (op) bound.emplace(op->at(), op->what());
-  auto work = [&] {
-    std::optional<OperationDeadline> deadline;
-    if (bound) deadline.emplace(bound->first, bound->second);
-    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
-  };
-  std::vector<std::thread> pool;
-  try {
-    for (size_t t = 1; t < std::min(n, threads); ++t) pool.emplace_back(work);
-  } catch (const std::exception&) {
-    // Fewer threads: the others (this one at least) do the rest.
-  }
-  work();
-  for (std::thread& t : pool) t.join();
 }
 
 }  // namespace
@@ -424,7 +401,7 @@ Status Namespace::EnsureSummaries(std::span<const uint64_t> inos) {
     }
   }
   if (todo.empty()) return Status::Ok();
-  ParallelFor(todo.size(), kManifestReaders, [&](size_t i) {
+  RequestsInParallel(todo.size(), kManifestReaders, [&](size_t i) {
     Todo& t = todo[i];
     try {
       Expected<std::shared_ptr<const Manifest>> m = bucket_->ReadManifest(t.model, t.version);

@@ -45,7 +45,7 @@
 #include "core/thread_annotations.h"
 #include "core/manifest.h"
 #include "core/status.h"
-#include "engine/bucket.h"
+#include "hub/engine/bucket.h"
 
 namespace weightfs {
 

@@ -17,7 +17,7 @@
 
 #include "core/hash.h"
 #include "core/safetensors.h"
-#include "engine/weight_patcher.h"
+#include "hub/engine/weight_patcher.h"
 
 namespace weightfs {
 namespace {
@@ -299,6 +299,7 @@ Status PatchView::Open(uint64_t ino, int* fd) {
     if (*fd >= 0) return Status::Ok();
     if (errno != ENOENT) break;  // evicted in between: once more
   }
+  // (IOError even for ENOENT: the patch exists, it was evicted under us twice.)
   return Status::IOError("patch view: cannot open the patch of " + n.model + "@" + n.to + "/" + n.path + " from " +
                          n.from + ": " + std::strerror(errno));
 }
@@ -406,7 +407,7 @@ Status PatchView::Generate(const Node& n, const std::string& file) {
       ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
       if (w < 0) {
         if (errno == EINTR) continue;
-        return Status::IOError("write " + tmp + ": " + std::strerror(errno));
+        return StatusOfErrno(errno, "write " + tmp);
       }
       done += static_cast<size_t>(w);
     }
@@ -414,9 +415,9 @@ Status PatchView::Generate(const Node& n, const std::string& file) {
   };
   PatchStats stats;
   Status st = (*patcher)->Write(n.path, sink, &stats);
-  if (::close(fd) != 0 && st.ok()) st = Status::IOError("close " + tmp + ": " + std::strerror(errno));
+  if (::close(fd) != 0 && st.ok()) st = StatusOfErrno(errno, "close " + tmp);
   if (st.ok() && ::rename(tmp.c_str(), file.c_str()) != 0) {
-    st = Status::IOError("rename to " + file + ": " + std::strerror(errno));
+    st = StatusOfErrno(errno, "rename to " + file);
   }
   if (!st.ok()) {
     ::unlink(tmp.c_str());

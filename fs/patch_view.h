@@ -4,7 +4,7 @@
 //                                                   lists v3's nearest ancestors (up to 64;
 //                                                   a lookup of any ancestor works)
 //   MNT/acme/qwen@v3/.patch/v1/                     v3's *.safetensors files (same subdirs)
-//   MNT/acme/qwen@v3/.patch/v1/model.safetensors    the sparse patch v1 -> v3 (engine/weight_patcher.h)
+//   MNT/acme/qwen@v3/.patch/v1/model.safetensors    the sparse patch v1 -> v3 (hub/engine/weight_patcher.h)
 //
 // A patch file is generated on its first lookup/getattr/open (its size must be exact in stat)
 // into <cache-dir>/patches/<xxh3-128 of model, OLD, NEW, path>.safetensors: written to a
@@ -31,9 +31,9 @@
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
 #include "core/thread_pool.h"
-#include "engine/bucket.h"
-#include "engine/chunk_cache.h"
-#include "engine/materializer.h"
+#include "hub/engine/bucket.h"
+#include "hub/engine/chunk_cache.h"
+#include "hub/engine/materializer.h"
 #include "fs/namespace.h"
 
 namespace weightfs {

@@ -7,7 +7,7 @@
 // The file-system kinds (NotEmpty, IsDirectory, Busy, ReadOnly, CrossDevice, Stale, ...) map
 // to their errno whatever the context: the drafts, the patch view and the FUSE adapter return
 // a Status, and no errno is written anywhere else in fs/ except the POSIX shims
-// (fs/drafts/posix_io.h), which turn a failed system call's errno into a Status.
+// (hub/store/local_file.h), which turn a failed system call's errno into a Status.
 //
 // Every error that reaches a reader as EIO/ENOMEM is logged here, with the Status message: the
 // stores' messages name the bucket key, and the Materializer's name the version, file and chunk.

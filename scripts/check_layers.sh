@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that every #include "..." points down the layers (or within its own folder):
-#   core <- store <- engine <- {fs, sources/hf, sources/trl} ; sources/ <- tools <- tests
-# fs and sources never see each other; hf and trl never see each other. Folders under core/
+#   core <- hub/store <- hub/engine <- {fs, hub/hf, hub/trl} ; hub/hf, hub/trl <- hub ; {fs, hub} <- tools
+# fs never sees hub/hf, hub/trl or hub's entry point; hf and trl never see each other. Folders under core/
 # (core/codec/sparse) are part of core, both as includer and as included. Prints each include
 # that points the wrong way and exits 1; ctest runs it (LayerArrows). Run from anywhere.
 set -euo pipefail
@@ -16,16 +16,16 @@ layer() {  # the layer folder $1 belongs to: itself, or core for a folder under 
 allowed() {  # the folders a file in folder $1 may include from
   case $1 in
     core) echo "core" ;;
-    store) echo "core store" ;;
-    engine) echo "core store engine" ;;
-    fs) echo "core store engine fs fs/drafts" ;;
+    hub/store) echo "core hub/store" ;;
+    hub/engine) echo "core hub/store hub/engine" ;;
+    fs) echo "core hub/store hub/engine fs fs/drafts" ;;
     # The drafts are the write path inside the FUSE layer (one library): they use its read path
     # (chunk_reader.h) and node types (namespace.h); the server calls them.
-    fs/drafts) echo "core store engine fs fs/drafts" ;;
-    sources/hf) echo "core store engine sources/hf" ;;
-    sources/trl) echo "core store engine sources/trl" ;;
-    sources) echo "core store engine sources sources/hf sources/trl" ;;
-    tools) echo "core store engine fs fs/drafts sources sources/hf sources/trl tools" ;;
+    fs/drafts) echo "core hub/store hub/engine fs fs/drafts" ;;
+    hub/hf) echo "core hub/store hub/engine hub/hf" ;;
+    hub/trl) echo "core hub/store hub/engine hub/trl" ;;
+    hub) echo "core hub/store hub/engine hub hub/hf hub/trl" ;;
+    tools) echo "core hub/store hub/engine fs fs/drafts hub hub/hf hub/trl tools" ;;
     *) return 1 ;;
   esac
 }
@@ -45,6 +45,6 @@ while IFS= read -r file; do
       bad=1
     fi
   done < <(grep -E '^#include "' "$file" || true)
-done < <(find core store engine fs sources tools -name '*.h' -o -name '*.cc' | sort)
+done < <(find core hub fs tools -name '*.h' -o -name '*.cc' | sort)
 if ((bad)); then exit 1; fi
 echo "check_layers: $checked files, every include points down"

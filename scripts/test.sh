@@ -31,7 +31,7 @@ phase "build (clang: ASan + UBSan + libFuzzer; the core, store, engine and sourc
 # Debug: assertions on; the sanitizer options in CMakeLists.txt set -O1 -g1.
 cmake -S "$root" -B "$root/build-san" -DCMAKE_BUILD_TYPE=Debug -DWEIGHTFS_WERROR=ON \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DWEIGHTFS_FUZZ=ON >/dev/null
-san_suites="core_tests store_tests engine_tests sources_tests reader_tests"
+san_suites="core_tests store_tests engine_tests hub_tests reader_tests"
 fuzz_targets=$(cd "$root/tests/fuzz" && ls *_fuzz.cc 2>/dev/null | sed 's/\.cc$//')
 # weightfs_fs too: not run here, but compiled by clang for -Wthread-safety (fs/drafts/'s locks).
 # shellcheck disable=SC2086

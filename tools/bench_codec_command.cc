@@ -26,7 +26,7 @@
 #include "core/file_codec.h"
 #include "core/hash.h"
 #include "core/thread_pool.h"
-#include "engine/mapped_file.h"
+#include "hub/engine/mapped_file.h"
 #include "tools/checkpoint_generator.h"
 #include "tools/cli.h"
 #include "tools/commands.h"

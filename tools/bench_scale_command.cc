@@ -43,10 +43,10 @@
 #include "core/chunk_table.h"
 #include "core/dtype.h"
 #include "core/manifest.h"
-#include "engine/bucket.h"
-#include "engine/pack_writer.h"
+#include "hub/engine/bucket.h"
+#include "hub/engine/pack_writer.h"
 #include "fs/mount_point.h"
-#include "store/local_store.h"
+#include "hub/store/local_store.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 

@@ -22,19 +22,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/bucket.h"
-#include "engine/chunk_cache.h"
-#include "engine/gc.h"
-#include "engine/lease.h"
-#include "engine/materializer.h"
-#include "engine/push_record.h"
-#include "engine/shared_tier.h"
-#include "engine/staged_version.h"
-#include "engine/version_reader.h"
-#include "engine/version_writer.h"
-#include "sources/hf/hf_base.h"
-#include "sources/open_bucket.h"
-#include "sources/open_store.h"
+#include "hub/engine/bucket.h"
+#include "hub/engine/chunk_cache.h"
+#include "hub/engine/gc.h"
+#include "hub/engine/lease.h"
+#include "hub/engine/materializer.h"
+#include "hub/engine/push_record.h"
+#include "hub/engine/shared_tier.h"
+#include "hub/engine/staged_version.h"
+#include "hub/engine/version_reader.h"
+#include "hub/engine/version_writer.h"
+#include "hub/hf/hf_base.h"
+#include "hub/open_bucket.h"
+#include "hub/open_store.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/logging.h"
@@ -132,7 +132,7 @@ struct Context {
 };
 
 // `any_layout`: the read commands also open a TRL delta-sync bucket (read-only versions,
-// sources/open_bucket.h); push and gc need a weightfs bucket.
+// hub/open_bucket.h); push and gc need a weightfs bucket.
 Expected<Context> OpenContext(const ArgParser& args, const std::string& url, bool open_bucket,
                               bool with_cache, bool any_layout = false) {
   WFS_TRY(SetUpCommandLog(args));
@@ -511,7 +511,7 @@ A version written by several nodes (docs/parts.md), each pushing the files it ho
                                                       .c_str());
   }
   // The record of what this push puts in the bucket, for the same push run again after an
-  // interruption (engine/push_record.h); keyed by bucket, version, parent and chunk size.
+  // interruption (hub/engine/push_record.h); keyed by bucket, version, parent and chunk size.
   std::shared_ptr<PushRecord> record;
   if (!args.Has("--no-cache")) {
     const std::string what = ctx->bucket->Describe() + "\n" + target->model + "@" + target->version + "\n" +

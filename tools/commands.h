@@ -25,11 +25,11 @@ int StatusMain(int argc, char** argv);      // weightfs status
 int DiscardMain(int argc, char** argv);     // weightfs discard
 int SetParentMain(int argc, char** argv);   // weightfs set-parent
 int ImportMain(int argc, char** argv);      // weightfs import (a TRL delta-sync bucket)
-int PatchMain(int argc, char** argv);       // weightfs patch (engine/weight_patcher.h)
+int PatchMain(int argc, char** argv);       // weightfs patch (hub/engine/weight_patcher.h)
 // Publishes every draft of the mount at `mountpoint` (progress on a TTY, errors on stderr);
 // 0 or the errno of the failure.
 int PublishDrafts(const std::string& mountpoint);
-// Prints versions staged in parts (engine/staged_version.h's StagedJson): parts in and expected,
+// Prints versions staged in parts (hub/engine/staged_version.h's StagedJson): parts in and expected,
 // and which (host, id, bytes, since when).
 void PrintStaged(const nlohmann::json& staged);
 // The drafts report of the mount at `root` (its user.weightfs.status), or nullopt if it does

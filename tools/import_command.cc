@@ -1,6 +1,6 @@
 // weightfs import: a TRL delta-sync bucket's steps as weightfs versions.
 //
-// Each step N of the source (sources/trl/trl_bucket.h: the newest anchor plus the deltas after it,
+// Each step N of the source (hub/trl/trl_bucket.h: the newest anchor plus the deltas after it,
 // synthesized as one model.safetensors) is materialized into a temporary file in the cache
 // directory and pushed into the destination bucket as MODEL@step-N, its parent the previous
 // imported step. Steps the destination already holds are skipped, so an interrupted import
@@ -22,14 +22,14 @@
 #include <spdlog/spdlog.h>
 
 #include "core/thread_pool.h"
-#include "engine/bucket.h"
-#include "engine/chunk_cache.h"
-#include "engine/materializer.h"
-#include "engine/version_reader.h"
-#include "engine/version_writer.h"
-#include "sources/open_bucket.h"
-#include "sources/open_store.h"
-#include "sources/trl/trl_bucket.h"
+#include "hub/engine/bucket.h"
+#include "hub/engine/chunk_cache.h"
+#include "hub/engine/materializer.h"
+#include "hub/engine/version_reader.h"
+#include "hub/engine/version_writer.h"
+#include "hub/open_bucket.h"
+#include "hub/open_store.h"
+#include "hub/trl/trl_bucket.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/logging.h"

@@ -1,5 +1,5 @@
 // weightfs patch: sparse weight patches from an older version of a model to a newer one
-// (engine/weight_patcher.h), one safetensors file per weight file, for inference engines that hold
+// (hub/engine/weight_patcher.h), one safetensors file per weight file, for inference engines that hold
 // the old version and apply `flat[idx] = val`.
 #include <spdlog/spdlog.h>
 
@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include "core/thread_pool.h"
-#include "engine/chunk_cache.h"
-#include "engine/materializer.h"
-#include "engine/weight_patcher.h"
+#include "hub/engine/chunk_cache.h"
+#include "hub/engine/materializer.h"
+#include "hub/engine/weight_patcher.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/logging.h"

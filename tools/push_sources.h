@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/version_writer.h"
+#include "hub/engine/version_writer.h"
 
 namespace weightfs::cli {
 

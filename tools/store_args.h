@@ -1,5 +1,5 @@
 // Options every command that opens a bucket shares (--endpoint, --region, --timeout) and the
-// default cache directory; the URL itself is opened by OpenBucketUrl (sources/open_bucket.h).
+// default cache directory; the URL itself is opened by OpenBucketUrl (hub/open_bucket.h).
 // Pure functions of their inputs and the environment; thread-safe.
 #pragma once
 
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "core/status.h"
-#include "sources/open_bucket.h"
-#include "sources/open_store.h"
+#include "hub/open_bucket.h"
+#include "hub/open_store.h"
 #include "tools/cli.h"
 
 namespace weightfs::cli {

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "engine/staged_version.h"
-#include "fs/drafts/posix_io.h"
+#include "hub/engine/staged_version.h"
+#include "hub/store/local_file.h"
 #include "fs/drafts/state.h"
 
 namespace weightfs {

@@ -26,7 +26,7 @@
 #include "core/manifest.h"
 #include "core/mutex.h"
 #include "core/status.h"
-#include "engine/lease.h"
+#include "hub/engine/lease.h"
 
 namespace weightfs {
 

@@ -47,10 +47,10 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/bucket.h"
-#include "engine/chunk_cache.h"
-#include "engine/materializer.h"
-#include "engine/version_writer.h"
+#include "hub/engine/bucket.h"
+#include "hub/engine/chunk_cache.h"
+#include "hub/engine/materializer.h"
+#include "hub/engine/version_writer.h"
 #include "fs/chunk_reader.h"
 #include "fs/namespace.h"
 
@@ -62,7 +62,7 @@ struct DraftsOptions {
   size_t encode_threads = 0;  // 0: one per core
   uid_t uid = 0;
   gid_t gid = 0;
-  // --prefix: drafts only of models under it (engine/bucket.h ModelUnder); directories only on
+  // --prefix: drafts only of models under it (hub/engine/bucket.h ModelUnder); directories only on
   // the way to it or under it. "": any.
   std::string prefix;
   // Called with a draft's published manifest before the draft goes (the Namespace shows the

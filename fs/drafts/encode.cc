@@ -11,9 +11,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "engine/lease.h"
-#include "engine/file_bytes.h"
-#include "fs/drafts/posix_io.h"
+#include "hub/engine/lease.h"
+#include "hub/engine/file_bytes.h"
+#include "hub/store/local_file.h"
 #include "fs/drafts/state.h"
 
 namespace weightfs {

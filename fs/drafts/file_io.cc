@@ -8,7 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "fs/drafts/posix_io.h"
+#include "hub/store/local_file.h"
 #include "fs/drafts/state.h"
 
 namespace weightfs {

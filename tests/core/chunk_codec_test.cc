@@ -1792,7 +1792,7 @@ TEST(ChunkCodecEdgeTest, DecompressionBombIsResourceExhausted) {
   EXPECT_TRUE(codec.Decode(p, {}).ok());
 }
 
-// ApplyInPlace (how a sparse weight patch reads its positions, engine/weight_patcher.h): on every
+// ApplyInPlace (how a sparse weight patch reads its positions, hub/engine/weight_patcher.h): on every
 // instruction set and both sparse body versions, with and without exponent classes, and for
 // DENSE payloads, it produces the decoded bytes and lists exactly the elements whose bits
 // changed. Other encodings are refused before anything is written.

@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "core/safetensors.h"
-#include "engine/chunk_cache.h"
+#include "hub/engine/chunk_cache.h"
 #include "tests/fs/test_bucket.h"
 #include "tests/testing/safetensors_builder.h"
 

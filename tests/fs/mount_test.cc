@@ -41,9 +41,9 @@
 #include "core/file_codec.h"
 #include "core/hash.h"
 #include "core/manifest.h"
-#include "engine/bucket.h"
+#include "hub/engine/bucket.h"
 #include "fs/mount_point.h"
-#include "store/local_store.h"
+#include "hub/store/local_store.h"
 #include "tests/testing/command_runner.h"
 #include "tests/testing/mount_fixture.h"
 

@@ -1,4 +1,4 @@
-// The shared cache tier (--shared-cache, engine/shared_tier.h; issue 28) through real mounts.
+// The shared cache tier (--shared-cache, hub/engine/shared_tier.h; issue 28) through real mounts.
 // Four nodes, each a mount with its own cache directory, read a WebDAV bucket (nginx behind a
 // proxy that counts the bytes it serves: the origin's egress, measured at the origin) through one
 // tier: WebDAV on the same nginx, or S3 (s3rver behind the proxy that gives it S3's

@@ -17,9 +17,9 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/bucket.h"
-#include "engine/version_writer.h"
-#include "store/local_store.h"
+#include "hub/engine/bucket.h"
+#include "hub/engine/version_writer.h"
+#include "hub/store/local_store.h"
 #include "tests/testing/fault_store.h"
 
 namespace weightfs::testing {

@@ -1,4 +1,4 @@
-// TRL delta-sync buckets (sources/trl/trl_bucket.h) through real mounts and `weightfs import`.
+// TRL delta-sync buckets (hub/trl/trl_bucket.h) through real mounts and `weightfs import`.
 //
 // Each test generates a small model with 10 training steps (`weightfs gen`), writes it in TRL's
 // on-bucket layout with tests/tools/trl_writer.py (anchors/step_NNNNNN.safetensors plus

@@ -25,10 +25,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/manifest.h"
-#include "sources/hf/hf_bucket_store.h"
-#include "sources/hf/hf_hub.h"
-#include "sources/hf/hf_repo.h"
-#include "store/store.h"
+#include "hub/hf/hf_bucket_store.h"
+#include "hub/hf/hf_api.h"
+#include "hub/hf/hf_repo.h"
+#include "hub/store/store.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// libFuzzer target for engine/reference_index: ParseReferenceIndex on arbitrary bytes (an index file
+// libFuzzer target for hub/engine/reference_index: ParseReferenceIndex on arbitrary bytes (an index file
 // under a chunk cache's refs/ is a file anyone with access can write). Beyond "never crash, never
 // throw", a refused input is Corruption with a message, and an accepted index keeps what the
 // chunk cache relies on — an absolute path, every row a chunk inside the file — and survives
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/chunk_plan.h"
-#include "engine/reference_index.h"
+#include "hub/engine/reference_index.h"
 #include "tests/fuzz/fuzz_input.h"
 
 using weightfs::fuzz::Check;

@@ -1,4 +1,4 @@
-// libFuzzer target for engine/staged_version: a part record (staging/<model>@<version>/parts/<id>)
+// libFuzzer target for hub/engine/staged_version: a part record (staging/<model>@<version>/parts/<id>)
 // is read by every node that publishes a version written in parts, and anyone who can write
 // the bucket can write one. Beyond "never crash, never throw": a refused record has a message;
 // an accepted one names a valid part id, and serializing it and parsing it again gives the same
@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/staged_version.h"
+#include "hub/engine/staged_version.h"
 #include "tests/fuzz/fuzz_input.h"
 
 using weightfs::fuzz::Check;

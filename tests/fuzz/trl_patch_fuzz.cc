@@ -1,4 +1,4 @@
-// libFuzzer target for sources/trl/trl_bucket: TRL delta-sync files from the fuzzer, read end to end.
+// libFuzzer target for hub/trl/trl_bucket: TRL delta-sync files from the fuzzer, read end to end.
 // An in-memory store holds a valid anchor at step 1 (or, when the input says so, a fuzzed one),
 // optionally a second valid anchor at step 5 that overlays part of the state, and up to four
 // fuzzed step files; the target opens it with OpenTrlVersions, lists the versions, reads every
@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "engine/bucket.h"
-#include "sources/trl/trl_bucket.h"
-#include "store/store.h"
+#include "hub/engine/bucket.h"
+#include "hub/trl/trl_bucket.h"
+#include "hub/store/store.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/testing/mem_store.h"
 #include "tests/testing/safetensors_builder.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "store/http_client.h"
+#include "hub/store/http_client.h"
 #include "tests/testing/server_control.h"
 #include "tests/testing/test_servers.h"
 

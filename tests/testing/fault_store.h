@@ -1,4 +1,4 @@
-// FaultStore: a Store wrapper (store/store_wrapper.h) that injects faults into the calls it
+// FaultStore: a Store wrapper (hub/store/store_wrapper.h) that injects faults into the calls it
 // forwards, for tests of how callers handle a failing or slow bucket. A rule picks calls by
 // operation and key prefix and then fails them with a given Status (the next N, after M that pass,
 // or all), throws std::bad_alloc (an allocation failing inside the store), delays them, or holds
@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "store/store_wrapper.h"
+#include "hub/store/store_wrapper.h"
 
 namespace weightfs::test {
 

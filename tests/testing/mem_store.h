@@ -1,7 +1,7 @@
-// MemStore: the Store contract (store/store.h) over a map in memory, for tests and fuzz targets
+// MemStore: the Store contract (hub/store/store.h) over a map in memory, for tests and fuzz targets
 // that need a bucket without a disk or a server. It validates keys, honours PutMode
 // (create-if-absent is a Conflict when the key exists), clips ranges, paginates listings by the
-// last key, and passes the store conformance suite (tests/store/mem_store_conformance_test.cc).
+// last key, and passes the store conformance suite (tests/hub/store/mem_store_conformance_test.cc).
 // It can also record the byte ranges its Gets served (SetRecordReads, TakeReads), and hands out
 // an object's bytes for a test to inspect or damage in place (Object). Thread-safe, except
 // Object's reference.
@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "store/store.h"
+#include "hub/store/store.h"
 
 namespace weightfs::test {
 

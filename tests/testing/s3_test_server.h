@@ -28,8 +28,8 @@
 #include <string>
 #include <thread>
 
-#include "store/aws_credentials.h"
-#include "store/http_client.h"
+#include "hub/store/aws_credentials.h"
+#include "hub/store/http_client.h"
 #include "tests/testing/server_control.h"
 #include "tests/testing/test_servers.h"
 

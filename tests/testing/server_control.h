@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "store/http_client.h"
+#include "hub/store/http_client.h"
 
 namespace weightfs::test {
 

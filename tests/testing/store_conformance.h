@@ -1,4 +1,4 @@
-// RunStoreConformance: the Store contract (store/store.h) as one reusable battery of GoogleTest
+// RunStoreConformance: the Store contract (hub/store/store.h) as one reusable battery of GoogleTest
 // checks, run against every backend (LocalStore, WebDAV, S3, ...) so that they all behave
 // alike where callers rely on it: bytes round-trip exactly, ranges clip, missing objects are
 // NotFound, create-if-absent has exactly one winner, listings are sorted, filtered by prefix
@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "store/store.h"
+#include "hub/store/store.h"
 
 namespace weightfs::test {
 

@@ -265,7 +265,7 @@ class ChildProcess {
 };
 
 // nginx serving a temporary directory over WebDAV on 127.0.0.1:<port()>. One worker process
-// (master_process off), so MOVE with "Overwrite: F" is atomic (see store/webdav_store.h).
+// (master_process off), so MOVE with "Overwrite: F" is atomic (see hub/store/webdav_store.h).
 class NginxServer {
  public:
   struct Options {

@@ -4,7 +4,7 @@ result against NEW's weights bit for bit.
 
 usage: apply_patch.py OLD.safetensors PATCH.safetensors NEW.safetensors
 
-Applying (engine/weight_patcher.h has the format): start from OLD's tensors; drop those the metadata's
+Applying (hub/engine/weight_patcher.h has the format): start from OLD's tensors; drop those the metadata's
 "removed" lists; replace those "dense" lists with the patch's tensor of that name; for every
 NAME.idx / NAME.val pair, flat = NAME.reshape(-1); flat[idx] = val. The indices must be strictly
 ascending, in range, of the dtype the format says (I32, or I64 above 2^31 elements), and every

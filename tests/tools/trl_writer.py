@@ -3,7 +3,7 @@
 
 Faithful to TRL's writer (huggingface/trl trl/experimental/async_grpo: weight_transfer.py
 upload_weights, delta_engine.encode_patch, weight_diff.PatchMetadata; notes in
-sources/trl/trl_bucket.h), with torch replaced by numpy and safetensors written by hand:
+hub/trl/trl_bucket.h), with torch replaced by numpy and safetensors written by hand:
 
   SRC/v000, SRC/v001, ...   (weightfs gen: sharded bf16 safetensors per version)
   ->

@@ -101,7 +101,7 @@ Status Decode(DType dtype, size_t width, std::span<const uint8_t> body, const ui
 // ascending, in *positions (replaced). Every position it lists holds a different value after
 // decoding than before: a body codes only non-zero differences. Slower than Decode by the
 // recording and a sort of the positions; meant for tools that need the positions themselves
-// (engine/weight_patcher.h), not for the read path.
+// (hub/engine/weight_patcher.h), not for the read path.
 Status DecodeRecording(DType dtype, size_t width, std::span<const uint8_t> body, uint8_t* data,
                        size_t n, Scratch* scratch, std::vector<uint32_t>* positions);
 

@@ -1,0 +1,248 @@
+// ChunkCache: a local directory of materialized chunks, content-addressed by their Hash128 —
+// the disk tier between a bucket and its readers.
+//
+// Layout:
+// - <dir>/chunks/<first 2 hex>/<32 hex> holds a chunk's raw bytes.
+// - <dir>/refs/<32 hex of HashChunk(absolute path)> is the reference index of one local file:
+//   which of its byte ranges are which chunks. Push writes one per file it read, PullVersion
+//   (given ReadOptions::cache) one per file it wrote (PutReferences), so that the next push or
+//   pull finds its parent's chunks in those files without a second copy on disk, and without a
+//   cache file per chunk (a 2 TB checkpoint of 4 MiB chunks is 500,000 chunks: 500,000 tiny
+//   files cost gigabytes of inodes and minutes). (`weightfs pull` caches copies instead: a
+//   pulled directory is often deleted once loaded.)
+//   The bytes (spec in hub/engine/reference_index.h): a magic line, the file's size and mtime (ns),
+//   the path, rows of {hash, offset, length} (32 bytes a row), a checksum. The size and mtime
+//   are the file's when the index was written: a file whose size or mtime differ now
+//   (rewritten, truncated, touched) or that is gone makes the whole index stale; a read
+//   through it is a miss, and the index file is removed. An index file that fails validation
+//   (magic, lengths, a row past the file's end, the checksum, a name that is not its path's
+//   hash, not a regular file) is skipped, removed and logged — never trusted, never a crash.
+//   Lookups go through an in-memory index (hash -> file, offset, length) built on the first
+//   lookup from every file under refs/ (newest first), updated by this process's
+//   PutReferences, and rescanned on a miss when refs/ changed (its mtime; at most once a
+//   `rescan_interval`): another process's pull shows up in a running mount. It is bounded by
+//   `reference_index_bytes` (about 64 bytes a row: a hash-map node and its bucket; the default
+//   64 MiB holds about a million rows, 4 TB of 4 MiB chunks); index files beyond it are not
+//   loaded (logged once) and their chunks are misses: fetched from the bucket, correct but
+//   slower. Index files count in the cache's size like chunk files, and are evicted with them
+//   (least recently used first; a hit refreshes its index file's mtime at most once a minute).
+// - <dir>/chunks/<first 2 hex>/<32 hex>.ref is the older form of a reference (one file per
+//   chunk: magic line, offset, length, file size and mtime, path), still read so that an
+//   upgraded node finds what it recorded before; nothing writes them any more.
+// - <dir>/chunks/.tmp/ holds inserts in progress (of chunks and of index files);
+//   <dir>/chunks/.lock serializes eviction between processes.
+//
+// - Verified on read, never served from the file: every read copies the entry into memory the
+//   caller owns (a heap buffer, or a buffer the caller provides: GetInto) and hashes that copy,
+//   so what a caller gets is exactly what was verified whatever happens to the file afterwards.
+//   Entries are files that anyone with access can change in place — another process, a disk
+//   tool, a repair — and a shared map of one would show such a change to readers after the
+//   check (a flipped byte served as a wrong byte, a truncated file as zeros or SIGBUS). So a
+//   file flipped, overwritten, truncated or appended to, at any moment, is a miss, never wrong
+//   data: the read sees a hash mismatch, or fewer bytes than the file had when it was opened,
+//   and drops the entry (if the path still names the file it read).
+// - Cheap hits: GetInto reads into the caller's buffer, so the materializer reads hits into its
+//   pooled buffers, already faulted in; a hit costs the kernel's copy out of the page cache
+//   (fresh anonymous pages would cost a fault per 4 KiB, ~10 us each on the 2-core benchmark VM).
+// - Zero-copy writes: PutAligned writes from the builder's (reused, aligned) buffer with
+//   O_DIRECT, so inserting a chunk neither copies it into the page cache nor fills the page
+//   cache with a second copy of what the reader's own page cache is about to hold. Entries are
+//   only ever replaced by rename and removed by unlink. References point at users' files,
+//   which may change in place: their bytes are read into the caller's buffer and verified the
+//   same way.
+// - Size-bounded: at most `max_bytes` of chunk and index files. When an insert takes the total
+//   above it, the least recently used entries (file mtime, refreshed on hits) are removed until
+//   the total is below 90% of the bound. A chunk larger than the bound is not cached at all.
+// - Safe for concurrent processes: an insert writes a temporary file and renames it into
+//   place (two processes inserting the same hash write the same bytes); eviction runs under
+//   flock(.lock) and rescans the directory, so it sees what other processes inserted.
+// - A full disk (ENOSPC) on insert evicts and retries once, then gives up on that insert: the
+//   cache is an optimization, a failed insert never fails the read that caused it. Failures of
+//   inserts, evictions and corrupt entries are logged at most once a minute each, with a count
+//   of the ones not logged (RateLimitedLog): a full disk fails every chunk.
+//
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/bytes.h"
+#include "core/hash.h"
+#include "core/mutex.h"
+#include "core/status.h"
+#include "hub/engine/rate_limited_log.h"
+#include "hub/engine/reference_index.h"
+
+namespace weightfs {
+
+// The bytes of one chunk, shared and immutable: a heap buffer, or memory held by an owner (the
+// materializer's pooled buffers). Copies share the bytes, which stay valid while any copy (or
+// owner()) lives. Never a map of a file (see ChunkCache).
+class ChunkBytes {
+ public:
+  ChunkBytes() = default;
+  // Heap bytes.
+  explicit ChunkBytes(ByteBuffer buffer);
+  explicit ChunkBytes(std::shared_ptr<const ByteBuffer> buffer);
+  // Bytes owned by `owner`, which nothing else writes while it lives.
+  ChunkBytes(std::shared_ptr<const void> owner, std::span<const uint8_t> bytes)
+      : owner_(std::move(owner)), data_(bytes.data()), size_(bytes.size()) {}
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  std::span<const uint8_t> span() const { return {data_, size_}; }
+  // Keeps the bytes alive.
+  const std::shared_ptr<const void>& owner() const { return owner_; }
+  // The heap buffer when the bytes are one (null for an owner's bytes).
+  const std::shared_ptr<const ByteBuffer>& buffer() const { return buffer_; }
+
+ private:
+  std::shared_ptr<const void> owner_;
+  std::shared_ptr<const ByteBuffer> buffer_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct ChunkCacheStats {
+  std::atomic<uint64_t> hits{0};
+  std::atomic<uint64_t> misses{0};
+  std::atomic<uint64_t> inserts{0};
+  std::atomic<uint64_t> evictions{0};
+  std::atomic<uint64_t> corrupt{0};  // entries that failed verification and were dropped
+};
+
+struct ChunkCacheOptions {
+  // Memory bound of the in-memory reference index (about 64 bytes a row; see the layout above).
+  uint64_t reference_index_bytes = 64ull << 20;
+  // A lookup that misses rescans refs/ for other processes' index files at most this often
+  // (and only when the directory's mtime changed).
+  std::chrono::steady_clock::duration rescan_interval = std::chrono::seconds(1);
+};
+
+class ChunkCache {
+ public:
+  // Creates the directory if needed and scans it for the current size. The reference index is
+  // read on the first lookup, not here.
+  static Expected<std::unique_ptr<ChunkCache>> Open(const std::string& dir, uint64_t max_bytes,
+                                                    const ChunkCacheOptions& options = {});
+  ~ChunkCache();
+
+  // Where GetInto reads an entry: called with the entry's size, returns a buffer of exactly that
+  // many bytes that nothing else writes until GetInto returns. May throw (std::bad_alloc), which
+  // GetInto passes on.
+  using Output = std::function<std::span<uint8_t>(size_t size)>;
+
+  // True if the chunk is cached and the copy of it read into output(size) verifies against
+  // `hash`. False is a miss; output may have been called, and what it returned then holds
+  // unspecified bytes. `aligned`: output's buffers start on a 4 KiB boundary and have room for
+  // the size rounded up to 4 KiB; an entry is then read with O_DIRECT, straight into them.
+  bool GetInto(const Hash128& hash, const Output& output, bool aligned = false);
+  // GetInto a heap buffer: true and the bytes in *out.
+  bool Get(const Hash128& hash, ByteBuffer* out);
+  // True if an entry or a reference exists (not verified; Get may still miss). May load the
+  // reference index (the first lookup does).
+  bool Contains(const Hash128& hash);
+  // Inserts a chunk whose bytes the caller has verified against `hash`. Errors are logged and
+  // returned but callers may ignore them.
+  Status Put(const Hash128& hash, std::span<const uint8_t> bytes);
+  // Put from a buffer that starts on a 4 KiB boundary and may be read up to `capacity` bytes
+  // (at least bytes.size() rounded up to 4 KiB): written with O_DIRECT, so the bytes go to the
+  // disk without a copy into (and without filling) the page cache. Falls back to Put where the
+  // filesystem refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE filesystems).
+  Status PutAligned(const Hash128& hash, std::span<const uint8_t> bytes, size_t capacity);
+  // PutAligned on a background thread, so that the builder (and the reader waiting for its
+  // chunk) does not wait for the disk: `bytes` keeps the buffer alive until it is written.
+  // Written at once by the caller, as PutAligned, when write-behind is off or the queue holds
+  // its bound already (back-pressure: an entry is never dropped for want of room).
+  void PutBehind(const Hash128& hash, ChunkBytes bytes, size_t capacity) WFS_EXCLUDES(behind_mu_);
+  // Lets PutBehind queue up to `bytes` of entries (0, the default: no queue). The queue is
+  // written out before the cache is destroyed, and by Flush().
+  void set_write_behind(uint64_t bytes) WFS_EXCLUDES(behind_mu_);
+  // Waits until every entry queued so far is written.
+  void Flush() WFS_EXCLUDES(behind_mu_);
+  // Records that the rows' byte ranges of the local file `path` (absolute) are their chunks (the
+  // caller verified them): one index file for the whole file, replacing the one written for
+  // `path` before, stamped with the file's size and mtime as stat'ed now. Costs 32 bytes a
+  // row on disk, not a copy. Empty rows write nothing. Errors are logged and returned but
+  // callers may ignore them.
+  Status PutReferences(const std::string& path, std::span<const ChunkRef> rows);
+
+  uint64_t size_bytes() const { return total_.load(); }
+  uint64_t max_bytes() const { return max_bytes_; }
+  const std::string& dir() const { return dir_; }
+  const ChunkCacheStats& stats() const { return stats_; }
+
+  // Removes least recently used entries until the total is at most `target` bytes.
+  Status EvictTo(uint64_t target) WFS_EXCLUDES(evict_mu_);
+
+ private:
+  struct RefIndex;  // the in-memory reference index (chunk_cache.cc)
+  struct RefHit;
+
+  ChunkCache(std::string dir, uint64_t max_bytes, const ChunkCacheOptions& options);
+  std::string PathOf(const Hash128& hash) const;
+  // Writes `bytes` to a temporary file and renames it to `path`; with a `direct_capacity` (as
+  // PutAligned's capacity) through O_DIRECT where the filesystem allows.
+  Status WriteEntry(const std::string& path, std::span<const uint8_t> bytes, size_t direct_capacity);
+  Status PutImpl(const Hash128& hash, std::span<const uint8_t> bytes, size_t direct_capacity);
+  // WriteEntry within the size bound: evicts first when the entry takes the total above it, and
+  // once more on a full disk. `replaced`: bytes of the entry it replaces (0 if none).
+  Status Insert(const std::string& path, std::span<const uint8_t> bytes, size_t direct_capacity,
+                uint64_t replaced);
+  // A hit through the reference index (loaded, or rescanned after a miss, as needed).
+  bool GetIndexed(const Hash128& hash, const Output& output);
+  // Finds `hash` in the index; a rescan of refs/ after a miss when `rescan`.
+  bool FindIndexed(const Hash128& hash, bool rescan, RefHit* hit);
+  // Reads refs/ into the index: every index file it does not hold yet (the first time, all),
+  // and forgets the ones gone. REQUIRES: refs_->scan_mu held (not an attribute: RefIndex is
+  // incomplete here).
+  void ScanRefs();
+  // Forgets the index file `id` (if still loaded): its file changed or is gone. Removes the index
+  // file if it is still the one (dev, ino) that was loaded.
+  void DropStaleRefs(uint32_t id, const std::string& why);
+  // An index file from the format before refs/: <hash>.ref beside the chunk files.
+  bool GetLegacyReference(const Hash128& hash, const Output& output);
+  // Removes the entry at `path` (`size` bytes) if it is still the file (dev, ino) that was read —
+  // another process may have replaced it with a good one meanwhile — and logs why.
+  void DropCorrupt(const std::string& path, uint64_t dev, uint64_t ino, uint64_t size,
+                   const std::string& why);
+
+  const std::string dir_;       // <dir>/chunks
+  const std::string refs_dir_;  // <dir>/refs
+  const uint64_t max_bytes_;
+  const ChunkCacheOptions options_;
+  const std::unique_ptr<RefIndex> refs_;
+  std::atomic<uint64_t> total_{0};  // this process's view; resynced by every eviction scan
+  Mutex evict_mu_;                  // one eviction at a time in this process (flock for others)
+  // Write-behind (PutBehind): entries waiting for the writer thread, and their bytes.
+  struct Behind {
+    Hash128 hash;
+    ChunkBytes bytes;
+    size_t capacity = 0;
+  };
+  void WriterMain() WFS_EXCLUDES(behind_mu_);
+  Mutex behind_mu_;
+  CondVar behind_cv_;
+  std::deque<Behind> behind_ WFS_GUARDED_BY(behind_mu_);
+  uint64_t behind_bytes_ WFS_GUARDED_BY(behind_mu_) = 0;
+  uint64_t behind_limit_ WFS_GUARDED_BY(behind_mu_) = 0;
+  bool behind_writing_ WFS_GUARDED_BY(behind_mu_) = false;  // the writer holds an entry
+  bool behind_stop_ WFS_GUARDED_BY(behind_mu_) = false;
+  std::thread writer_;  // started by the first set_write_behind with a bound
+  std::atomic<bool> direct_ok_{true};  // false once the filesystem refused O_DIRECT
+  ChunkCacheStats stats_;
+  RateLimitedLog failed_inserts_{"failed chunk cache inserts"};
+  RateLimitedLog failed_evictions_{"failed chunk cache evictions"};
+  RateLimitedLog corrupt_entries_{"corrupt chunk cache entries dropped"};
+};
+
+}  // namespace weightfs
