@@ -27,6 +27,7 @@
 #include "hub/engine/shared_tier.h"
 #include "fs/metrics.h"
 #include "fs/mount_point.h"
+#include "fs/mount_tree.h"
 #include "fs/patch_view.h"
 #include "fs/status_errno.h"
 #include "hub/store/http_client.h"
@@ -114,6 +115,8 @@ struct FuseServer::Impl {
   ChunkReader reader;
   std::unique_ptr<Drafts> drafts;  // null: read-only mount
   std::unique_ptr<PatchView> patches;  // null: no cache directory
+  // Which of names, drafts and patches answers for a name or a node (set by the constructor).
+  MountTree tree{&names, nullptr, nullptr, false};
   std::atomic<bool> publish_at_exit{true};
   fuse_session* session = nullptr;
   bool mounted = false;
@@ -174,9 +177,10 @@ struct FuseServer::Impl {
       po.timeout_s = options.names.immutable_timeout_s;
       patches = std::make_unique<PatchView>(p.bucket, p.materializer, p.cache, std::move(po));
     }
+    tree = MountTree(&names, drafts.get(), patches.get(), p.bucket->derived() != nullptr);
   }
-  bool Owned(uint64_t ino) const { return drafts && Drafts::Owns(ino); }
-  bool Patch(uint64_t ino) const { return patches && PatchView::Owns(ino); }
+  bool Owned(uint64_t ino) const { return tree.IsDraft(ino); }
+  bool Patch(uint64_t ino) const { return tree.IsPatch(ino); }
   bool WithDrafts(const MountOptions& o) const { return !o.drafts.state_dir.empty() && !o.read_only; }
   // The directories above the versions take drafts (mkdir) when drafts are on: their mode
   // says so, for the kernel's permission checks.
@@ -184,11 +188,6 @@ struct FuseServer::Impl {
     NamespaceOptions n = o.names;
     n.writable_dirs = WithDrafts(o);
     return n;
-  }
-  // A directory above the versions (the Namespace's or a new one), where mkdir makes drafts.
-  std::optional<std::string> DirPath(uint64_t ino) const {
-    if (Drafts::Owns(ino)) return drafts ? drafts->DirPath(ino) : std::nullopt;
-    return names.DirPath(ino);
   }
 };
 
@@ -230,9 +229,7 @@ void Serve(fuse_req_t req, const char* op, ErrnoContext context, Body&& body) {
 
 // Every request that would change the tree or a file ends here: published versions are
 // immutable; drafts (fs/drafts/) take the writes of draft directories.
-Status WriteDenied(const char* op, fuse_ino_t ino) {
-  return Status::ReadOnly(std::string(op) + " on inode " + std::to_string(ino) + ": published versions do not change");
-}
+Status WriteDenied(const char* op, fuse_ino_t ino) { return MountTree::ReadOnly(op, ino); }
 
 Status NameTooLong(const char* name) {
   return Status::NameTooLong(std::string("a name of ") + std::to_string(std::strlen(name)) + " bytes (the most is " +
@@ -275,56 +272,9 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Serve(req, "lookup", ErrnoContext::kName, [&]() -> Status {
-    Impl& s = Server(req);
     if (TooLong(name)) return NameTooLong(name);
-    // The hidden .patch directory of a published version, and everything in it.
-    std::optional<std::pair<std::string, std::string>> version;
-    if (s.patches && !Drafts::Owns(parent) &&
-        (PatchView::Owns(parent) ||
-         (std::strcmp(name, PatchView::kDirName) == 0 && (version = s.names.VersionOf(parent))))) {
-      NodeAttr pa;
-      if (version) {
-        // A version that has a real ".patch" entry keeps it (the view is then out of reach).
-        Expected<NodeAttr> real = s.names.Lookup(parent, name);
-        if (real.ok()) {
-          fuse_entry_param e = EntryOf(*real);
-          fuse_reply_entry(req, &e);
-          return Status::Ok();
-        }
-      }
-      WFS_TRY(version ? s.patches->LookupRoot(parent, version->first, version->second, &pa)
-                      : s.patches->Lookup(parent, name, &pa));
-      fuse_entry_param e = EntryOf(pa);
-      fuse_reply_entry(req, &e);
-      return Status::Ok();
-    }
-    if (s.drafts) {
-      NodeAttr da;
-      bool found = false;
-      std::optional<std::string> dir;
-      if (Drafts::Owns(parent)) {
-        WFS_TRY(s.drafts->Lookup(parent, name, &da));
-        found = true;
-      } else if ((dir = s.names.DirPath(parent)) && std::strchr(name, '@')) {
-        found = s.drafts->LookupIn(*dir, name, &da).ok();  // a draft shadows a version of its name
-      }
-      if (found) {
-        fuse_entry_param e = EntryOf(da);
-        fuse_reply_entry(req, &e);
-        return Status::Ok();
-      }
-      if (dir && !std::strchr(name, '@')) {
-        Expected<NodeAttr> a = s.names.Lookup(parent, name);
-        if (!a.ok() && a.status().kind() == ErrorKind::kNotFound && s.drafts->LookupIn(*dir, name, &da).ok()) {
-          fuse_entry_param e = EntryOf(da);
-          fuse_reply_entry(req, &e);
-          return Status::Ok();
-        }
-      }
-    }
-    Expected<NodeAttr> a = s.names.Lookup(parent, name);
-    if (!a.ok()) return a.status();
-    fuse_entry_param e = EntryOf(*a);
+    WFS_ASSIGN_OR_RETURN(const NodeAttr a, Server(req).tree.Lookup(parent, name));
+    fuse_entry_param e = EntryOf(a);
     fuse_reply_entry(req, &e);
     return Status::Ok();
   });
@@ -336,22 +286,8 @@ void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(
 
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   Serve(req, "getattr", ErrnoContext::kName, [&]() -> Status {
-    Impl& s = Server(req);
-    if (s.Owned(ino)) {
-      NodeAttr da;
-      WFS_TRY(s.drafts->GetAttr(ino, &da));
-      fuse_reply_attr(req, &da.st, da.AttrTimeout());
-      return Status::Ok();
-    }
-    if (s.Patch(ino)) {
-      NodeAttr pa;
-      WFS_TRY(s.patches->GetAttr(ino, &pa));
-      fuse_reply_attr(req, &pa.st, pa.AttrTimeout());
-      return Status::Ok();
-    }
-    Expected<NodeAttr> a = Server(req).names.GetAttr(ino);
-    if (!a.ok()) return a.status();
-    fuse_reply_attr(req, &a->st, a->AttrTimeout());
+    WFS_ASSIGN_OR_RETURN(const NodeAttr a, Server(req).tree.GetAttr(ino));
+    fuse_reply_attr(req, &a.st, a.AttrTimeout());
     return Status::Ok();
   });
 }
@@ -368,7 +304,7 @@ void OpReadlink(fuse_req_t req, fuse_ino_t ino) {
 void OpAccess(fuse_req_t req, fuse_ino_t ino, int mask) {
   Serve(req, "access", ErrnoContext::kName, [&]() -> Status {
     Impl& s = Server(req);
-    if ((mask & W_OK) && !(s.drafts && (Drafts::Owns(ino) || s.DirPath(ino)))) {
+    if ((mask & W_OK) && !(s.drafts && (Drafts::Owns(ino) || s.tree.DirPath(ino)))) {
       return WriteDenied("access(W_OK)", ino);
     }
     fuse_reply_err(req, 0);
@@ -400,34 +336,10 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Serve(req, "opendir", ErrnoContext::kName, [&]() -> Status {
     Impl& s = Server(req);
     auto dir = std::make_unique<OpenDir>();
-    bool immutable = false;
-    if (s.Owned(ino)) {
-      WFS_TRY(s.drafts->ReadDir(ino, &dir->entries));
-    } else if (s.Patch(ino)) {
-      WFS_TRY(s.patches->ReadDir(ino, &dir->entries));
-      immutable = true;
-    } else {
-      Expected<std::vector<DirEntry>> entries = s.names.ReadDir(ino);
-      if (!entries.ok()) return entries.status();
-      dir->entries = std::move(entries).value();
-      std::optional<std::string> path;
-      if (s.drafts && (path = s.names.DirPath(ino))) {
-        // Drafts and new directories join the listing; a draft shadows a version of its name.
-        std::vector<DirEntry> extra = s.drafts->EntriesIn(*path);
-        for (DirEntry& e : extra) {
-          auto same = std::find_if(dir->entries.begin(), dir->entries.end(),
-                                   [&](const DirEntry& d) { return d.name == e.name; });
-          if (same == dir->entries.end()) {
-            dir->entries.push_back(std::move(e));
-          } else if (e.name.find('@') != std::string::npos) {
-            *same = std::move(e);
-          }
-        }
-      }
-    }
+    WFS_ASSIGN_OR_RETURN(MountTree::Listing listing, s.tree.ReadDir(ino));
+    dir->entries = std::move(listing.entries);
+    const bool immutable = listing.immutable;
     fi->fh = reinterpret_cast<uint64_t>(dir.get());
-    // Inside a version the listing never changes: the kernel may keep it.
-    immutable = immutable || s.names.IsImmutable(ino);
     fi->cache_readdir = immutable;
     fi->keep_cache = immutable;
     if (fuse_reply_open(req, fi) == 0) dir.release();  // else the kernel never saw the handle
@@ -852,25 +764,8 @@ void OpMknod(fuse_req_t req, fuse_ino_t parent, const char*, mode_t, dev_t) {
 }
 void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   Serve(req, "mkdir", ErrnoContext::kChange, [&]() -> Status {
-    Impl& s = Server(req);
     if (TooLong(name)) return NameTooLong(name);
-    if (!s.drafts) {
-      if (s.parts.bucket->derived()) {
-        spdlog::warn("mkdir {}: the bucket's versions are derived from another layout (a TRL delta-sync "
-                     "bucket) and it takes no new versions; `weightfs import` it into a weightfs bucket",
-                     name);
-      }
-      return WriteDenied("mkdir", parent);
-    }
-    NodeAttr a;
-    if (Drafts::Owns(parent)) {
-      WFS_TRY(s.drafts->Mkdir(parent, name, mode, CallerOf(req), &a));
-    } else if (std::optional<std::string> dir = s.names.DirPath(parent)) {
-      if (s.names.Lookup(parent, name).ok()) return Status::Conflict(std::string(name) + " exists already");
-      WFS_TRY(s.drafts->MkdirIn(*dir, name, mode, CallerOf(req), &a));
-    } else {
-      return WriteDenied("mkdir", parent);
-    }
+    WFS_ASSIGN_OR_RETURN(const NodeAttr a, Server(req).tree.Mkdir(parent, name, mode, CallerOf(req)));
     fuse_entry_param e = EntryOf(a);
     fuse_reply_entry(req, &e);
     return Status::Ok();
@@ -878,27 +773,14 @@ void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
 }
 void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Serve(req, "unlink", ErrnoContext::kChange, [&]() -> Status {
-    Impl& s = Server(req);
-    if (!s.Owned(parent)) return WriteDenied("unlink", parent);
-    WFS_TRY(s.drafts->Unlink(parent, name));
+    WFS_TRY(Server(req).tree.Unlink(parent, name));
     fuse_reply_err(req, 0);
     return Status::Ok();
   });
 }
 void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Serve(req, "rmdir", ErrnoContext::kChange, [&]() -> Status {
-    Impl& s = Server(req);
-    if (!s.drafts) return WriteDenied("rmdir", parent);
-    if (Drafts::Owns(parent)) {
-      WFS_TRY(s.drafts->Rmdir(parent, name));
-    } else if (std::optional<std::string> dir = s.names.DirPath(parent)) {
-      NodeAttr a;
-      if (!std::strchr(name, '@') && s.names.Lookup(parent, name).ok()) return WriteDenied("rmdir", parent);
-      if (std::strchr(name, '@') && !s.drafts->LookupIn(*dir, name, &a).ok()) return WriteDenied("rmdir", parent);
-      WFS_TRY(s.drafts->RmdirIn(*dir, name));
-    } else {
-      return WriteDenied("rmdir", parent);
-    }
+    WFS_TRY(Server(req).tree.Rmdir(parent, name));
     fuse_reply_err(req, 0);
     return Status::Ok();
   });
@@ -912,8 +794,7 @@ void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
     Impl& s = Server(req);
     if (!s.Owned(parent) && !s.Owned(new_parent)) return WriteDenied("rename", parent);
     if (TooLong(new_name)) return NameTooLong(new_name);
-    if (!s.Owned(parent) || !s.Owned(new_parent)) return Status::CrossDevice("a rename between a draft and a version");
-    WFS_TRY(s.drafts->Rename(parent, name, new_parent, new_name, flags));
+    WFS_TRY(s.tree.Rename(parent, name, new_parent, new_name, flags));
     fuse_reply_err(req, 0);
     return Status::Ok();
   });

@@ -2,8 +2,8 @@
 # Installs, builds (warnings are errors) and runs every test, in about 22 minutes on 2 cores
 # (21 min 35 s on a fresh clone with the packages installed):
 #   1. the GoogleTest suites through ctest (Release build, gcc);
-#   2. the core, store, engine and sources suites and the in-process read path (reader_tests) again under
-#      AddressSanitizer + UndefinedBehaviorSanitizer, and
+#   2. the core and hub suites (store, engine, hf/trl), the in-process read path (reader_tests) and
+#      the in-process drafts (drafts_tests) again under AddressSanitizer + UndefinedBehaviorSanitizer, and
 #   3. beside them, every libFuzzer target for FUZZ_SECONDS each (default 15): both from one
 #      clang build (-O1, assertions on), so the libraries are compiled twice in all.
 # Each phase prints its wall time. JOBS sets the build's parallelism (default: the number of
@@ -27,17 +27,17 @@ phase "build (Release, gcc, -Werror)"
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DWEIGHTFS_WERROR=ON >/dev/null
 cmake --build "$root/build" -j "$jobs"
 
-phase "build (clang: ASan + UBSan + libFuzzer; the core, store, engine and sources suites and the fuzz targets)"
+phase "build (clang: ASan + UBSan + libFuzzer; the core, hub, reader and drafts suites and the fuzz targets)"
 # Debug: assertions on; the sanitizer options in CMakeLists.txt set -O1 -g1.
 cmake -S "$root" -B "$root/build-san" -DCMAKE_BUILD_TYPE=Debug -DWEIGHTFS_WERROR=ON \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DWEIGHTFS_FUZZ=ON >/dev/null
-san_suites="core_tests store_tests engine_tests hub_tests reader_tests"
+san_suites="core_tests store_tests engine_tests hub_tests reader_tests drafts_tests"
 fuzz_targets=$(cd "$root/tests/fuzz" && ls *_fuzz.cc 2>/dev/null | sed 's/\.cc$//')
 # weightfs_fs too: not run here, but compiled by clang for -Wthread-safety (fs/drafts/'s locks).
 # shellcheck disable=SC2086
 cmake --build "$root/build-san" -j "$jobs" --target $san_suites $fuzz_targets weightfs_fs
 
-phase "core, store, engine and sources tests under ASan + UBSan; beside them, every fuzz target for ${fuzz_seconds} s"
+phase "core, hub (store, engine, hf, trl), the read path and the drafts in process under ASan + UBSan; beside them, every fuzz target for ${fuzz_seconds} s"
 # The fuzzers run one after another in the background (one core) while the suites run: most of
 # the suites' time is one thread too.
 fuzz_log="$root/build-san/fuzz.log"

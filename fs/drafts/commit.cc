@@ -152,10 +152,9 @@ Expected<std::map<std::string, Drafts::State::EncodedFile>> Drafts::State::Encod
     }
     std::set<std::string> lost;
     for (auto& [pack, users] : packs) {
-      Expected<ObjectInfo> h = bucket->store().Head(Bucket::PackKey(pack));
-      if (h.ok()) continue;
-      if (h.status().kind() != ErrorKind::kNotFound) return h.status().WithContext("checking the draft's packs");
-      lost.insert(users.begin(), users.end());
+      Expected<bool> there = bucket->HasPack(pack);
+      if (!there.ok()) return there.status().WithContext("checking the draft's packs");
+      if (!*there) lost.insert(users.begin(), users.end());
     }
     if (lost.empty()) return files;
     if (attempt > 0) return Status::IOError("packs of " + *lost.begin() + " vanished from the bucket twice");

@@ -92,6 +92,14 @@ struct NodeMeta {
   }
 };
 
+// Where the bytes of one parent chunk of a backed file are (DraftFile::present). The values are
+// the journal's characters ("present": one per chunk).
+enum class ChunkState : char {
+  kParent = '0',       // still the parent's: read from the parent, copied up before a partial write
+  kCopiedUp = '1',     // copied into the staging file (then perhaps written to)
+  kOverwritten = '2',  // written whole in the staging file, never copied
+};
+
 // A file of a draft. Inherited (id 0): its bytes are the parent's file `parent_path`. Staged:
 // its bytes are the staging file, except — while `backed` — the parent chunks not `present`
 // below `backing_limit`, which are still the parent's.
@@ -119,7 +127,7 @@ struct DraftFile {
   std::shared_ptr<const ManifestFile> rows_holder;
   const ManifestFile* rows = nullptr;
   bool backed WFS_GUARDED_BY(mu) = false;
-  std::vector<char> present WFS_GUARDED_BY(mu);
+  std::vector<ChunkState> present WFS_GUARDED_BY(mu);  // per parent chunk, while backed
   uint64_t backing_limit WFS_GUARDED_BY(mu) = 0;
   int writers WFS_GUARDED_BY(mu) = 0;
   // Write-only handles opened with no other handle of the file open: they write around the
@@ -155,7 +163,26 @@ struct DraftFile {
   // O_TRUNC open may have dropped the parent, or another copy-up (a write's, Fill) done it.
   // REQUIRES mu; `rows` loaded.
   bool StillBackedAt(size_t c) const WFS_REQUIRES(mu) {
-    return backed && c < present.size() && present[c] == '0' && rows->chunks[c].offset < backing_limit;
+    return backed && c < present.size() && present[c] == ChunkState::kParent && rows->chunks[c].offset < backing_limit;
+  }
+  // What must hold between the fields that say where the bytes are (a journal read back from
+  // disk is checked with it): an inherited file has no staging state; a backed file has one
+  // state per parent chunk and a backing limit within the parent's size; a file that is not
+  // backed has no copy-up map. InvalidArgument naming the first that does not hold. REQUIRES mu.
+  Status CheckInvariants() const WFS_REQUIRES(mu) {
+    if (id == 0 && (backed || !present.empty())) return Status::InvalidArgument("an inherited file with a copy-up map");
+    if (!backed && !present.empty()) return Status::InvalidArgument("a copy-up map without a parent");
+    if (backed) {
+      if (!parent_file) return Status::InvalidArgument("backed by no parent file");
+      if (present.size() != RowCount(*parent_file)) return Status::InvalidArgument("a copy-up map of the wrong length");
+      if (backing_limit > parent_file->size) return Status::InvalidArgument("a backing limit past the parent's end");
+      for (ChunkState c : present) {
+        if (c != ChunkState::kParent && c != ChunkState::kCopiedUp && c != ChunkState::kOverwritten) {
+          return Status::InvalidArgument("an unknown chunk state");
+        }
+      }
+    }
+    return Status::Ok();
   }
   // Opens the staging file if its descriptor is closed. REQUIRES mu.
   Status EnsureFd() WFS_REQUIRES(mu) {

@@ -203,7 +203,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
       MutexLock flock(f->mu);
       if (f->backed && *size < f->backing_limit) {
         const size_t c = f->rows->ChunkAt(*size);
-        if (f->present[c] == '0' && f->rows->chunks[c].offset < *size) cut = c;
+        if (f->present[c] == ChunkState::kParent && f->rows->chunks[c].offset < *size) cut = c;
       }
     }
     if (cut) {
@@ -216,7 +216,7 @@ Status Drafts::SetAttr(uint64_t ino, const AttrChange& change, DraftHandle* hand
         WFS_TRY(PwriteAll(f->fd, (*bytes)->data(),
                           std::min<uint64_t>({c.length, *size - c.offset, f->backing_limit - c.offset}), c.offset,
                           "staging file " + f->staging));
-        f->present[*cut] = '1';
+        f->present[*cut] = ChunkState::kCopiedUp;
       }
     }
     MutexLock flock(f->mu);
@@ -253,7 +253,7 @@ Status Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<ui
   }
   uint64_t id, fsize, limit = 0;
   bool backed;
-  std::vector<char> present;
+  std::vector<ChunkState> present;
   {
     MutexLock lock(f.mu);
     id = f.id;
@@ -290,7 +290,7 @@ Status Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<ui
       const size_t c = f.rows->ChunkAt(pos);
       const ManifestChunk& ch = f.rows->chunks[c];
       const uint64_t cend = std::min({ch.offset + ch.length, limit, end});
-      if (present[c] == '0') {
+      if (present[c] == ChunkState::kParent) {
         Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(h.draft->parent_manifest, *f.rows, c);
         if (!bytes.ok()) return ParentBytes(bytes.status(), "read " + h.draft->name() + "/" + h.path);
         std::memcpy(out->data() + (pos - offset), (*bytes)->data() + (pos - ch.offset), cend - pos);
@@ -332,7 +332,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
         for (size_t c = f.rows->ChunkAt(offset); c < f.present.size(); ++c) {
           const ManifestChunk& ch = f.rows->chunks[c];
           if (ch.offset >= end || ch.offset >= f.backing_limit) break;
-          if (f.present[c] != '0') continue;
+          if (f.present[c] != ChunkState::kParent) continue;
           const uint64_t cend = std::min(ch.offset + ch.length, f.backing_limit);
           if (offset <= ch.offset && end >= cend) continue;  // wholly overwritten: nothing to copy
           need = c;
@@ -349,7 +349,7 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
       const ManifestChunk& ch = f.rows->chunks[*need];
       const uint64_t len = std::min<uint64_t>(ch.length, f.backing_limit - ch.offset);
       WFS_TRY(PwriteAll(f.fd, (*bytes)->data(), len, ch.offset, "staging file " + f.staging));
-      f.present[*need] = '1';
+      f.present[*need] = ChunkState::kCopiedUp;
       copied = true;
     }
   }
@@ -370,8 +370,8 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
       for (size_t c = f.rows->ChunkAt(offset); c < f.present.size(); ++c) {
         const ManifestChunk& ch = f.rows->chunks[c];
         if (ch.offset >= end || ch.offset >= f.backing_limit) break;
-        if (f.present[c] == '0' && offset <= ch.offset && end >= std::min(ch.offset + ch.length, f.backing_limit)) {
-          f.present[c] = '2';
+        if (f.present[c] == ChunkState::kParent && offset <= ch.offset && end >= std::min(ch.offset + ch.length, f.backing_limit)) {
+          f.present[c] = ChunkState::kOverwritten;
           marked = true;
         }
       }

@@ -1,5 +1,6 @@
 // The journal of a draft: a snapshot and the records appended after it on every change of its
 // tree (format below), read back when a mount loads the drafts an earlier one left.
+#include <algorithm>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -42,7 +43,9 @@ nlohmann::json FileEntry(const std::string& path, const DraftFile& f) WFS_REQUIR
   if (!f.parent_path.empty()) e["parent_path"] = f.parent_path;
   if (f.backed) {
     e["backed"] = true;
-    e["present"] = std::string(f.present.begin(), f.present.end());
+    std::string present(f.present.size(), '0');
+    std::transform(f.present.begin(), f.present.end(), present.begin(), [](ChunkState c) { return static_cast<char>(c); });
+    e["present"] = std::move(present);
     e["backing_limit"] = f.backing_limit;
   }
   if (f.id != 0 && f.Encoded(path)) {
@@ -325,11 +328,12 @@ Status Drafts::State::LoadDraft(const std::string& dir, const nlohmann::json& j,
       f->backed = e.value("backed", false);
       if (f->backed) {
         const std::string present = e.at("present").get<std::string>();
-        if (!f->parent_file || present.size() != RowCount(*f->parent_file)) {
-          return Status::Corruption("draft " + d->name() + ": " + path + " has a bad copy-up map");
-        }
-        f->present.assign(present.begin(), present.end());
+        f->present.resize(present.size());
+        std::transform(present.begin(), present.end(), f->present.begin(), [](char c) { return ChunkState{c}; });
         f->backing_limit = e.at("backing_limit").get<uint64_t>();
+      }
+      if (Status ok = f->CheckInvariants(); !ok.ok()) {
+        return Status::Corruption("draft " + d->name() + ": " + path + " has a bad copy-up map (" + ok.message() + ")");
       }
       f->write_error = e.value("write_error", std::string());
       if (e.contains("tally")) f->tally = e.at("tally").get<std::array<uint64_t, 4>>();

@@ -31,7 +31,7 @@ Status Drafts::State::StageLocked(Draft& d, DraftFile& f, bool backed) {
     }
     f.size = f.parent_file->size;
     f.backed = true;
-    f.present.assign(RowCount(*f.parent_file), '0');
+    f.present.assign(RowCount(*f.parent_file), ChunkState::kParent);
     f.backing_limit = f.parent_file->size;
   }
   return Status::Ok();
@@ -97,7 +97,7 @@ Status Drafts::State::Fill(Draft& d, DraftFile& f) {
     if (!f.backed) return Status::Ok();
     pf = f.rows;
     for (size_t c = 0; c < f.present.size(); ++c) {
-      if (f.present[c] == '0' && pf->chunks[c].offset < f.backing_limit) missing.push_back(c);
+      if (f.present[c] == ChunkState::kParent && pf->chunks[c].offset < f.backing_limit) missing.push_back(c);
     }
   }
   for (size_t c : missing) {
@@ -109,7 +109,7 @@ Status Drafts::State::Fill(Draft& d, DraftFile& f) {
     const uint64_t off = pf->chunks[c].offset;
     const uint64_t len = std::min<uint64_t>(bytes->size(), f.backing_limit - off);
     WFS_TRY(PwriteAll(f.fd, bytes->data(), len, off, "staging file " + f.staging));
-    f.present[c] = '1';
+    f.present[c] = ChunkState::kCopiedUp;
   }
   {
     MutexLock lock(f.mu);

@@ -584,4 +584,11 @@ Status Bucket::ReadPayload(const Manifest& manifest, const ManifestChunk& chunk,
   return Status::Ok();
 }
 
+Expected<bool> Bucket::HasPack(const Hash128& pack) {
+  Expected<ObjectInfo> head = store_->Head(PackKey(pack));
+  if (head.ok()) return true;
+  if (head.status().kind() == ErrorKind::kNotFound) return false;
+  return head.status();
+}
+
 }  // namespace weightfs

@@ -187,6 +187,8 @@ class Bucket {
   // The stored payload of `chunk` (of `manifest`) into `out`: its pack's range, or an external
   // source's bytes. Corruption when the pack (or source) holds fewer bytes than the row says.
   Status ReadPayload(const Manifest& manifest, const ManifestChunk& chunk, ByteBuffer* out);
+  // Whether the pack is in the bucket (a HEAD); the store's error when it cannot say.
+  Expected<bool> HasPack(const Hash128& pack);
 
   static std::string ManifestKey(std::string_view model, std::string_view version);
   static std::string TimeKey(std::string_view model, std::string_view version, int64_t created_ms);
