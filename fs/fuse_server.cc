@@ -382,28 +382,7 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file
     for (size_t i = first; i < end; ++i) {
       if (dir.entries[i].name != "." && dir.entries[i].name != "..") inos.push_back(dir.entries[i].ino);
     }
-    std::vector<uint64_t> draft_inos;
-    if (s.drafts) {
-      auto owned = std::stable_partition(inos.begin(), inos.end(), [](uint64_t i) { return !Drafts::Owns(i); });
-      draft_inos.assign(owned, inos.end());
-      inos.erase(owned, inos.end());
-    }
-    std::vector<uint64_t> patch_inos;
-    if (s.patches) {
-      auto owned = std::stable_partition(inos.begin(), inos.end(), [](uint64_t i) { return !PatchView::Owns(i); });
-      patch_inos.assign(owned, inos.end());
-      inos.erase(owned, inos.end());
-    }
-    std::vector<NodeAttr> attrs = s.names.GetAttrs(inos);
-    for (uint64_t i : patch_inos) {
-      // A patch file's attributes cost its generation: left to its lookup (a plain entry).
-      NodeAttr a;
-      if (!s.patches->IsFile(i) && s.patches->GetAttr(i, &a).ok()) attrs.push_back(a);
-    }
-    for (uint64_t i : draft_inos) {
-      NodeAttr a;
-      if (s.drafts->GetAttr(i, &a).ok()) attrs.push_back(a);
-    }
+    const std::vector<NodeAttr> attrs = s.tree.GetAttrs(std::move(inos));
     std::unordered_map<uint64_t, const NodeAttr*> by_ino;
     for (const NodeAttr& a : attrs) by_ino[a.ino] = &a;
     std::vector<char> buf(size);

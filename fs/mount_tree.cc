@@ -72,6 +72,30 @@ Expected<NodeAttr> MountTree::GetAttr(uint64_t ino) {
   return names_->GetAttr(ino);
 }
 
+std::vector<NodeAttr> MountTree::GetAttrs(std::vector<uint64_t> inos) {
+  std::vector<uint64_t> draft_inos, patch_inos;
+  if (drafts_) {
+    auto owned = std::stable_partition(inos.begin(), inos.end(), [](uint64_t i) { return !Drafts::Owns(i); });
+    draft_inos.assign(owned, inos.end());
+    inos.erase(owned, inos.end());
+  }
+  if (patches_) {
+    auto owned = std::stable_partition(inos.begin(), inos.end(), [](uint64_t i) { return !PatchView::Owns(i); });
+    patch_inos.assign(owned, inos.end());
+    inos.erase(owned, inos.end());
+  }
+  std::vector<NodeAttr> attrs = names_->GetAttrs(inos);
+  for (uint64_t i : patch_inos) {
+    NodeAttr a;
+    if (!patches_->IsFile(i) && patches_->GetAttr(i, &a).ok()) attrs.push_back(a);
+  }
+  for (uint64_t i : draft_inos) {
+    NodeAttr a;
+    if (drafts_->GetAttr(i, &a).ok()) attrs.push_back(a);
+  }
+  return attrs;
+}
+
 Expected<MountTree::Listing> MountTree::ReadDir(uint64_t ino) {
   Listing l;
   if (IsDraft(ino)) {

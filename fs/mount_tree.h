@@ -42,6 +42,10 @@ class MountTree {
 
   Expected<NodeAttr> Lookup(uint64_t parent, std::string_view name);
   Expected<NodeAttr> GetAttr(uint64_t ino);
+  // The attributes of many nodes at once (a readdirplus): the versions' read their manifests in
+  // parallel; a .patch view's file is left out (its attributes cost its generation), and so is
+  // a node whose attributes fail. In no particular order.
+  std::vector<NodeAttr> GetAttrs(std::vector<uint64_t> inos);
   struct Listing {
     std::vector<DirEntry> entries;
     bool immutable = false;  // never changes: the kernel may keep it (inside a version, a patch view)

@@ -377,6 +377,10 @@ TEST_F(DraftsTest, TheTreeShowsDraftsBesideVersionsAndRefusesChangesToVersions) 
   for (const DirEntry& e : listing->entries) entries[e.name] = e.ino;
   ASSERT_TRUE(entries.count("m@v0") && entries.count("m@v1"));
   EXPECT_EQ(entries["m@v1"], v1->ino);
+  // Their attributes at once (readdirplus), from both owners.
+  std::set<uint64_t> got;
+  for (const NodeAttr& na : tree.GetAttrs({entries["m@v0"], entries["m@v1"], acme->ino})) got.insert(na.ino);
+  EXPECT_EQ(got, (std::set<uint64_t>{entries["m@v0"], v1->ino, acme->ino}));
   EXPECT_TRUE(is_draft(tree.Lookup(acme->ino, "m@v1")));
   const Expected<NodeAttr> v0 = tree.Lookup(acme->ino, "m@v0");
   ASSERT_TRUE(v0.ok());
