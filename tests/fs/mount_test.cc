@@ -433,6 +433,15 @@ TEST_F(MountTest, ExtendedAttributesOfVersionsAndFiles) {
   EXPECT_GT(std::stoull(GetXattr(shard, "user.weightfs.stored_bytes", &err).value_or("")), 0u);
   GetXattr(shard, "user.weightfs.nope", &err);
   EXPECT_EQ(err, ENODATA);
+  // Security labels and ACLs are not supported (ENOTSUP): `ls -l` then stops asking for them
+  // file after file; the user.weightfs attributes still answer after it.
+  for (const char* name : {"security.selinux", "system.posix_acl_access"}) {
+    GetXattr(shard, name, &err);
+    EXPECT_EQ(err, ENOTSUP) << name;
+    GetXattr(M().Version(2), name, &err);
+    EXPECT_EQ(err, ENOTSUP) << name;
+  }
+  EXPECT_EQ(GetXattr(shard, "user.weightfs.parent", &err).value_or(""), "acme/tiny@v1");
   // Through the latest link (getxattr follows it).
   EXPECT_EQ(GetXattr(M().mnt() / "acme/tiny@latest", "user.weightfs.parent", &err).value_or(""), "acme/tiny@v2");
   // The size probe and a buffer too small.
