@@ -36,17 +36,6 @@ bool IsTrue(const std::optional<std::string>& v) {
   return l == "1" || l == "on" || l == "yes" || l == "true";
 }
 
-// A printable one-line excerpt of a server-supplied string.
-std::string Printable(std::string_view s, size_t max = 300) {
-  std::string out;
-  for (char c : s.substr(0, max)) {
-    const auto u = static_cast<unsigned char>(c);
-    out.push_back(u < 0x20 || u > 0x7e ? '?' : c);
-  }
-  if (s.size() > max) out += "...";
-  return out;
-}
-
 // The `error` of a JSON error body ({"error": "..."} or {"errors":[{"message":...}]}), or "".
 std::string JsonErrorMessage(const std::vector<uint8_t>& body) {
   if (body.empty() || body.size() > (1u << 20)) return "";

@@ -722,6 +722,16 @@ std::string UrlEncode(std::string_view s, bool keep_slash) {
   return out;
 }
 
+std::string Printable(std::string_view s, size_t max) {
+  std::string out;
+  for (char c : s.substr(0, max)) {
+    const auto u = static_cast<unsigned char>(c);
+    out.push_back(u < 0x20 || u > 0x7e ? '?' : c);
+  }
+  if (s.size() > max) out += "...";
+  return out;
+}
+
 std::string RangedGet::RangeHeader() const {
   std::string spec = "bytes=" + std::to_string(offset_) + "-";
   // An end past what a signed 64-bit offset holds is left out ("to the end", the same bytes):
@@ -752,10 +762,8 @@ Expected<std::vector<uint8_t>> RangedGet::Take(HttpResponse& r, std::string_view
   const std::string_view header = r.Header("content-range");
   const std::optional<ContentRange> cr = ParseContentRange(header);
   if (r.status != 206 || !cr || cr->first != offset_ || r.body.size() != cr->last - cr->first + 1) {
-    std::string shown;
-    for (char c : header.substr(0, 80)) shown += (c >= 0x20 && c < 0x7f) ? c : '?';
     return Status::Corruption(std::string(what) + ": " + std::to_string(r.status) +
-                              " response does not match the requested range (Content-Range '" + shown + "', " +
+                              " response does not match the requested range (Content-Range '" + Printable(header, 80) + "', " +
                               std::to_string(r.body.size()) + " bytes)");
   }
   // More than asked for (a server that ignored the end of the range): keep what was asked.

@@ -194,6 +194,10 @@ std::optional<uint64_t> ParseRateLimitWindow(std::string_view policy_header);
 // carry credentials there), no fragment, no user:password@.
 std::string RedactUrl(std::string_view url);
 
+// A printable one-line excerpt of a server-supplied string (a header, an error body) for a
+// message: at most `max` bytes, control and non-ASCII bytes as '?', "..." when cut.
+std::string Printable(std::string_view s, size_t max = 300);
+
 // A decimal number filling all of `s` (a header value), or nullopt.
 std::optional<uint64_t> ParseU64(std::string_view s);
 
