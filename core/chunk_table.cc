@@ -18,6 +18,7 @@ namespace {
 using namespace manifest_checks;
 
 constexpr char kMagic[4] = {'W', 'C', 'T', '1'};
+constexpr char kIndexMagic[4] = {'W', 'C', 'B', '1'};
 // zstd level of a section: tables are written once per version and read by every reader. 15
 // (measured on generated RL steps with 16 KiB chunks: 20.2 bytes a row, as 19; 12: 20.8).
 constexpr int kLevel = 15;
@@ -100,6 +101,10 @@ ManifestChunk AsStoredInTable(const ManifestChunk& c) {
   return out;
 }
 
+namespace {
+std::vector<uint8_t> Compress(const std::vector<uint8_t>& raw);
+}  // namespace
+
 std::vector<uint8_t> EncodeChunkTable(std::span<const ManifestChunk> chunks) {
   // Chain and keyframe bytes are hints (the keyframe policy, cost estimates): stored to 6
   // significant bits, they cost ~1 byte a row instead of ~5 (docs/format2.md).
@@ -170,8 +175,15 @@ std::vector<uint8_t> EncodeChunkTable(std::span<const ManifestChunk> chunks) {
     for (int i = 0; i < 8; ++i) raw.push_back(static_cast<uint8_t>(c.hash.hi >> (8 * i)));
     for (int i = 0; i < 8; ++i) raw.push_back(static_cast<uint8_t>(c.hash.lo >> (8 * i)));
   }
-  // With zstd's checksum of the content: a section is read by range, so the table's own hash
-  // (in the head) cannot vouch for it; a damaged section is Corruption, not other rows.
+  return Compress(raw);
+}
+
+namespace {
+
+// A frame of a section: with zstd's checksum of the content, since a section is read by range
+// and the table's own hash (in the head) cannot vouch for it: a damaged section is Corruption,
+// not other rows.
+std::vector<uint8_t> Compress(const std::vector<uint8_t>& raw) {
   std::vector<uint8_t> out(ZSTD_compressBound(raw.size()));
   std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> cctx(ZSTD_createCCtx(), ZSTD_freeCCtx);
   if (!cctx) throw std::bad_alloc();
@@ -183,11 +195,103 @@ std::vector<uint8_t> EncodeChunkTable(std::span<const ManifestChunk> chunks) {
   return out;
 }
 
+// The frame's content, at most `bound` bytes.
+Expected<std::vector<uint8_t>> Inflate(std::span<const uint8_t> frame, uint64_t bound, const ManifestFile& file,
+                                       const std::string& what) {
+  const unsigned long long claimed = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  if (claimed == ZSTD_CONTENTSIZE_ERROR || claimed == ZSTD_CONTENTSIZE_UNKNOWN) {
+    return Bad(file, what + " is not a zstd frame with its size");
+  }
+  if (claimed > bound) return Bad(file, what + " claims " + std::to_string(claimed) + " bytes");
+  std::vector<uint8_t> raw(claimed);
+  const size_t n = ZSTD_decompress(raw.data(), raw.size(), frame.data(), frame.size());
+  if (ZSTD_isError(n) || n != claimed) return Bad(file, what + ": the zstd frame does not decode");
+  return raw;
+}
+
+}  // namespace
+
+EncodedSection EncodeChunkSection(std::span<const ManifestChunk> chunks, uint64_t block_rows) {
+  EncodedSection out;
+  if (chunks.size() <= block_rows) {
+    out.bytes = EncodeChunkTable(chunks);
+    return out;
+  }
+  std::vector<uint8_t> frames;
+  std::vector<uint8_t> index(kIndexMagic, kIndexMagic + 4);
+  PutVarint(index, block_rows);
+  const size_t blocks = (chunks.size() + block_rows - 1) / block_rows;
+  PutVarint(index, blocks);
+  std::vector<uint64_t> spans;
+  for (size_t k = 0; k < blocks; ++k) {
+    const std::span<const ManifestChunk> rows = chunks.subspan(k * block_rows, std::min<size_t>(block_rows, chunks.size() - k * block_rows));
+    const std::vector<uint8_t> frame = EncodeChunkTable(rows);
+    PutVarint(index, frame.size());
+    frames.insert(frames.end(), frame.begin(), frame.end());
+    spans.push_back(rows.back().offset + rows.back().length - rows.front().offset);
+  }
+  for (uint64_t span : spans) PutVarint(index, span);
+  out.bytes = Compress(index);
+  out.index_length = out.bytes.size();
+  out.bytes.insert(out.bytes.end(), frames.begin(), frames.end());
+  return out;
+}
+
+size_t TableBlockIndex::BlockAt(uint64_t offset) const {
+  auto it = std::upper_bound(offsets.begin(), offsets.end(), offset);
+  return static_cast<size_t>(it - offsets.begin()) - 1;
+}
+
+Expected<TableBlockIndex> DecodeTableIndex(std::span<const uint8_t> frame, const ManifestFile& file) {
+  const uint64_t rows = file.section.rows;
+  if (rows == 0 || rows > file.size) {
+    return Bad(file, std::to_string(rows) + " rows for " + std::to_string(file.size) + " bytes");
+  }
+  WFS_ASSIGN_OR_RETURN(std::vector<uint8_t> raw, Inflate(frame, 64 + 2 * 10 * rows, file, "the block index"));
+  Reader r(raw);
+  const uint8_t* magic;
+  if (!r.Bytes(4, &magic) || std::memcmp(magic, kIndexMagic, 4) != 0) return Bad(file, "no WCB1 magic");
+  TableBlockIndex index;
+  uint64_t blocks = 0;
+  if (!r.Varint(&index.block_rows) || index.block_rows == 0 || index.block_rows > rows) {
+    return Bad(file, "bad rows per block");
+  }
+  if (!r.Varint(&blocks) || blocks != (rows + index.block_rows - 1) / index.block_rows) {
+    return Bad(file, "the block count does not fit the row count");
+  }
+  index.starts.assign(1, file.section.index_length);
+  index.offsets.assign(1, 0);
+  for (uint64_t k = 0; k < blocks; ++k) {
+    uint64_t length;
+    if (!r.Varint(&length) || length == 0 || length > file.section.length - index.starts.back()) {
+      return Bad(file, "block " + std::to_string(k) + "'s frame ends past the section");
+    }
+    index.starts.push_back(index.starts.back() + length);
+  }
+  if (index.starts.back() != file.section.length) return Bad(file, "the blocks do not fill the section");
+  for (uint64_t k = 0; k < blocks; ++k) {
+    uint64_t bytes;
+    if (!r.Varint(&bytes) || bytes == 0 || bytes > file.size - index.offsets.back()) {
+      return Bad(file, "block " + std::to_string(k) + "'s rows end past the file's end");
+    }
+    index.offsets.push_back(index.offsets.back() + bytes);
+  }
+  if (index.offsets.back() != file.size) return Bad(file, "the blocks' rows do not cover the file");
+  if (!r.done()) return Bad(file, "bytes after the block index");
+  return index;
+}
+
 Expected<std::vector<ManifestChunk>> DecodeChunkTable(std::span<const uint8_t> section, const ManifestFile& file,
                                                       const ChunkTableLimits& limits, uint64_t max_bytes) {
-  const uint64_t rows = file.section.rows;
-  if ((file.size > 0) != (rows > 0) || rows > file.size) {
-    return Bad(file, std::to_string(rows) + " rows for " + std::to_string(file.size) + " bytes");
+  return DecodeChunkRows(section, file, RowSpan{0, file.section.rows, 0, file.size}, limits, max_bytes);
+}
+
+Expected<std::vector<ManifestChunk>> DecodeChunkRows(std::span<const uint8_t> section, const ManifestFile& file,
+                                                     const RowSpan& span, const ChunkTableLimits& limits,
+                                                     uint64_t max_bytes) {
+  const uint64_t rows = span.rows;
+  if ((span.bytes > 0) != (rows > 0) || rows > span.bytes) {
+    return Bad(file, std::to_string(rows) + " rows for " + std::to_string(span.bytes) + " bytes");
   }
   // What a frame may inflate to: the columns' worst case plus tensor names of up to 512 bytes
   // per row on average (real names are tens of bytes, and a row per tensor at least).
@@ -198,14 +302,8 @@ Expected<std::vector<ManifestChunk>> DecodeChunkTable(std::span<const uint8_t> s
                                      " rows would take more than the " + std::to_string(max_bytes) +
                                      " bytes allowed for it");
   }
-  const unsigned long long claimed = ZSTD_getFrameContentSize(section.data(), section.size());
-  if (claimed == ZSTD_CONTENTSIZE_ERROR || claimed == ZSTD_CONTENTSIZE_UNKNOWN) {
-    return Bad(file, "not a zstd frame with its size");
-  }
-  if (claimed > bound) return Bad(file, "claims " + std::to_string(claimed) + " bytes for " + std::to_string(rows) + " rows");
-  std::vector<uint8_t> raw(claimed);
-  const size_t n = ZSTD_decompress(raw.data(), raw.size(), section.data(), section.size());
-  if (ZSTD_isError(n) || n != claimed) return Bad(file, "the zstd frame does not decode");
+  WFS_ASSIGN_OR_RETURN(std::vector<uint8_t> raw,
+                       Inflate(section, bound, file, "the section of " + std::to_string(rows) + " rows"));
 
   Reader r(raw);
   const uint8_t* magic;
@@ -292,21 +390,24 @@ Expected<std::vector<ManifestChunk>> DecodeChunkTable(std::span<const uint8_t> s
 
   const Tables tables{limits.versions, limits.packs, limits.sources};
   std::vector<ManifestChunk> chunks(rows);
-  uint64_t pos = 0;
+  const uint64_t end = span.offset + span.bytes;
+  uint64_t pos = span.offset;
   for (uint64_t i = 0; i < rows; ++i) {
     RawRow& row = raws[i];
     row.v[kOffset] = pos;
     row.columns = kRowColumns;
     if (Status s = CheckRow(row, tables, &chunks[i]); !s.ok()) {
-      return Bad(file, "row " + std::to_string(i) + ": " + s.message());
+      return Bad(file, "row " + std::to_string(span.first_row + i) + ": " + s.message());
     }
     chunks[i].key.tensor = names[row.v[kTensor]];
     pos += chunks[i].length;
-    if (pos > file.size) return Bad(file, "row " + std::to_string(i) + " ends past the file's end");
+    if (pos > end) return Bad(file, "row " + std::to_string(span.first_row + i) + " ends past its block's end");
   }
-  if (pos != file.size) return Bad(file, "rows cover " + std::to_string(pos) + " of " + std::to_string(file.size) + " bytes");
+  if (pos != end) {
+    return Bad(file, "rows cover " + std::to_string(pos - span.offset) + " of " + std::to_string(span.bytes) + " bytes");
+  }
   if (std::optional<size_t> dup = FirstRepeatedKey(chunks)) {
-    return Bad(file, "row " + std::to_string(*dup) + " repeats the key of an earlier row");
+    return Bad(file, "row " + std::to_string(span.first_row + *dup) + " repeats the key of an earlier row");
   }
   return chunks;
 }

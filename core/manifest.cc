@@ -226,17 +226,19 @@ json TopFields(const Manifest& m, int format) {
 
 }  // namespace
 
-SerializedVersion SerializeVersion(const Manifest& m) {
+SerializedVersion SerializeVersion(const Manifest& m, uint64_t block_rows) {
   SerializedVersion out;
   json files = json::array();
   for (const ManifestFile& f : m.files) {
-    const std::vector<uint8_t> section = EncodeChunkTable(f.chunks);
+    const EncodedSection section = EncodeChunkSection(f.chunks, block_rows);
+    json where = json::array({out.table.size(), section.bytes.size()});
+    if (section.index_length) where.push_back(section.index_length);
     files.push_back({{"path", f.path},
                      {"size", f.size},
                      {"sha256", f.sha256},
                      {"rows", f.chunks.size()},
-                     {"section", json::array({out.table.size(), section.size()})}});
-    out.table.insert(out.table.end(), section.begin(), section.end());
+                     {"section", std::move(where)}});
+    out.table.insert(out.table.end(), section.bytes.begin(), section.bytes.end());
   }
   out.table_hash = HashChunk(out.table);
   json j = TopFields(m, kManifestFormat2);

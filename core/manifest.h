@@ -72,11 +72,18 @@ struct ManifestChunk {
   }
 };
 
+// Rows per block of a section in blocks (core/chunk_table.h). 512 rows of 4 MiB chunks tile 2 GiB
+// of a file; a block is ~10 KB on the wire (~20 bytes a row), ~60 KB decoded.
+constexpr uint64_t kTableBlockRows = 512;
+
 // Where a file's rows are in a format 2 version's table object (core/chunk_table.h).
 struct TableSection {
   uint64_t offset = 0;  // in the table object
   uint64_t length = 0;  // bytes of the section
   uint64_t rows = 0;    // chunk rows it holds
+  // Bytes of its block index (core/chunk_table.h: a file of more than kTableBlockRows rows);
+  // 0: the section is one table of every row.
+  uint64_t index_length = 0;
 };
 
 struct ManifestFile {
@@ -84,17 +91,28 @@ struct ManifestFile {
   uint64_t size = 0;
   std::string sha256;
   // Tile [0, size) in order. Empty in a format 2 head until the file's section is read
-  // (rows_loaded false): hub's Bucket::File resolves it.
+  // (rows_loaded false): hub's Bucket::File resolves it. Or a block of them (a window: hub's
+  // Bucket::RowsAt): chunks[0] is the file's row first_row, and the rows tile part of the file.
   std::vector<ManifestChunk> chunks;
   bool rows_loaded = true;
+  uint64_t first_row = 0;
   TableSection section;  // format 2
   // Index of the chunk with this key, or nullopt.
   std::optional<size_t> FindChunk(const ChunkKey& key) const;
   // The chunk with this key, trying index `hint` first (versions of a file usually share their
   // layout, so a chain walk finds its parent's row at once), then a scan; null if none.
   const ManifestChunk* FindChunkNear(const ChunkKey& key, size_t hint) const;
-  // Index of the chunk containing byte `offset`. REQUIRES: offset < size.
+  // Index (in chunks) of the chunk containing byte `offset`. REQUIRES: Holds(offset).
   size_t ChunkAt(uint64_t offset) const;
+  // Whether the rows held (all, or a block's) hold byte `offset` of the file.
+  bool Holds(uint64_t offset) const {
+    return rows_loaded && !chunks.empty() && offset >= chunks.front().offset &&
+           offset - chunks.front().offset < chunks.back().offset + chunks.back().length - chunks.front().offset;
+  }
+  // Rows of the whole file (a head's or a block's count them all).
+  uint64_t RowCount() const { return AllRows() ? chunks.size() : section.rows; }
+  // Whether these are all of the file's rows (not a block of them).
+  bool AllRows() const { return rows_loaded && first_row == 0 && (section.index_length == 0 || section.rows == chunks.size()); }
 };
 
 struct ManifestStats {
@@ -161,7 +179,9 @@ struct SerializedVersion {
   std::vector<uint8_t> table;
   Hash128 table_hash;  // HashChunk(table): its key in the bucket
 };
-SerializedVersion SerializeVersion(const Manifest& manifest);
+// `block_rows`: a file of more rows has its section in blocks of that many (core/chunk_table.h;
+// tests and the scale bench set others).
+SerializedVersion SerializeVersion(const Manifest& manifest, uint64_t block_rows = kTableBlockRows);
 
 // The most JSON ParseManifest reads unless its caller says otherwise (inflated, for a manifest
 // stored compressed). A real 500k-chunk manifest is ~74 MB of JSON.

@@ -525,7 +525,7 @@ bool ManifestReader::OnScalar(const Scalar& v) {
       }
       break;
     case Ctx::kSection:
-      if (file_.section.size() < 3) file_.section.push_back(AsU64(v));
+      if (file_.section.size() < 4) file_.section.push_back(AsU64(v));
       break;
   }
   return true;
@@ -810,17 +810,23 @@ Status ManifestReader::FileFields(ManifestFile* f) {
   if (file_.rows > f->size) return ctx(Status::Corruption("more chunks than bytes"));
   if (sectioned) {
     if (!file_.seen_rows || !file_.row_count) return ctx(NotU64("rows"));
-    if (!file_.section_is_array || file_.section.size() != 2 || !file_.section[0] || !file_.section[1]) {
-      return ctx(Status::Corruption("section is not [offset, length]"));
+    // [offset, length], or [offset, length, index length] for a section in blocks.
+    const size_t n = file_.section.size();
+    if (!file_.section_is_array || n < 2 || n > 3 || !std::all_of(file_.section.begin(), file_.section.end(),
+                                                                   [](const auto& v) { return v.has_value(); })) {
+      return ctx(Status::Corruption("section is not [offset, length] or [offset, length, index length]"));
     }
     const uint64_t rows = *file_.row_count;
     if (rows > f->size || (rows == 0) != (f->size == 0)) {
       return ctx(Status::Corruption(std::to_string(rows) + " rows for " + std::to_string(f->size) + " bytes"));
     }
     f->rows_loaded = false;
-    f->section = TableSection{*file_.section[0], *file_.section[1], rows};
+    f->section = TableSection{*file_.section[0], *file_.section[1], rows, n == 3 ? *file_.section[2] : 0};
     if (f->section.offset > kMaxFileSize || f->section.length > kMaxFileSize) {
       return ctx(Status::Corruption("section out of range"));
+    }
+    if (n == 3 && (f->section.index_length == 0 || f->section.index_length >= f->section.length)) {
+      return ctx(Status::Corruption("the section's block index does not fit in it"));
     }
   }
   return Status::Ok();

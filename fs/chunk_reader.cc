@@ -211,7 +211,7 @@ void ChunkReader::Readahead(const std::shared_ptr<const Manifest>& manifest,
     stream->run_start_ = offset;
     stream->home_end_ = 0;
     stream->streaming_ = false;
-    stream->queued_until_ = static_cast<int64_t>(last);
+    stream->queued_until_ = static_cast<int64_t>(file.first_row + last);
     return;
   }
   // Until the run is longer than the kernel's readahead, it may be the kernel reading past the
@@ -229,17 +229,19 @@ void ChunkReader::Readahead(const std::shared_ptr<const Manifest>& manifest,
   const bool streaming = stream->streaming_;
 
   // The chunks after `last`, up to readahead_bytes_. The stream remembers how far it has
-  // queued, so that each read only adds what the window newly covers; a full queue stops the
-  // window there (a later read tries again).
+  // queued (in rows of the whole file: `file` may be a block of them, and the window stops at
+  // its end until a read reaches the next), so that each read only adds what the window newly
+  // covers; a full queue stops the window there (a later read tries again).
   uint64_t budget = readahead_bytes_;
   int64_t queued = stream->queued_until_.load();
   int64_t until = queued;
   for (size_t i = last + 1; i < file.chunks.size() && budget > 0; ++i) {
     if (!streaming && file.chunks[i].key.tensor != tensor) break;
     budget -= std::min(budget, file.chunks[i].length);
-    if (static_cast<int64_t>(i) <= queued) continue;
+    const int64_t row = static_cast<int64_t>(file.first_row + i);
+    if (row <= queued) continue;
     if (!Prefetch(manifest, file_ref, i)) break;
-    until = static_cast<int64_t>(i);
+    until = row;
   }
   while (queued < until && !stream->queued_until_.compare_exchange_weak(queued, until)) {
   }
@@ -248,27 +250,37 @@ void ChunkReader::Readahead(const std::shared_ptr<const Manifest>& manifest,
 Expected<ReadResult> ChunkReader::Read(const std::shared_ptr<const Manifest>& manifest,
                                        const std::shared_ptr<const ManifestFile>& file_ref, uint64_t offset,
                                        size_t size, ReadStream* stream) {
-  const ManifestFile& file = *file_ref;
+  std::shared_ptr<const ManifestFile> rows = file_ref;
   ReadResult out;
   stats_.reads++;
-  if (offset >= file.size || size == 0) return out;
-  const uint64_t end = std::min<uint64_t>(file.size, offset + size);
-  const size_t first = file.ChunkAt(offset);
-  const size_t last = file.ChunkAt(end - 1);
-
-  if (stream && readahead_bytes_ > 0) Readahead(manifest, file_ref, offset, end, last, stream);
-
-  out.chunks.reserve(last - first + 1);
-  out.iov.reserve(last - first + 1);
-  for (size_t i = first; i <= last; ++i) {
-    BytesResult bytes = Bytes(manifest, file, i);
-    if (!bytes.ok()) return bytes.status();
-    const ManifestChunk& c = file.chunks[i];
-    const uint64_t from = std::max(offset, c.offset);
-    const uint64_t to = std::min(end, c.offset + c.length);
-    out.iov.push_back({const_cast<uint8_t*>(bytes->data() + (from - c.offset)),
-                       static_cast<size_t>(to - from)});
-    out.chunks.push_back(std::move(bytes).value());
+  if (offset >= rows->size || size == 0) return out;
+  const uint64_t end = std::min<uint64_t>(rows->size, offset + size);
+  bool readahead = stream && readahead_bytes_ > 0;
+  // `rows` may be a block of the file's rows (a section in blocks, hub/engine/bucket.h RowsAt):
+  // the block holding each part of the range, from the bucket's cache of them.
+  for (uint64_t pos = offset; pos < end;) {
+    if (!rows->Holds(pos)) {
+      Expected<std::shared_ptr<const ManifestFile>> block = materializer_->bucket()->RowsAt(*manifest, *rows, pos);
+      if (!block.ok()) return block.status();
+      rows = std::move(block).value();
+      if (!rows->Holds(pos)) return Status::Corruption("the rows of " + rows->path + " do not hold byte " + std::to_string(pos));
+    }
+    const ManifestFile& file = *rows;
+    const size_t first = file.ChunkAt(pos);
+    const size_t last = file.Holds(end - 1) ? file.ChunkAt(end - 1) : file.chunks.size() - 1;
+    if (readahead) Readahead(manifest, rows, offset, end, last, stream);
+    readahead = false;
+    for (size_t i = first; i <= last; ++i) {
+      BytesResult bytes = Bytes(manifest, file, i);
+      if (!bytes.ok()) return bytes.status();
+      const ManifestChunk& c = file.chunks[i];
+      const uint64_t from = std::max(pos, c.offset);
+      const uint64_t to = std::min(end, c.offset + c.length);
+      out.iov.push_back({const_cast<uint8_t*>(bytes->data() + (from - c.offset)),
+                         static_cast<size_t>(to - from)});
+      out.chunks.push_back(std::move(bytes).value());
+    }
+    pos = file.chunks[last].offset + file.chunks[last].length;
   }
   out.size = static_cast<size_t>(end - offset);
   stats_.read_bytes += out.size;

@@ -730,8 +730,12 @@ Expected<VersionFile> Namespace::Open(uint64_t ino) {
     manifest = n->manifest;
     head_file = n->file;
   }
-  // The file's rows: its section of the version's table (format 2), read once per open at most.
-  Expected<std::shared_ptr<const ManifestFile>> rows = bucket_->File(manifest, *head_file);
+  // The file's rows: its section of the version's table (format 2), read once per open at most;
+  // of a section in blocks, the first block (reads load the others: ChunkReader::Read).
+  auto rows_of = [&](const ManifestFile& f) {
+    return f.section.index_length ? bucket_->RowsAt(*manifest, f, 0) : bucket_->File(manifest, f);
+  };
+  Expected<std::shared_ptr<const ManifestFile>> rows = rows_of(*head_file);
   if (!rows.ok() && (rows.status().kind() == ErrorKind::kCorruption || rows.status().kind() == ErrorKind::kNotFound)) {
     // Its old table gone: the head may have been rewritten (gc's rebase) since it was read.
     Expected<std::shared_ptr<const Manifest>> now = TakeRewrittenHead(*manifest);
@@ -739,7 +743,7 @@ Expected<VersionFile> Namespace::Open(uint64_t ino) {
     const ManifestFile* f = (*now)->FindFile(head_file->path);
     if (!f) return rows.status();
     manifest = *now;
-    rows = bucket_->File(manifest, *f);
+    rows = rows_of(*f);
   }
   if (!rows.ok()) return rows.status();
   return VersionFile{manifest, rows->get(), *rows};

@@ -72,15 +72,24 @@ options:
   --changed X          fraction of elements a version changes                    [0.01]
   --keyframe-depth N   a FULL keyframe after this many deltas                      [64]
   --memory-limit B     the mount's --memory-limit                                  [1GiB]
+  --chunk-bytes B      bytes a chunk (a single file of 300,000 16 KiB chunks has the rows
+                       of a 1.2 TB file at 4 MiB, with small payloads)              [4MiB]
+  --block-rows N       rows per block of a file's table section (1e9: one piece, as
+                       before sections had blocks)                                  [512]
+  --real-rows          every row its own: tensor names, random hashes, payloads one after
+                       another with real delta lengths, as a real run's rows are (only the
+                       rows read hold the real payload); else identical rows, which
+                       compress to nothing
   --dir DIR            where the bucket, cache and mount go (kept: a second run with the
                        same options reuses the bucket)        [/tmp/weightfs-bench-scale]
   --json               one JSON object instead of the table
   -h, --help           show this help
 )";
 
-constexpr uint64_t kChunk = 4ull << 20;
-
 struct Options {
+  uint64_t chunk_bytes = 4ull << 20;
+  bool real_rows = false;
+  uint64_t block_rows = kTableBlockRows;
   uint64_t chunks = 500000;
   int versions = 1000;
   int files = 64;
@@ -200,6 +209,11 @@ ChunkKey ChunkKeyOf(int file, uint64_t row, uint64_t rows_per_file) {
   return ChunkKey{name, index};
 }
 
+// The rows the mount reads (the first, which the push changes, and the middle one, read at each
+// depth): with --real-rows, the only rows that hold the real payload.
+uint64_t ProbeRow(uint64_t rows) { return rows / 2; }
+bool IsProbeRow(uint64_t row, uint64_t rows) { return row == 0 || row == ProbeRow(rows); }
+
 // Chain depth of version k (0: a keyframe).
 int DepthOf(int k, int keyframe_depth) { return k % (keyframe_depth + 1); }
 
@@ -210,7 +224,9 @@ Status Build(const Options& o, const std::string& bucket_dir, std::FILE* log) {
   std::shared_ptr<Store> store(std::move(local));
   WFS_TRY(Bucket::Init(*store));
   WFS_ASSIGN_OR_RETURN(std::unique_ptr<Bucket> bucket, Bucket::Open(store));
+  bucket->set_table_block_rows(o.block_rows);
   std::mt19937_64 rng(7);
+  const uint64_t kChunk = o.chunk_bytes;
   std::vector<uint8_t> weights = Weights(kChunk, rng), previous;
   ChunkCodec codec;
   std::vector<uint8_t> payload;
@@ -231,7 +247,9 @@ Status Build(const Options& o, const std::string& bucket_dir, std::FILE* log) {
     file.chunks.resize(n);
     for (uint64_t i = 0; i < n; ++i) {
       ManifestChunk& c = file.chunks[i];
-      c.key = {"", i};  // opaque shards: a push of one of them encodes against it
+      // Opaque shards (a push of one of them encodes against it); real rows have a real
+      // model's keys, except the first, which the push below changes.
+      c.key = o.real_rows && i > 0 ? ChunkKeyOf(f, i, per_file) : ChunkKey{"", i};
       c.offset = i * kChunk;
       c.length = kChunk;
     }
@@ -270,8 +288,10 @@ Status Build(const Options& o, const std::string& bucket_dir, std::FILE* log) {
     m.stats = {o.chunks * kChunk, payload.size(),
                static_cast<uint64_t>(static_cast<double>(o.chunks * kChunk / 2) * (k ? o.changed : 1.0)),
                o.chunks * kChunk / 2};
+    uint64_t fake_offset = slot.offset + payload.size();  // real rows' payloads, one after another
     for (ManifestFile& file : m.files) {
-      for (ManifestChunk& c : file.chunks) {
+      for (size_t i = 0; i < file.chunks.size(); ++i) {
+        ManifestChunk& c = file.chunks[i];
         c.hash = hash;
         c.encoding = encoding;
         c.ref = {0, slot.offset, payload.size()};
@@ -280,6 +300,16 @@ Status Build(const Options& o, const std::string& bucket_dir, std::FILE* log) {
         c.depth = static_cast<uint32_t>(depth);
         c.chain_bytes = chain;
         c.keyframe_bytes = keyframe;
+        if (o.real_rows && !IsProbeRow(i, file.chunks.size())) {
+          // Its own payload (never read): a length 0.5x..2x the real one, a random hash.
+          const double scale = 0.5 + 1.5 * static_cast<double>(rng() % 1024) / 1024;
+          c.ref = {0, fake_offset, std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(payload.size()) * scale))};
+          fake_offset += c.ref.length;
+          c.hash = Hash128{rng(), rng()};
+          c.chain_bytes = depth ? static_cast<uint64_t>(static_cast<double>(chain) * scale) : c.ref.length;
+          c.keyframe_bytes = depth ? static_cast<uint64_t>(static_cast<double>(keyframe) * scale) : c.ref.length;
+          c.chain_bytes = std::max(c.chain_bytes, c.ref.length);
+        }
       }
     }
     WFS_TRY(bucket->PublishManifest(m).WithContext("building " + m.version));
@@ -303,6 +333,7 @@ struct RealRows {
   double keyframe_per_chunk = 0;
 };
 RealRows MeasureRealRows(const Options& o) {
+  constexpr uint64_t kChunk = 4ull << 20;  // what a real run's chunks are (whatever --chunk-bytes)
   std::mt19937_64 rng(11);
   ChunkCodec codec;
   std::vector<uint64_t> deltas;
@@ -357,7 +388,7 @@ RealRows MeasureRealRows(const Options& o) {
     c.keyframe_bytes = static_cast<uint64_t>(static_cast<double>(full) * keyframe_noise(rng));
   }
   RealRows r;
-  r.bytes_per_row = static_cast<double>(EncodeChunkTable(chunks).size()) / static_cast<double>(rows);
+  r.bytes_per_row = static_cast<double>(EncodeChunkSection(chunks).bytes.size()) / static_cast<double>(rows);
   for (uint64_t d : deltas) r.delta_per_chunk += static_cast<double>(d) / static_cast<double>(deltas.size());
   r.keyframe_per_chunk = static_cast<double>(full);
   return r;
@@ -389,8 +420,9 @@ struct Line {
 }  // namespace
 
 int BenchScaleMain(int argc, char** argv) {
-  ArgParser args({"--chunks", "--versions", "--files", "--changed", "--keyframe-depth", "--memory-limit", "--dir"},
-                 {"--json", "--help", "-h"});
+  ArgParser args({"--chunks", "--versions", "--files", "--changed", "--keyframe-depth", "--memory-limit", "--dir",
+                  "--chunk-bytes", "--block-rows"},
+                 {"--json", "--real-rows", "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kHelp, 0)) return *rc;
   Options o;
   auto count = [&](const char* name, auto* out, double lo, double hi) -> bool {
@@ -403,7 +435,7 @@ int BenchScaleMain(int argc, char** argv) {
   };
   if (!count("--chunks", &o.chunks, 1, 1e8) || !count("--versions", &o.versions, 1, 1e6) ||
       !count("--files", &o.files, 1, 1e5) || !count("--changed", &o.changed, 1e-6, 0.5) ||
-      !count("--keyframe-depth", &o.keyframe_depth, 1, 1000)) {
+      !count("--keyframe-depth", &o.keyframe_depth, 1, 1000) || !count("--block-rows", &o.block_rows, 1, 1e9)) {
     std::fprintf(stderr, "weightfs: bench scale: a bad value (see --help)\n");
     return 2;
   }
@@ -412,12 +444,21 @@ int BenchScaleMain(int argc, char** argv) {
     if (!b.ok()) return Fail(b.status());
     o.memory_limit = *b;
   }
+  if (auto v = args.Get("--chunk-bytes")) {
+    Expected<uint64_t> b = ParseSize(*v);
+    if (!b.ok()) return Fail(b.status());
+    if (*b < 4096 || *b > (64ull << 20) || *b % 2) return Fail("--chunk-bytes: 4 KiB .. 64 MiB, even");
+    o.chunk_bytes = *b;
+  }
+  o.real_rows = args.Has("--real-rows");
+  const uint64_t kChunk = o.chunk_bytes;
   o.dir = AbsolutePath(args.GetOr("--dir", o.dir));
   o.json = args.Has("--json");
   std::FILE* log = o.json ? nullptr : stderr;
   char tag[96];
-  std::snprintf(tag, sizeof tag, "c%llu-v%d-f%d-d%d", static_cast<unsigned long long>(o.chunks), o.versions, o.files,
-                o.keyframe_depth);
+  std::snprintf(tag, sizeof tag, "c%llu-v%d-f%d-d%d-b%llu-r%llu%s", static_cast<unsigned long long>(o.chunks), o.versions,
+                o.files, o.keyframe_depth, static_cast<unsigned long long>(o.chunk_bytes),
+                static_cast<unsigned long long>(o.block_rows), o.real_rows ? "-real" : "");
   const std::string bucket_dir = o.dir + "/bucket-" + tag;
   const std::string mnt = o.dir + "/mnt", cache = o.dir + "/cache";
   std::error_code ec;
@@ -516,23 +557,28 @@ int BenchScaleMain(int argc, char** argv) {
     char name[64];
     std::snprintf(name, sizeof name, "shard-%05d-of-%05d.bin", 1, o.files);
     const std::string path = mnt + "/scale/m@" + VersionName(k) + "/" + name;
-    measure("first 4 MiB read at depth " + std::to_string(want), [&] {
+    const uint64_t rows = std::min<uint64_t>(o.chunks, (o.chunks + o.files - 1) / o.files);
+    measure("first chunk read at depth " + std::to_string(want), [&] {
       int fd = ::open(path.c_str(), O_RDONLY);
       if (fd < 0) return std::string("open failed: ") + std::strerror(errno);
       std::vector<uint8_t> buf(kChunk);
-      ssize_t got = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(kChunk));  // the second chunk
-      if (got < 0) got = ::pread(fd, buf.data(), buf.size(), 0);
+      // The middle chunk: in a file of many rows, far from the rows an open reads. Only it:
+      // the kernel's readahead would read its neighbours too (which, with --real-rows, have
+      // no payload to read).
+      (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+      const ssize_t got = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(ProbeRow(rows) * kChunk));
       ::close(fd);
       return got == static_cast<ssize_t>(kChunk) ? VersionName(k) : std::string("short read");
     });
   }
   // The newest version's first chunk of the first shard: what the push below changes.
   std::vector<uint8_t> newest_chunk(kChunk);
-  measure("first 4 MiB read of the newest version (head preloaded)", [&] {
+  measure("first chunk read of the newest version (head preloaded)", [&] {
     char name[64];
     std::snprintf(name, sizeof name, "shard-%05d-of-%05d.bin", 1, o.files);
     const int fd = ::open((mnt + "/scale/m@" + VersionName(newest) + "/" + name).c_str(), O_RDONLY);
     if (fd < 0) return std::string("open failed: ") + std::strerror(errno);
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);  // (see above)
     const ssize_t got = ::pread(fd, newest_chunk.data(), kChunk, 0);
     ::close(fd);
     if (got != static_cast<ssize_t>(kChunk)) newest_chunk.clear();
@@ -581,7 +627,7 @@ int BenchScaleMain(int argc, char** argv) {
         stored = "stored " + FormatBytes(static_cast<double>(j.back().value("stored_bytes", uint64_t{0}))) + "; ";
       }
     }
-    lines.push_back({"push of a delta version (4 MiB)", pushed.seconds, 0, 0,
+    lines.push_back({"push of a delta version (one chunk)", pushed.seconds, 0, 0,
                      (pushed.code == 0 ? stored : "failed: " + pushed.out) + std::string("peak RSS ") +
                          FormatBytes(static_cast<double>(pushed.max_rss)),
                      pushed.max_rss});
@@ -601,6 +647,8 @@ int BenchScaleMain(int argc, char** argv) {
     j["chunks"] = o.chunks;
     j["versions"] = o.versions;
     j["files"] = o.files;
+    j["chunk_bytes"] = o.chunk_bytes;
+    j["block_rows"] = o.block_rows;
     j["memory_limit"] = o.memory_limit;
     j["bucket_bytes"] = bucket_bytes;
     j["table_bytes"] = table_bytes;
@@ -616,12 +664,13 @@ int BenchScaleMain(int argc, char** argv) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("bench scale: %llu chunks of 4 MiB in %d files (%s a version), %d versions, keyframe every %d\n",
-              static_cast<unsigned long long>(o.chunks), o.files, FormatBytes(static_cast<double>(o.chunks * kChunk)).c_str(),
-              o.versions, o.keyframe_depth + 1);
-  std::printf("bucket %s: heads %s, tables %s (%.2f bytes a row: identical rows compress away; see below)\n",
-              FormatBytes(static_cast<double>(bucket_bytes)).c_str(), FormatBytes(static_cast<double>(head_bytes)).c_str(),
-              FormatBytes(static_cast<double>(table_bytes)).c_str(), static_cast<double>(table_bytes) / rows);
+  std::printf("bench scale: %llu chunks of %s in %d files (%s a version), %d versions, keyframe every %d\n",
+              static_cast<unsigned long long>(o.chunks), FormatBytes(static_cast<double>(kChunk)).c_str(), o.files,
+              FormatBytes(static_cast<double>(o.chunks * kChunk)).c_str(), o.versions, o.keyframe_depth + 1);
+  std::printf("bucket %s: heads %s, tables %s (%.2f bytes a row%s)\n", FormatBytes(static_cast<double>(bucket_bytes)).c_str(),
+              FormatBytes(static_cast<double>(head_bytes)).c_str(), FormatBytes(static_cast<double>(table_bytes)).c_str(),
+              static_cast<double>(table_bytes) / rows,
+              o.real_rows ? ", every row its own" : ": identical rows compress away; see below");
   std::printf("%-40s %10s %9s %11s  %s\n", "operation", "seconds", "requests", "received", "");
   for (const Line& l : lines) {
     std::printf("%-40s %10.3f %9llu %11s  %s\n", l.what.c_str(), l.seconds, static_cast<unsigned long long>(l.requests),

@@ -46,7 +46,7 @@ inline std::string Join(const std::string& dir, std::string_view name) {
 }
 
 // Rows a file of a manifest has, loaded or not (a format 2 head knows the count).
-inline size_t RowCount(const ManifestFile& f) { return f.rows_loaded ? f.chunks.size() : f.section.rows; }
+inline size_t RowCount(const ManifestFile& f) { return f.RowCount(); }
 
 // A failure to produce the parent's bytes of a file (its rows, a chunk), while reading it or
 // copying it up for a write, as the request's Status: the file exists, so a pack or table the

@@ -14,6 +14,7 @@
 
 #include "core/chunk_table.h"
 #include "core/file_codec.h"
+#include "core/manifest_checks.h"
 #include "hub/store/http_client.h"
 
 namespace weightfs {
@@ -113,7 +114,8 @@ std::string Bucket::FileKey(std::string_view model, std::string_view version, co
 
 void Bucket::set_metadata_budget(uint64_t bytes) {
   manifests_.set_max_bytes(bytes / 2);
-  files_.set_max_bytes(bytes / 2);
+  files_.set_max_bytes(bytes / 2 - bytes / 16);
+  indexes_.set_max_bytes(bytes / 16);
 }
 
 Expected<std::vector<VersionInfo>> Bucket::ListVersions(std::string_view model, bool with_sub_models) {
@@ -259,38 +261,117 @@ Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr
   return File(*manifest, file);
 }
 
+Expected<ByteBuffer> Bucket::ReadSection(const Manifest& manifest, const ManifestFile& file, uint64_t from,
+                                         uint64_t to, const std::string& what) {
+  ByteBuffer bytes;
+  const std::string table_key = TableKey(manifest.table);
+  Status got = store_->GetInto(table_key, ByteRange{file.section.offset + from, to - from}, &bytes);
+  if (!got.ok()) {
+    if (got.kind() == ErrorKind::kNotFound || got.kind() == ErrorKind::kInvalidArgument) {
+      return Status::Corruption(what + ": " + table_key + " is missing or shorter than its head says (" +
+                                got.message() + ")");
+    }
+    return got.WithContext(what);
+  }
+  if (bytes.size() != to - from) return Status::Corruption(what + ": " + table_key + " is truncated");
+  return bytes;
+}
+
+ManifestFile Bucket::RowsHolder(const ManifestFile& head) const {
+  ManifestFile f;
+  f.path = head.path;
+  f.size = head.size;
+  f.sha256 = head.sha256;
+  f.section = head.section;
+  f.rows_loaded = true;
+  return f;
+}
+
 Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const Manifest& m, const ManifestFile& file) {
-  if (file.rows_loaded) return std::shared_ptr<const ManifestFile>(std::shared_ptr<const void>(), &file);
+  if (file.AllRows()) return std::shared_ptr<const ManifestFile>(std::shared_ptr<const void>(), &file);
   const Manifest* manifest = &m;
   const std::string key = FileKey(manifest->model, manifest->version, manifest->table, file.path);
   if (std::shared_ptr<const ManifestFile> cached = files_.Get(key)) return cached;
   const std::string where = "the chunk table of " + manifest->model + "@" + manifest->version + "/" + file.path;
-  ByteBuffer section;
-  const std::string table_key = TableKey(manifest->table);
-  Status got = store_->GetInto(table_key, ByteRange{file.section.offset, file.section.length}, &section);
-  if (!got.ok()) {
-    if (got.kind() == ErrorKind::kNotFound || got.kind() == ErrorKind::kInvalidArgument) {
-      return Status::Corruption(where + ": " + table_key + " is missing or shorter than its head says (" +
-                                got.message() + ")");
+  if (file.section.index_length != 0) {
+    // Every block, one at a time (a tool that processes the whole file); not cached whole.
+    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const TableBlockIndex> index, BlockIndex(m, file));
+    auto all = std::make_shared<ManifestFile>(RowsHolder(file));
+    all->chunks.reserve(file.section.rows);
+    for (size_t k = 0; k < index->blocks(); ++k) {
+      WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> block, Block(m, file, *index, k));
+      all->chunks.insert(all->chunks.end(), block->chunks.begin(), block->chunks.end());
     }
-    return got.WithContext(where);
+    if (std::optional<size_t> dup = manifest_checks::FirstRepeatedKey(all->chunks)) {
+      return Status::Corruption(where + ": row " + std::to_string(*dup) + " repeats the key of an earlier row");
+    }
+    return std::shared_ptr<const ManifestFile>(std::move(all));
   }
-  if (section.size() != file.section.length) {
-    return Status::Corruption(where + ": " + table_key + " is truncated");
-  }
+  WFS_ASSIGN_OR_RETURN(ByteBuffer section, ReadSection(m, file, 0, file.section.length, where));
   const ChunkTableLimits limits{manifest->versions.size(), manifest->packs.size(), manifest->sources.size()};
   Expected<std::vector<ManifestChunk>> rows =
       DecodeChunkTable(std::span<const uint8_t>(section.data(), section.size()), file, limits,
                        std::max<uint64_t>(files_.max_bytes(), 64ull << 20));
   if (!rows.ok()) return rows.status().WithContext(manifest->model + "@" + manifest->version);
-  auto resolved = std::make_shared<ManifestFile>();
-  resolved->path = file.path;
-  resolved->size = file.size;
-  resolved->sha256 = file.sha256;
-  resolved->section = file.section;
+  auto resolved = std::make_shared<ManifestFile>(RowsHolder(file));
   resolved->chunks = std::move(rows).value();
-  resolved->rows_loaded = true;
   return files_.Put(key, resolved, MemoryOf(*resolved));
+}
+
+Expected<std::shared_ptr<const TableBlockIndex>> Bucket::BlockIndex(const Manifest& m, const ManifestFile& file) {
+  return indexes_.GetOrLoad(
+      FileKey(m.model, m.version, m.table, file.path),
+      [&]() -> Expected<std::shared_ptr<const TableBlockIndex>> {
+        const std::string where = "the block index of " + m.model + "@" + m.version + "/" + file.path;
+        WFS_ASSIGN_OR_RETURN(ByteBuffer frame, ReadSection(m, file, 0, file.section.index_length, where));
+        Expected<TableBlockIndex> index = DecodeTableIndex(frame, file);
+        if (!index.ok()) return index.status().WithContext(m.model + "@" + m.version);
+        return std::make_shared<const TableBlockIndex>(std::move(index).value());
+      },
+      [](const TableBlockIndex& index) { return index.Memory(); });
+}
+
+Expected<std::shared_ptr<const ManifestFile>> Bucket::Block(const Manifest& m, const ManifestFile& file,
+                                                            const TableBlockIndex& index, size_t k) {
+  return files_.GetOrLoad(
+      FileKey(m.model, m.version, m.table, file.path) + "#" + std::to_string(k),
+      [&]() -> Expected<std::shared_ptr<const ManifestFile>> {
+        const std::string where = "block " + std::to_string(k) + " of the chunk table of " + m.model + "@" +
+                                  m.version + "/" + file.path;
+        WFS_ASSIGN_OR_RETURN(ByteBuffer frame, ReadSection(m, file, index.starts[k], index.starts[k + 1], where));
+        const RowSpan span{k * index.block_rows, index.RowsOf(k, file.section.rows), index.offsets[k],
+                           index.offsets[k + 1] - index.offsets[k]};
+        const ChunkTableLimits limits{m.versions.size(), m.packs.size(), m.sources.size()};
+        Expected<std::vector<ManifestChunk>> rows = DecodeChunkRows(frame, file, span, limits);
+        if (!rows.ok()) return rows.status().WithContext(m.model + "@" + m.version);
+        auto block = std::make_shared<ManifestFile>(RowsHolder(file));
+        block->chunks = std::move(rows).value();
+        block->first_row = span.first_row;
+        return std::shared_ptr<const ManifestFile>(std::move(block));
+      },
+      [](const ManifestFile& f) { return MemoryOf(f); });
+}
+
+Expected<std::shared_ptr<const ManifestFile>> Bucket::RowsAt(const Manifest& m, const ManifestFile& file,
+                                                             uint64_t offset) {
+  if (file.section.index_length == 0 || m.format != kManifestFormat2) return File(m, file);
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const TableBlockIndex> index, BlockIndex(m, file));
+  return Block(m, file, *index, index->BlockAt(offset));
+}
+
+Expected<std::shared_ptr<const ManifestFile>> Bucket::RowsOfRow(const Manifest& m, const ManifestFile& file,
+                                                                uint64_t row) {
+  if (file.section.index_length == 0 || m.format != kManifestFormat2) return File(m, file);
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const TableBlockIndex> index, BlockIndex(m, file));
+  return Block(m, file, *index, std::min(index->BlockOfRow(row), index->blocks() - 1));
+}
+
+std::string Bucket::KnownRowsKey(const Manifest& m, const ManifestFile& file, uint64_t row) {
+  std::string key = FileKey(m.model, m.version, m.table, file.path);
+  if (file.section.index_length == 0) return key;
+  std::shared_ptr<const TableBlockIndex> index = indexes_.Get(key);
+  if (!index) return {};
+  return key + "#" + std::to_string(std::min(index->BlockOfRow(row), index->blocks() - 1));
 }
 
 Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr<const Manifest>& manifest,
@@ -302,18 +383,23 @@ Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr
   return File(manifest, *f);
 }
 
-void Bucket::PrefetchFiles(std::string_view model, std::span<const std::string> versions, std::string_view path) {
+void Bucket::PrefetchFiles(std::string_view model, std::span<const std::string> versions, std::string_view path,
+                           uint64_t row) {
   if (derived_) return;
   std::vector<std::string_view> missing;
   for (const std::string& v : versions) {
     std::shared_ptr<const Manifest> head = manifests_.Get(ManifestKey(model, v));
-    if (!head || !files_.Contains(FileKey(model, v, head->table, path))) missing.push_back(v);
+    const ManifestFile* f = head ? head->FindFile(path) : nullptr;
+    if (!head || (f && !f->rows_loaded && !files_.Contains(KnownRowsKey(*head, *f, row)))) missing.push_back(v);
     if (missing.size() == kMaxPrefetch) break;
   }
   if (missing.size() < 2) return;
   Parallel(missing.size(), [&](size_t i) {
     Expected<std::shared_ptr<const Manifest>> m = ReadManifest(model, missing[i]);
-    if (m.ok()) (void)File(*m, path);
+    if (!m.ok()) return;
+    if (const ManifestFile* f = (*m)->FindFile(path); f && f->section.rows > 0) {
+      (void)RowsOfRow(**m, *f, std::min<uint64_t>(row, f->section.rows - 1));
+    }
   });
 }
 
@@ -460,7 +546,7 @@ Status Bucket::PublishManifest(const Manifest& manifest) {
   if (format_ == kManifestFormat2) {
     // The table first (named by its hash: two writers racing for one name each write their
     // own), then the head that names it, created if absent: the one publishing step.
-    SerializedVersion v = SerializeVersion(manifest);
+    SerializedVersion v = SerializeVersion(manifest, table_block_rows_);
     WFS_TRY(store_->Put(TableKey(v.table_hash), v.table).WithContext("writing the chunk table of " +
                                                                     manifest.model + "@" + manifest.version));
     bytes = std::move(v.head);
@@ -492,7 +578,7 @@ Status Bucket::ReplaceManifest(const Manifest& manifest, int format) {
   }
   std::vector<uint8_t> bytes;
   if (format == kManifestFormat2) {
-    SerializedVersion v = SerializeVersion(manifest);
+    SerializedVersion v = SerializeVersion(manifest, table_block_rows_);
     WFS_TRY(store_->Put(TableKey(v.table_hash), v.table));
     bytes = std::move(v.head);
   } else {
@@ -529,13 +615,29 @@ Expected<ChainLink> Bucket::DeltaBase(const ChainLink& link) {
   Expected<std::shared_ptr<const Manifest>> bm = ReadManifest(link.manifest->model, base_version);
   if (!bm.ok()) return bm.status().WithContext("reading base version " + base_version);
   ChainLink base;
-  if (const ManifestFile* head_file = (*bm)->FindFile(link.file->path)) {
-    Expected<std::shared_ptr<const ManifestFile>> rows = File(*bm, *head_file);
+  const size_t row = link.index();
+  const ManifestFile* head_file = (*bm)->FindFile(link.file->path);
+  if (head_file && head_file->size > 0) {
+    // The rows near the same row: versions of a file usually share their layout.
+    Expected<std::shared_ptr<const ManifestFile>> rows =
+        RowsOfRow(**bm, *head_file, std::min<uint64_t>(row, head_file->RowCount() - 1));
     if (!rows.ok()) return rows.status().WithContext("reading base version " + base_version);
     base.file_holder = std::move(rows).value();
+    base.file = base.file_holder.get();
+    base.chunk = base.file->FindChunkNear(link.chunk->key, row - base.file->first_row);
+    if (!base.chunk && !base.file->AllRows()) {
+      // Another layout: the other blocks, one at a time (never the whole file at once).
+      Expected<std::shared_ptr<const TableBlockIndex>> index = BlockIndex(**bm, *head_file);
+      if (!index.ok()) return index.status().WithContext("reading base version " + base_version);
+      for (size_t k = 0; k < (*index)->blocks() && !base.chunk; ++k) {
+        Expected<std::shared_ptr<const ManifestFile>> block = Block(**bm, *head_file, **index, k);
+        if (!block.ok()) return block.status().WithContext("reading base version " + base_version);
+        base.file_holder = std::move(block).value();
+        base.file = base.file_holder.get();
+        base.chunk = base.file->FindChunkNear(link.chunk->key, 0);
+      }
+    }
   }
-  base.file = base.file_holder.get();
-  base.chunk = base.file ? base.file->FindChunkNear(link.chunk->key, link.index()) : nullptr;
   if (!base.chunk) {
     return Status::Corruption("the delta's base chunk is missing from " + link.manifest->model + "@" + base_version);
   }

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "core/chunk_table.h"
 #include "core/manifest.h"
 #include "hub/engine/byte_lru.h"
 #include "hub/engine/derived_versions.h"
@@ -75,7 +76,8 @@ struct ChainLink {
   const ManifestFile* file = nullptr;
   const ManifestChunk* chunk = nullptr;
 
-  size_t index() const { return static_cast<size_t>(chunk - file->chunks.data()); }
+  // The chunk's row in the whole file (`file` may hold a block of its rows).
+  size_t index() const { return static_cast<size_t>(file->first_row) + static_cast<size_t>(chunk - file->chunks.data()); }
   std::string Describe() const { return DescribeChunkOf(*manifest, *file, index()); }
 };
 
@@ -103,6 +105,10 @@ class Bucket {
   void set_max_manifest_json_bytes(uint64_t bytes) { max_manifest_json_bytes_ = bytes; }
   // Bytes the caches of heads and file tables may keep (half each). Default 256 MiB.
   void set_metadata_budget(uint64_t bytes);
+  // Rows per block of the table sections this bucket writes (core/chunk_table.h). Tests, and
+  // the scale bench's comparison with sections in one piece, set others; set once, before the
+  // bucket is shared between threads.
+  void set_table_block_rows(uint64_t rows) { table_block_rows_ = std::max<uint64_t>(rows, 1); }
   // What new versions are written as (weightfs.json's format).
   int format() const { return format_; }
 
@@ -133,9 +139,21 @@ class Bucket {
   // The file of that path, resolved; NotFound if the version has none.
   Expected<std::shared_ptr<const ManifestFile>> File(const std::shared_ptr<const Manifest>& manifest,
                                                      std::string_view path);
-  // Reads the sections of `path` in `versions` of `model` that are not cached yet, several at a
-  // time (a chain walk needs one per version); errors are left to the File call that needs it.
-  void PrefetchFiles(std::string_view model, std::span<const std::string> versions, std::string_view path);
+  // The rows of `file` (of `manifest`; a head's file or any block of it) that hold byte
+  // `offset` of it: all of them when its section is one table, else the block of them that
+  // holds it (a section in blocks, core/chunk_table.h: its index and that block are read by
+  // range, validated and cached). What a reader of part of a file needs. REQUIRES: offset <
+  // file.size.
+  Expected<std::shared_ptr<const ManifestFile>> RowsAt(const Manifest& manifest, const ManifestFile& file,
+                                                       uint64_t offset);
+  // The same for the file's row `row` (< its row count).
+  Expected<std::shared_ptr<const ManifestFile>> RowsOfRow(const Manifest& manifest, const ManifestFile& file,
+                                                          uint64_t row);
+  // Reads the rows near row `row` of `path` (the whole section, or the block holding it) in
+  // `versions` of `model` that are not cached yet, several at a time (a chain walk needs them
+  // in each version); errors are left to the call that needs them.
+  void PrefetchFiles(std::string_view model, std::span<const std::string> versions, std::string_view path,
+                     uint64_t row = 0);
   // The manifest with every file's rows loaded (tools that process whole versions: push's
   // parent, gc, verify). Not cached as a whole.
   Expected<std::shared_ptr<const Manifest>> ReadFullManifest(std::string_view model, std::string_view version);
@@ -210,6 +228,7 @@ class Bucket {
   std::shared_ptr<DerivedVersions> derived_;
   std::shared_ptr<ExternalSources> external_;
   uint64_t max_manifest_json_bytes_ = kDefaultMaxManifestJsonBytes;
+  uint64_t table_block_rows_ = kTableBlockRows;
   std::atomic<int> format_;
   struct Revalidation {
     std::chrono::steady_clock::time_point started;
@@ -222,8 +241,20 @@ class Bucket {
   // of the store's too (Store::GetUncached), for checks that must see a rewrite.
   Expected<std::shared_ptr<const Manifest>> ReadStoredManifest(std::string_view model, std::string_view version,
                                                                bool uncached = false);
+  // A section in blocks: its index, and block k (a ManifestFile holding those rows).
+  Expected<std::shared_ptr<const TableBlockIndex>> BlockIndex(const Manifest& manifest, const ManifestFile& file);
+  Expected<std::shared_ptr<const ManifestFile>> Block(const Manifest& manifest, const ManifestFile& file,
+                                                      const TableBlockIndex& index, size_t k);
+  // Reads bytes [from, to) of `file`'s section.
+  Expected<ByteBuffer> ReadSection(const Manifest& manifest, const ManifestFile& file, uint64_t from, uint64_t to,
+                                   const std::string& what);
+  // The cache key of the rows holding row `row` when this process knows it without a read,
+  // else empty.
+  std::string KnownRowsKey(const Manifest& manifest, const ManifestFile& file, uint64_t row);
+  ManifestFile RowsHolder(const ManifestFile& head) const;
   ByteLru<Manifest> manifests_{128ull << 20};  // by ManifestKey
-  ByteLru<ManifestFile> files_{128ull << 20};  // by FileKey
+  ByteLru<ManifestFile> files_{128ull << 20};  // by FileKey (+ "#k" for block k)
+  ByteLru<TableBlockIndex> indexes_{16ull << 20};  // by FileKey
   // How many manifests PrefetchManifests reads at most (a chain is at most this deep in
   // versions worth prefetching).
   static constexpr size_t kMaxPrefetch = 128;

@@ -226,9 +226,9 @@ void Materializer::Warm(size_t builds, uint64_t chunk_bytes) {
 
 Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest, const ManifestFile& file,
                                          size_t index) {
-  if (!file.rows_loaded) {  // a format 2 head's file: its rows first
-    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_->File(manifest, file));
-    return Chunk(manifest, *rows, index);
+  if (!file.rows_loaded) {  // a format 2 head's file: its rows first (the block of them holding `index`)
+    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_->RowsOfRow(manifest, file, index));
+    return Chunk(manifest, *rows, index - rows->first_row);
   }
   stats_.chunks++;
   auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
@@ -256,8 +256,8 @@ Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest, const Manifes
 Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const ManifestFile& file,
                                           size_t index) {
   if (!file.rows_loaded) {
-    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_->File(manifest, file));
-    Expected<ChunkBytes> bytes = Shared(manifest, *rows, index);
+    WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_->RowsOfRow(manifest, file, index));
+    Expected<ChunkBytes> bytes = Shared(manifest, *rows, index - rows->first_row);
     return bytes;
   }
   stats_.chunks++;
@@ -366,11 +366,15 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
     return BuildChain(manifest, file, index, output, output_aligned);
   }
   // This version's own head was rewritten: its rows of this file, from the new table.
-  Expected<std::shared_ptr<const ManifestFile>> rows = bucket_->File(*now, file.path);
+  const ManifestFile* now_file = (*now)->FindFile(file.path);
+  const uint64_t row = file.first_row + index;
+  if (!now_file || row >= now_file->RowCount()) return first;
+  Expected<std::shared_ptr<const ManifestFile>> rows = bucket_->RowsOfRow(**now, *now_file, row);
   if (!rows.ok()) return first;
   const ManifestChunk& want = file.chunks[index];
-  if (index >= (*rows)->chunks.size() || (*rows)->chunks[index].hash != want.hash ||
-      (*rows)->chunks[index].length != want.length) {
+  const size_t now_index = static_cast<size_t>(row - (*rows)->first_row);
+  if (now_index >= (*rows)->chunks.size() || (*rows)->chunks[now_index].hash != want.hash ||
+      (*rows)->chunks[now_index].length != want.length) {
     return Status::Corruption(manifest.model + "@" + manifest.version + " was rewritten in the bucket with other " +
                               "bytes (a rewrite keeps the bytes: another writer replaced the version?); " +
                               first.message())
@@ -381,7 +385,7 @@ Status Materializer::Build(const Manifest& manifest, const ManifestFile& file, s
   stats_.rewritten_heads++;
   const std::shared_ptr<const Manifest> held = *now;
   const std::shared_ptr<const ManifestFile> held_rows = *rows;
-  return BuildChain(*held, *held_rows, index, output, output_aligned);
+  return BuildChain(*held, *held_rows, now_index, output, output_aligned);
 }
 
 Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& file, size_t index,
@@ -396,7 +400,8 @@ Status Materializer::BuildChain(const Manifest& manifest, const ManifestFile& fi
   // keeps a file's rows in a section of its own, read by range).
   if (file.chunks[index].is_delta()) {
     bucket_->PrefetchManifests(manifest.model, manifest.versions);
-    bucket_->PrefetchFiles(manifest.model, std::span<const std::string>(manifest.versions).subspan(1), file.path);
+    bucket_->PrefetchFiles(manifest.model, std::span<const std::string>(manifest.versions).subspan(1), file.path,
+                           file.first_row + index);
   }
   std::vector<Step> steps;
   steps.push_back(Step{ChainLink{nullptr, &manifest, nullptr, &file, &file.chunks[index]}, {}});
