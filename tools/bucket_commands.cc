@@ -930,7 +930,11 @@ gets its time marker, and weightfs.json says format 2 last. Nothing else changes
 packs, the same bytes. Run it again after an interruption: it goes on where it stopped.
 
 Stop readers and writers that use an older weightfs first: they cannot read format 2. A bucket
-already in format 2 is checked (versions left in format 1 converted, markers added).
+already in format 2 is checked (versions left in format 1 converted, markers added), and its
+versions with a file of more than 512 chunk rows in one table get their tables rewritten in
+blocks (a reader of one chunk then reads its block of rows, not the file's: docs/format2.md
+"Blocks"; weightfs releases from before blocks cannot read such versions). The old tables
+stay until `weightfs gc`.
 
 options:
   --dry-run            count what would be converted, change nothing
@@ -942,7 +946,7 @@ options:
   const bool dry = args.Has("--dry-run");
   Expected<std::vector<VersionInfo>> versions = bucket.ListVersions();
   if (!versions.ok()) return Fail(versions.status());
-  size_t converted = 0, already = 0, markers = 0;
+  size_t converted = 0, already = 0, markers = 0, blocked = 0;
   uint64_t before_bytes = 0, after_bytes = 0, rows = 0;
   std::shared_ptr<Progress> progress = std::make_shared<Progress>("upgrade", 0, "versions");
   for (size_t i = 0; i < versions->size(); ++i) {
@@ -961,6 +965,15 @@ options:
         }
       }
       ++converted;
+    } else if (std::any_of((*m)->files.begin(), (*m)->files.end(), [](const ManifestFile& f) {
+                 return f.section.index_length == 0 && f.section.rows > kTableBlockRows;
+               })) {
+      if (!dry) {
+        Expected<std::shared_ptr<const Manifest>> full = bucket.ReadFullManifest(v.model, v.version);
+        Status s = full.ok() ? bucket.ReplaceManifest(**full, kManifestFormat2) : full.status();
+        if (!s.ok()) return Fail(s.WithContext("rewriting the table of " + v.model + "@" + v.version + " in blocks"));
+      }
+      ++blocked;
     } else {
       ++already;
     }
@@ -979,7 +992,11 @@ options:
     if (Status s = bucket.SetFormat(kManifestFormat2); !s.ok()) return Fail(s.WithContext("writing weightfs.json"));
   }
   std::printf("%s %zu versions to format 2 (%zu were already), %zu time markers%s\n", dry ? "would convert" : "converted",
-              converted, already, markers, dry ? "" : ", weightfs.json says format 2");
+              converted, already + blocked, markers, dry ? "" : ", weightfs.json says format 2");
+  if (blocked) {
+    std::printf("%s the tables of %zu versions in blocks of %llu rows%s\n", dry ? "would rewrite" : "rewrote", blocked,
+                static_cast<unsigned long long>(kTableBlockRows), dry ? "" : " (their old tables go at the next gc)");
+  }
   if (converted) {
     std::printf("metadata of the converted versions: %s -> %s (%.1f -> %.1f bytes per chunk row)\n",
                 FormatBytes(static_cast<double>(before_bytes)).c_str(), FormatBytes(static_cast<double>(after_bytes)).c_str(),

@@ -331,6 +331,20 @@ Expected<std::shared_ptr<const TableBlockIndex>> Bucket::BlockIndex(const Manife
       [](const TableBlockIndex& index) { return index.Memory(); });
 }
 
+Expected<std::shared_ptr<const ManifestFile>> Bucket::DecodeBlock(const Manifest& m, const ManifestFile& file,
+                                                                  const TableBlockIndex& index, size_t k,
+                                                                  std::span<const uint8_t> frame) {
+  const RowSpan span{k * index.block_rows, index.RowsOf(k, file.section.rows), index.offsets[k],
+                     index.offsets[k + 1] - index.offsets[k]};
+  const ChunkTableLimits limits{m.versions.size(), m.packs.size(), m.sources.size()};
+  Expected<std::vector<ManifestChunk>> rows = DecodeChunkRows(frame, file, span, limits);
+  if (!rows.ok()) return rows.status().WithContext(m.model + "@" + m.version);
+  auto block = std::make_shared<ManifestFile>(RowsHolder(file));
+  block->chunks = std::move(rows).value();
+  block->first_row = span.first_row;
+  return std::shared_ptr<const ManifestFile>(std::move(block));
+}
+
 Expected<std::shared_ptr<const ManifestFile>> Bucket::Block(const Manifest& m, const ManifestFile& file,
                                                             const TableBlockIndex& index, size_t k) {
   return files_.GetOrLoad(
@@ -339,31 +353,49 @@ Expected<std::shared_ptr<const ManifestFile>> Bucket::Block(const Manifest& m, c
         const std::string where = "block " + std::to_string(k) + " of the chunk table of " + m.model + "@" +
                                   m.version + "/" + file.path;
         WFS_ASSIGN_OR_RETURN(ByteBuffer frame, ReadSection(m, file, index.starts[k], index.starts[k + 1], where));
-        const RowSpan span{k * index.block_rows, index.RowsOf(k, file.section.rows), index.offsets[k],
-                           index.offsets[k + 1] - index.offsets[k]};
-        const ChunkTableLimits limits{m.versions.size(), m.packs.size(), m.sources.size()};
-        Expected<std::vector<ManifestChunk>> rows = DecodeChunkRows(frame, file, span, limits);
-        if (!rows.ok()) return rows.status().WithContext(m.model + "@" + m.version);
-        auto block = std::make_shared<ManifestFile>(RowsHolder(file));
-        block->chunks = std::move(rows).value();
-        block->first_row = span.first_row;
-        return std::shared_ptr<const ManifestFile>(std::move(block));
+        return DecodeBlock(m, file, index, k, frame);
       },
       [](const ManifestFile& f) { return MemoryOf(f); });
+}
+
+Expected<std::shared_ptr<const ManifestFile>> Bucket::BlockWhere(const Manifest& m, const ManifestFile& file,
+                                                                 const std::function<size_t(const TableBlockIndex&)>& pick) {
+  const std::string key = FileKey(m.model, m.version, m.table, file.path);
+  std::shared_ptr<const TableBlockIndex> index = indexes_.Get(key);
+  if (!index && file.section.length <= kWholeSectionBytes) {
+    // A small section in one request (its index, and the block wanted from the same bytes)
+    // rather than two: below this size a round trip costs more than the bytes.
+    const std::string where = "the chunk table of " + m.model + "@" + m.version + "/" + file.path;
+    WFS_ASSIGN_OR_RETURN(ByteBuffer section, ReadSection(m, file, 0, file.section.length, where));
+    const std::span<const uint8_t> bytes(section.data(), section.size());
+    Expected<TableBlockIndex> decoded = DecodeTableIndex(bytes.first(file.section.index_length), file);
+    if (!decoded.ok()) return decoded.status().WithContext(m.model + "@" + m.version);
+    const size_t memory = decoded->Memory();
+    index = indexes_.Put(key, std::make_shared<const TableBlockIndex>(std::move(decoded).value()), memory);
+    const size_t k = pick(*index);
+    return files_.GetOrLoad(
+        key + "#" + std::to_string(k),
+        [&]() { return DecodeBlock(m, file, *index, k, bytes.subspan(index->starts[k], index->starts[k + 1] - index->starts[k])); },
+        [](const ManifestFile& f) { return MemoryOf(f); });
+  }
+  if (!index) {
+    WFS_ASSIGN_OR_RETURN(index, BlockIndex(m, file));
+  }
+  return Block(m, file, *index, pick(*index));
 }
 
 Expected<std::shared_ptr<const ManifestFile>> Bucket::RowsAt(const Manifest& m, const ManifestFile& file,
                                                              uint64_t offset) {
   if (file.section.index_length == 0 || m.format != kManifestFormat2) return File(m, file);
-  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const TableBlockIndex> index, BlockIndex(m, file));
-  return Block(m, file, *index, index->BlockAt(offset));
+  return BlockWhere(m, file, [offset](const TableBlockIndex& index) { return index.BlockAt(offset); });
 }
 
 Expected<std::shared_ptr<const ManifestFile>> Bucket::RowsOfRow(const Manifest& m, const ManifestFile& file,
                                                                 uint64_t row) {
   if (file.section.index_length == 0 || m.format != kManifestFormat2) return File(m, file);
-  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const TableBlockIndex> index, BlockIndex(m, file));
-  return Block(m, file, *index, std::min(index->BlockOfRow(row), index->blocks() - 1));
+  return BlockWhere(m, file, [row](const TableBlockIndex& index) {
+    return std::min(index.BlockOfRow(row), index.blocks() - 1);
+  });
 }
 
 std::string Bucket::KnownRowsKey(const Manifest& m, const ManifestFile& file, uint64_t row) {

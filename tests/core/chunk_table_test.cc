@@ -189,6 +189,92 @@ TEST(ChunkTableTest, AHeadWhoseSectionsLeaveTheTableIsCorruption) {
   EXPECT_EQ(parse(bad).status().kind(), ErrorKind::kUnsupported);
 }
 
+// A file of more rows than a block holds: its section is an index and blocks, each decoded on
+// its own (a reader of one chunk reads the index and one block); a file of fewer keeps the one
+// table older readers read, and its head the two-element section.
+TEST(ChunkTableTest, ASectionInBlocksRoundTripsBlockByBlock) {
+  const Manifest m = Small();
+  const SerializedVersion v = SerializeVersion(m, /*block_rows=*/3);
+  const Manifest head = ParseManifest(v.head, m.model, m.version).value();
+  const ManifestFile& config = head.files[0];
+  EXPECT_EQ(config.section.index_length, 0u);  // one row: one table
+  EXPECT_TRUE(DecodeChunkTable(SectionOf(v, config), config, LimitsOf(head)).ok());
+  const nlohmann::json j = nlohmann::json::parse(v.head.begin(), v.head.end());
+  EXPECT_EQ(j["files"][0]["section"].size(), 2u);
+  EXPECT_EQ(j["files"][2]["section"].size(), 3u);
+
+  const ManifestFile& f = head.files[2];  // 4 rows: blocks of 3 and 1
+  ASSERT_GT(f.section.index_length, 0u);
+  const std::span<const uint8_t> section = SectionOf(v, f);
+  Expected<TableBlockIndex> index = DecodeTableIndex(section.first(f.section.index_length), f);
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  ASSERT_EQ(index->blocks(), 2u);
+  EXPECT_EQ(index->block_rows, 3u);
+  EXPECT_EQ(index->offsets, (std::vector<uint64_t>{0, 2200, 3000}));
+  EXPECT_EQ(index->BlockAt(0), 0u);
+  EXPECT_EQ(index->BlockAt(2199), 0u);
+  EXPECT_EQ(index->BlockAt(2200), 1u);
+  EXPECT_EQ(index->BlockAt(2999), 1u);
+  std::vector<ManifestChunk> all;
+  for (size_t k = 0; k < index->blocks(); ++k) {
+    const RowSpan span{k * 3, index->RowsOf(k, f.section.rows), index->offsets[k], index->offsets[k + 1] - index->offsets[k]};
+    Expected<std::vector<ManifestChunk>> rows =
+        DecodeChunkRows(section.subspan(index->starts[k], index->starts[k + 1] - index->starts[k]), f, span, LimitsOf(head));
+    ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+    EXPECT_EQ(rows->front().offset, index->offsets[k]);
+    all.insert(all.end(), rows->begin(), rows->end());
+  }
+  ExpectSameRows(all, m.files[2].chunks);
+  // The whole section is not one table: a reader that does not know blocks fails, never
+  // misreads it.
+  EXPECT_EQ(DecodeChunkTable(section, f, LimitsOf(head)).status().kind(), ErrorKind::kCorruption);
+}
+
+TEST(ChunkTableTest, HostileBlockIndexesAreCorruptionNeverACrash) {
+  const Manifest m = Small();
+  const SerializedVersion v = SerializeVersion(m, /*block_rows=*/2);
+  const Manifest head = ParseManifest(v.head, m.model, m.version).value();
+  const ManifestFile& f = head.files[2];
+  const std::span<const uint8_t> section = SectionOf(v, f);
+  const std::vector<uint8_t> good(section.begin(), section.begin() + static_cast<std::ptrdiff_t>(f.section.index_length));
+  ASSERT_TRUE(DecodeTableIndex(good, f).ok());
+  for (size_t cut = 0; cut < good.size(); ++cut) {
+    const std::vector<uint8_t> b(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(cut));
+    EXPECT_EQ(DecodeTableIndex(b, f).status().kind(), ErrorKind::kCorruption) << cut;
+  }
+  for (size_t i = 0; i < good.size(); ++i) {
+    std::vector<uint8_t> b = good;
+    b[i] ^= 0x5a;
+    EXPECT_EQ(DecodeTableIndex(b, f).status().kind(), ErrorKind::kCorruption) << "byte " << i;
+  }
+  // The head must agree with the index: rows (hence blocks), the file's size, the section's.
+  ManifestFile other = f;
+  other.section.rows = 2;
+  EXPECT_NE(DecodeTableIndex(good, other).status().message().find("block count"), std::string::npos);
+  other = f;
+  other.size = 2999;
+  EXPECT_EQ(DecodeTableIndex(good, other).status().kind(), ErrorKind::kCorruption);
+  other = f;
+  other.section.length += 1;
+  EXPECT_NE(DecodeTableIndex(good, other).status().message().find("do not fill"), std::string::npos);
+  // A block decoded as another block's span: its rows do not tile it.
+  Expected<TableBlockIndex> index = DecodeTableIndex(good, f);
+  const std::span<const uint8_t> block0 = section.subspan(index->starts[0], index->starts[1] - index->starts[0]);
+  EXPECT_EQ(DecodeChunkRows(block0, f, RowSpan{2, 2, 1200, 1800}, LimitsOf(head)).status().kind(), ErrorKind::kCorruption);
+  // The head's third element must leave room for blocks.
+  nlohmann::json j = nlohmann::json::parse(v.head.begin(), v.head.end());
+  auto parse = [](const nlohmann::json& h) {
+    const std::string t = h.dump();
+    return ParseManifest(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(t.data()), t.size()));
+  };
+  j["files"][2]["section"][2] = j["files"][2]["section"][1];
+  EXPECT_NE(parse(j).status().message().find("block index"), std::string::npos);
+  j["files"][2]["section"][2] = 0;
+  EXPECT_EQ(parse(j).status().kind(), ErrorKind::kCorruption);
+  j["files"][2]["section"] = nlohmann::json::array({0, 10, 5, 1});
+  EXPECT_EQ(parse(j).status().kind(), ErrorKind::kCorruption);
+}
+
 // What a row costs in the table of an RL step: every chunk of every tensor a SPARSE delta
 // against the parent's, payloads of a few tens of KB packed 32 MiB at a time, chains of
 // different depths (keyframes were chosen per chunk), uniformly random lengths: about the

@@ -311,6 +311,68 @@ TEST_F(MountTest, ThousandsOfRandomPreadsMatchTheSource) {
   }
 }
 
+// Files of more than a block of rows (8 KiB chunks: ~1,200 rows a shard, sections in blocks of
+// 512: core/chunk_table.h) read through the mount as they were written: whole, by random
+// preads, and by reads that straddle a block's last row and the next block's first, for the
+// base and a delta version (whose chain reads a block in each version).
+TEST_F(MountTest, FilesWhoseSectionsAreInBlocksReadBitExact) {
+  const fs::path bucket = fs::temp_directory_path() / ("wfs-bucket-" + std::to_string(::getpid()) + "-blocks");
+  fs::remove_all(bucket);
+  copies_.push_back(bucket);
+  ASSERT_EQ(Cli("init " + bucket.string()).exit_code, 0);
+  for (int k : {0, 1}) {
+    const Result p = Cli("push " + bucket.string() + " acme/tiny@v" + std::to_string(k) + " " +
+                         (Shared().data / VersionDir(k)).string() + " --no-cache --chunk-size 8KiB", 600);
+    ASSERT_EQ(p.exit_code, 0) << p.out;
+  }
+  // Where the blocks start in each shard (the rows of rows 512, 1024...).
+  std::map<std::string, std::vector<uint64_t>> boundaries;
+  {
+    std::unique_ptr<Bucket> b = Bucket::Open(std::shared_ptr<Store>(LocalStore::Open(bucket.string()).value())).value();
+    std::shared_ptr<const Manifest> head = b->ReadManifest("acme/tiny", "v1").value();
+    for (const char* shard : kShards) {
+      const ManifestFile* f = head->FindFile(shard);
+      ASSERT_NE(f, nullptr);
+      ASSERT_GT(f->section.index_length, 0u) << shard << ": " << f->section.rows << " rows, in one table";
+      std::shared_ptr<const ManifestFile> all = b->File(*head, *f).value();
+      for (uint64_t row = kTableBlockRows; row < all->chunks.size(); row += kTableBlockRows) {
+        boundaries[shard].push_back(all->chunks[row].offset);
+      }
+      ASSERT_FALSE(boundaries[shard].empty());
+    }
+  }
+  TinyMount m(bucket, "blocks");
+  ASSERT_TRUE(m.ok()) << m.result().out;
+  std::mt19937_64 rng(17);
+  for (int k : {1, 0}) {
+    for (const char* shard : kShards) {
+      SCOPED_TRACE("v" + std::to_string(k) + "/" + shard);
+      const std::vector<uint8_t>& src = SourceBytes(k, shard);
+      const fs::path path = m.Version(k) / shard;
+      int fd = ::open(path.c_str(), O_RDONLY);
+      ASSERT_GE(fd, 0);
+      (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);  // each read reaches the daemon as asked
+      std::vector<uint8_t> buf;
+      auto check = [&](uint64_t off, size_t len) {
+        buf.resize(len);
+        const ssize_t n = ::pread(fd, buf.data(), len, static_cast<off_t>(off));
+        const size_t expect = off >= src.size() ? 0 : std::min<size_t>(len, src.size() - off);
+        ASSERT_EQ(n, static_cast<ssize_t>(expect)) << "offset " << off << " length " << len;
+        ASSERT_TRUE(std::equal(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(expect),
+                               src.begin() + static_cast<ptrdiff_t>(std::min<uint64_t>(off, src.size()))))
+            << "offset " << off << " length " << len;
+      };
+      for (uint64_t at : boundaries[shard]) {
+        check(at - 1, 2);
+        check(at - 3000, 70000);
+      }
+      for (int i = 0; i < 300; ++i) check(rng() % (src.size() + 100), rng() % 200000);
+      ::close(fd);
+      EXPECT_EQ(weightfs::test::Slurp(path), src);  // sequential: readahead runs across blocks
+    }
+  }
+}
+
 TEST_F(MountTest, MmapReadsMatchTheSource) {
   for (int k : {1, 3}) {
     for (const char* shard : kShards) {

@@ -995,6 +995,82 @@ TEST_F(BucketEngineTest, HeaderChangeKeepsDeltasAndPullsExactly) {
   ExpectSameTree((root_ / "src/v2").string(), (root_ / "out").string());
 }
 
+// Counts the bytes read from chunk tables (tables/...).
+class TableReads : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  Status GetInto(std::string_view key, ByteRange range, ByteBuffer* out) override {
+    Status s = inner_->GetInto(key, range, out);
+    if (s.ok() && key.starts_with("tables/")) {
+      bytes += out->size();
+      reads++;
+    }
+    return s;
+  }
+  std::atomic<uint64_t> bytes{0}, reads{0};
+};
+
+// Sections in blocks (core/chunk_table.h; 2 rows a block here, so that every file of a few
+// chunks has several): every version reads back bit-exact, also after a new tensor in front
+// moved every row (a delta's base row is then in another block of its version), and one chunk
+// read from a head reads the index and one block in each version of its chain, not the file's
+// rows.
+TEST_F(BucketEngineTest, SectionsInBlocksReadOnlyTheBlocksAChunkNeeds) {
+  bucket_->set_table_block_rows(2);
+  auto chain = PushChain(4, nullptr);
+  ASSERT_EQ(chain.size(), 4u);
+  model_.Step(77, 0.01);
+  Model extra = Model::Make(9, {{"extra_head", 70000}});  // 140 KB in front: rows move by 2-3
+  model_.tensors.insert(model_.tensors.begin(), extra.tensors[0]);
+  model_.values.insert(model_.values.begin(), extra.values[0]);
+  auto moved = Push(4, nullptr, chain[3]);
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_GT(moved->delta_chunks, 5u);
+  chain.push_back(moved->manifest);
+  for (int k = 0; k < 5; ++k) {
+    SCOPED_TRACE("v" + std::to_string(k));
+    auto cache = Cache("pull-" + std::to_string(k));
+    Materializer mat(bucket_.get(), cache.get());
+    const std::string dest = (root_ / ("out/v" + std::to_string(k))).string();
+    ASSERT_TRUE(PullVersion(mat, pool_, *chain[k], dest).ok());
+    ExpectSameTree((root_ / ("src/v" + std::to_string(k))).string(), dest);
+    Materializer verifier(bucket_.get(), nullptr);
+    EXPECT_TRUE(VerifyVersion(verifier, pool_, *chain[k]).ok());
+  }
+
+  // A process that has read nothing reads one chunk near the end of v3's model (depth 3).
+  auto tables = std::make_shared<TableReads>(store_);
+  std::unique_ptr<Bucket> fresh = Bucket::Open(tables).value();
+  std::shared_ptr<const Manifest> head = fresh->ReadManifest("acme/m", "v3").value();
+  const ManifestFile* f = head->FindFile("model.safetensors");
+  ASSERT_NE(f, nullptr);
+  ASSERT_GT(f->section.index_length, 0u);
+  ASSERT_GT(f->section.rows, 8u);
+  const uint64_t row = f->section.rows - 2;
+  Materializer mat(fresh.get(), nullptr);
+  Expected<ByteBuffer> bytes = mat.Chunk(*head, *f, row);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(mat.stats().deltas_applied.load(), 3u);
+  Expected<std::shared_ptr<const ManifestFile>> block = fresh->RowsOfRow(*head, *f, row);
+  ASSERT_TRUE(block.ok());
+  EXPECT_EQ((*block)->first_row, row / 2 * 2);
+  EXPECT_FALSE((*block)->AllRows());
+  const ManifestChunk& c = (*block)->chunks[row - (*block)->first_row];
+  EXPECT_TRUE((*block)->Holds(c.offset));
+  const std::vector<uint8_t> src = ReadFile((root_ / "src/v3/model.safetensors").string());
+  EXPECT_TRUE(std::equal(bytes->begin(), bytes->end(), src.begin() + static_cast<std::ptrdiff_t>(c.offset)));
+  // Per version of the chain one read: sections this small (a few KB, under
+  // Bucket::kWholeSectionBytes) are read whole, index and block from the same bytes. (Larger
+  // ones read the index, then the block: tests/tools/bench_scale_command_test.cc.)
+  EXPECT_EQ(tables->reads.load(), 4u);
+  // The whole file's rows (what tools read) are every block's.
+  Expected<std::shared_ptr<const ManifestFile>> all = fresh->File(*head, *f);
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE((*all)->AllRows());
+  ASSERT_EQ((*all)->chunks.size(), f->section.rows);
+  EXPECT_EQ((*all)->chunks[row].hash, c.hash);
+}
+
 // An ExternalSources over local files ("hf://acme/base@<commit>/<path>" -> dir/<path>) that
 // counts what it reads and can be told to return wrong bytes.
 class LocalSources : public ExternalSources {
