@@ -853,7 +853,18 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
         return Status::Ok();
       }
     } else {
+      // Set-parent changes which files the draft has without the kernel seeing it: the names
+      // it cached under the draft (drafts' files keep theirs, Drafts::State::FileAttr) go,
+      // once the reply has released the draft's inode (the kernel holds its lock meanwhile).
+      std::vector<DirEntry> before;
+      (void)s.drafts->ReadDir(ino, &before);
       WFS_TRY(s.drafts->SetXattr(ino, n, v));
+      fuse_reply_err(req, 0);
+      for (const DirEntry& e : before) {
+        if (e.name == "." || e.name == "..") continue;
+        (void)fuse_lowlevel_notify_inval_entry(s.session, ino, e.name.c_str(), e.name.size());
+      }
+      return Status::Ok();
     }
     fuse_reply_err(req, 0);
     return Status::Ok();

@@ -253,15 +253,23 @@ Status Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<ui
   }
   uint64_t id, fsize, limit = 0;
   bool backed;
+  // The states of the parent chunks the read covers, from chunk first_chunk on (a copy: the lock
+  // is not held while reading; not the whole map, which has a state per chunk of the file).
   std::vector<ChunkState> present;
+  size_t first_chunk = 0;
   {
     MutexLock lock(f.mu);
     id = f.id;
     fsize = f.id == 0 ? f.parent_file->size : f.size;
     backed = f.backed;
     if (backed) {
-      present = f.present;
       limit = f.backing_limit;
+      const uint64_t until = std::min({limit, fsize, offset + size});
+      if (offset < until) {
+        first_chunk = f.rows->ChunkAt(offset);
+        present.assign(f.present.begin() + static_cast<std::ptrdiff_t>(first_chunk),
+                       f.present.begin() + static_cast<std::ptrdiff_t>(f.rows->ChunkAt(until - 1) + 1));
+      }
     }
   }
   // Under the file's lock: a truncate may move the file to a new staging file (ResizeLocked)
@@ -290,7 +298,7 @@ Status Drafts::Read(DraftHandle& h, uint64_t offset, size_t size, std::vector<ui
       const size_t c = f.rows->ChunkAt(pos);
       const ManifestChunk& ch = f.rows->chunks[c];
       const uint64_t cend = std::min({ch.offset + ch.length, limit, end});
-      if (present[c] == ChunkState::kParent) {
+      if (present[c - first_chunk] == ChunkState::kParent) {
         Expected<std::shared_ptr<const ByteBuffer>> bytes = s.reader->Chunk(h.draft->parent_manifest, *f.rows, c);
         if (!bytes.ok()) return ParentBytes(bytes.status(), "read " + h.draft->name() + "/" + h.path);
         std::memcpy(out->data() + (pos - offset), (*bytes)->data() + (pos - ch.offset), cend - pos);

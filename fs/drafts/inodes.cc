@@ -108,6 +108,12 @@ void Drafts::State::DirAttr(uint64_t ino, const NodeMeta& meta, NodeAttr* out) c
 void Drafts::State::FileAttr(uint64_t ino, DraftFile& f, NodeAttr* out) const {
   MutexLock lock(f.mu);
   DirAttr(ino, f.meta, out);
+  // A file's name in its draft changes through this mount's own operations (the kernel sees
+  // them) or with the whole draft: a commit or a discard changes what the draft's own name is,
+  // which is looked up every time and takes the names under it along; set-parent, the one
+  // change the kernel does not see, invalidates them (fs/fuse_server.cc, user.weightfs.parent).
+  // Cached, `ls -l` and `stat` of a draft's files need no lookup per file.
+  out->timeout_s = kFileEntryTimeoutS;
   out->st.st_mode = S_IFREG | (f.meta.mode & 07777);
   out->st.st_nlink = 1;
   out->st.st_size = static_cast<off_t>(f.id == 0 && f.parent_file ? f.parent_file->size : f.size);

@@ -143,6 +143,8 @@ struct Drafts::State {
   std::set<std::string> NewDirsInLocked(const std::string& dir_path) const WFS_REQUIRES(mu);
 
   // ---- attributes (REQUIRES mu) ----
+  // How long the kernel may keep a draft's file's name (FileAttr says why it may).
+  static constexpr double kFileEntryTimeoutS = 10;
   void DirAttr(uint64_t ino, const NodeMeta& meta, NodeAttr* out) const;
   void FileAttr(uint64_t ino, DraftFile& f, NodeAttr* out) const;
   Status AttrLocked(uint64_t ino, NodeAttr* out) WFS_REQUIRES(mu);

@@ -230,6 +230,7 @@ class Bucket {
   std::shared_ptr<ExternalSources> external_;
   uint64_t max_manifest_json_bytes_ = kDefaultMaxManifestJsonBytes;
   uint64_t table_block_rows_ = kTableBlockRows;
+  std::atomic<bool> warned_one_piece_{false};  // a large one-table section was read (and said so)
   std::atomic<int> format_;
   struct Revalidation {
     std::chrono::steady_clock::time_point started;
