@@ -123,6 +123,34 @@ struct FuseServer::Impl {
   Mutex cache_warned_mu;
   std::map<std::string, int> cache_warned WFS_GUARDED_BY(cache_warned_mu);  // model -> the worst warning given (1, 2)
 
+  // Drops the kernel's cached entry of draft `model`@`version` in its model's directory, and
+  // with it every name under it: what the name means changed without the kernel seeing it (a
+  // commit made it the published version, a discard removed it or shows the version it
+  // shadowed, set-parent changed its files), and the kernel keeps drafts' names
+  // (Drafts::State::kEntryTimeoutS). Before the reply of the request that changed it, so that
+  // nothing the caller does next sees the old name. It takes the lock of the model's directory
+  // only (the draft's own is the caller's); never called while the kernel holds that one (a
+  // mkdir, rmdir or rename in it).
+  void ForgetDraftName(const std::string& model, const std::string& version) {
+    if (!session) return;
+    uint64_t parent = FUSE_ROOT_ID;
+    std::string_view rest = model;
+    while (true) {
+      const size_t slash = rest.find('/');
+      if (slash == std::string_view::npos) break;
+      Expected<NodeAttr> dir = tree.Lookup(parent, rest.substr(0, slash));
+      if (!dir.ok()) return;  // not shown (so not cached either)
+      parent = dir->ino;
+      rest.remove_prefix(slash + 1);
+    }
+    const std::string name = std::string(rest) + "@" + version;
+    (void)fuse_lowlevel_notify_inval_entry(session, parent, name.c_str(), name.size());
+  }
+  void ForgetDraftName(const std::string& draft_name) {
+    const size_t at = draft_name.rfind('@');
+    if (at != std::string::npos) ForgetDraftName(draft_name.substr(0, at), draft_name.substr(at + 1));
+  }
+
   // Says once per model when the chunk cache cannot hold what reading the model's versions
   // needs: a version read whole (1), or two (2: a node following a run builds N+1 from N's
   // chunks in the cache). Without it a too-small cache costs whole-chunk fetches silently.
@@ -164,6 +192,7 @@ struct FuseServer::Impl {
       d.uid = options.names.uid;
       d.gid = options.names.gid;
       d.on_published = [this](std::shared_ptr<const Manifest> m) { names.AddPublished(std::move(m)); };
+      d.on_gone = [this](const std::string& model, const std::string& version) { ForgetDraftName(model, version); };
       drafts = std::make_unique<Drafts>(p.bucket, p.cache, p.materializer, &reader, std::move(d));
     }
     if (!options.patch_dir.empty() && p.materializer) {
@@ -845,7 +874,9 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
         return Status::Ok();
       }
     } else if (n == kXattrDiscard) {
+      const std::optional<std::string> name = s.drafts->DraftName(ino);
       WFS_TRY(s.drafts->Discard(ino));
+      if (name) s.ForgetDraftName(*name);
     } else if (n == kXattrCommit) {
       // (Its own context: a refusal to publish as things stand is EBUSY, not EINVAL.)
       if (int err = StatusToErrno(s.drafts->Commit(ino, v), ErrnoContext::kCommit, "commit"); err != 0) {
@@ -853,18 +884,9 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
         return Status::Ok();
       }
     } else {
-      // Set-parent changes which files the draft has without the kernel seeing it: the names
-      // it cached under the draft (drafts' files keep theirs, Drafts::State::FileAttr) go,
-      // once the reply has released the draft's inode (the kernel holds its lock meanwhile).
-      std::vector<DirEntry> before;
-      (void)s.drafts->ReadDir(ino, &before);
       WFS_TRY(s.drafts->SetXattr(ino, n, v));
-      fuse_reply_err(req, 0);
-      for (const DirEntry& e : before) {
-        if (e.name == "." || e.name == "..") continue;
-        (void)fuse_lowlevel_notify_inval_entry(s.session, ino, e.name.c_str(), e.name.size());
-      }
-      return Status::Ok();
+      // Set-parent changed which files the draft has.
+      if (std::optional<std::string> name = s.drafts->DraftName(ino)) s.ForgetDraftName(*name);
     }
     fuse_reply_err(req, 0);
     return Status::Ok();

@@ -192,6 +192,7 @@ void Drafts::State::FinishPublished(const std::shared_ptr<Draft>& d, std::shared
     d->error.clear();
     d->encode_error.clear();
   }
+  if (options.on_gone) options.on_gone(d->model, d->version);
   (void)SaveJournal(*d, {.published = true});
   d->lease.reset();
   for (const std::string& dir : retire) {
@@ -486,6 +487,14 @@ Status Drafts::Discard(uint64_t draft_ino) {
     }
   }
   return s.RemoveDraft(d);
+}
+
+std::optional<std::string> Drafts::DraftName(uint64_t ino) const {
+  State& s = *state_;
+  MutexLock lock(s.mu);
+  const State::Ref* r = s.RefLocked(ino);
+  if (!r || r->type != State::Type::kDraftDir) return std::nullopt;
+  return r->a;
 }
 
 Status Drafts::DiscardStaged(std::string_view name) {

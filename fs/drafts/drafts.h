@@ -68,6 +68,9 @@ struct DraftsOptions {
   // Called with a draft's published manifest before the draft goes (the Namespace shows the
   // version from then on, so the name never answers ENOENT in between).
   std::function<void(std::shared_ptr<const Manifest>)> on_published;
+  // Called once a published draft is gone (its name names the version now), on the thread that
+  // published it: the mount drops what the kernel cached of the name.
+  std::function<void(const std::string& model, const std::string& version)> on_gone;
 };
 
 struct Draft;
@@ -135,6 +138,8 @@ class Drafts {
   Status GetAttr(uint64_t ino, NodeAttr* out);
   Status Lookup(uint64_t parent, std::string_view name, NodeAttr* out);
   Status ReadDir(uint64_t ino, std::vector<DirEntry>* out);
+  // "model@version" of a draft directory, or nullopt.
+  std::optional<std::string> DraftName(uint64_t ino) const;
   // The path of a new model directory (for DirPath-like routing), else nullopt.
   std::optional<std::string> DirPath(uint64_t ino) const;
   Status Mkdir(uint64_t parent, std::string_view name, mode_t mode, const Caller& who, NodeAttr* out);

@@ -109,11 +109,10 @@ void Drafts::State::FileAttr(uint64_t ino, DraftFile& f, NodeAttr* out) const {
   MutexLock lock(f.mu);
   DirAttr(ino, f.meta, out);
   // A file's name in its draft changes through this mount's own operations (the kernel sees
-  // them) or with the whole draft: a commit or a discard changes what the draft's own name is,
-  // which is looked up every time and takes the names under it along; set-parent, the one
-  // change the kernel does not see, invalidates them (fs/fuse_server.cc, user.weightfs.parent).
-  // Cached, `ls -l` and `stat` of a draft's files need no lookup per file.
-  out->timeout_s = kFileEntryTimeoutS;
+  // them) or with the whole draft (a commit, a discard, a set-parent), whose own name the mount
+  // then drops from the kernel's cache, and the names under it with it (fs/fuse_server.cc
+  // ForgetDraftName). Cached, `ls -l` and `stat` of a draft's files need no lookup per file.
+  out->timeout_s = kEntryTimeoutS;
   out->st.st_mode = S_IFREG | (f.meta.mode & 07777);
   out->st.st_nlink = 1;
   out->st.st_size = static_cast<off_t>(f.id == 0 && f.parent_file ? f.parent_file->size : f.size);
@@ -141,6 +140,9 @@ Status Drafts::State::AttrLocked(uint64_t ino, NodeAttr* out) {
       if (!d) return GoneLocked(r->a);
       DirAttr(ino, d->root, out);
       out->st.st_nlink = 2 + d->SubdirCount("");
+      // Its name changes meaning without the kernel seeing it only when the mount says so:
+      // a commit (on_gone), a discard or a set-parent (fs/fuse_server.cc ForgetDraftName).
+      out->timeout_s = kEntryTimeoutS;
       return Status::Ok();
     }
     case Type::kItem: {

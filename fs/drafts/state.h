@@ -143,8 +143,9 @@ struct Drafts::State {
   std::set<std::string> NewDirsInLocked(const std::string& dir_path) const WFS_REQUIRES(mu);
 
   // ---- attributes (REQUIRES mu) ----
-  // How long the kernel may keep a draft's file's name (FileAttr says why it may).
-  static constexpr double kFileEntryTimeoutS = 10;
+  // How long the kernel may keep the name of a draft and of its files (FileAttr says why it
+  // may): the mount drops them when they change without the kernel seeing it.
+  static constexpr double kEntryTimeoutS = 10;
   void DirAttr(uint64_t ino, const NodeMeta& meta, NodeAttr* out) const;
   void FileAttr(uint64_t ino, DraftFile& f, NodeAttr* out) const;
   Status AttrLocked(uint64_t ino, NodeAttr* out) WFS_REQUIRES(mu);

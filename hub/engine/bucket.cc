@@ -529,6 +529,7 @@ void Bucket::Forget(std::string_view model, std::string_view version) {
   std::string prefix = std::string(model) + "@" + std::string(version);
   prefix.push_back('\0');
   files_.ErasePrefix(prefix);
+  indexes_.ErasePrefix(prefix);
 }
 
 Status Bucket::PublishManifest(const Manifest& manifest) {
