@@ -1036,6 +1036,46 @@ TEST_F(WriteTest, TheParentOfAnUnchangedDraftCanBeSet) {
   ExpectFreshMountReads({{"m/x@v2", Source(2)}});
 }
 
+// The kernel keeps a draft's names (Drafts::State::kEntryTimeoutS: `ls -l` of a draft costs no
+// lookup per file); what the mount changes without the kernel seeing it is never seen stale:
+// a file set-parent takes away, a draft a discard removes, a draft a commit makes a version.
+TEST_F(WriteTest, NamesTheKernelKeepsOfADraftGoWhenSetParentDiscardOrCommitChangesThem) {
+  Generate("1M", 1);
+  ASSERT_NO_FATAL_FAILURE(InitWithBase());
+  // v1: v000's files and one more.
+  const fs::path v1 = root_ / "v1-src";
+  fs::copy(Source(0), v1, fs::copy_options::recursive);
+  std::ofstream(v1 / "extra.bin") << "only in v1";
+  ASSERT_EQ(Cli("push " + bucket_ + " m/x@v1 " + v1.string() + " --no-cache").exit_code, 0);
+  Mount& m = NewMount("a");
+  ASSERT_EQ(m.Start().exit_code, 0) << m.Describe();
+  struct stat st {};
+  auto cache_every_name = [&](const fs::path& dir) {
+    for (const auto& e : fs::directory_iterator(dir)) ASSERT_EQ(::lstat(e.path().c_str(), &st), 0) << e.path();
+  };
+  const fs::path d = m.Dir("m/x@v2");
+  ASSERT_EQ(Errno(::mkdir(d.c_str(), 0755)), 0);
+  cache_every_name(d);
+  ASSERT_EQ(::stat((d / "extra.bin").c_str(), &st), 0);
+  ASSERT_EQ(Errno(::setxattr(d.c_str(), "user.weightfs.parent", "v0", 2, 0)), 0) << std::strerror(errno);
+  EXPECT_EQ(Errno(::stat((d / "extra.bin").c_str(), &st)), ENOENT);
+  EXPECT_EQ(Errno(::open((d / "extra.bin").c_str(), O_RDONLY)), ENOENT);
+  // Discarded: gone at once, names under it too.
+  cache_every_name(d);
+  ASSERT_EQ(Errno(::setxattr(d.c_str(), "user.weightfs.discard", "1", 1, 0)), 0) << std::strerror(errno);
+  EXPECT_EQ(Errno(::stat(d.c_str(), &st)), ENOENT);
+  EXPECT_EQ(Errno(::stat((d / "config.json").c_str(), &st)), ENOENT);
+  // Committed: the name is the published version at once (read-only), its files the version's.
+  ASSERT_EQ(Errno(::mkdir(d.c_str(), 0755)), 0);
+  const std::string written = "{\"written\": true}";
+  std::ofstream(d / "config.json") << written;
+  cache_every_name(d);
+  ASSERT_EQ(m.Commit("m/x@v2").exit_code, 0);
+  EXPECT_EQ(Errno(::open((d / "config.json").c_str(), O_WRONLY)), EROFS);
+  EXPECT_EQ(Errno(::mkdir((d / "sub").c_str(), 0755)), EROFS);
+  EXPECT_EQ(SlurpText(d / "config.json"), written);
+}
+
 // ---- the statistics of a committed draft ------------------------------------------------------
 
 // A commit describes its version as push does: the same changed fraction for the same files and
