@@ -104,7 +104,8 @@ class Bucket {
   // manifest holds, so a process with a memory budget sets a fraction of it. Set once, before
   // the bucket is shared between threads.
   void set_max_manifest_json_bytes(uint64_t bytes) { max_manifest_json_bytes_ = bytes; }
-  // Bytes the caches of heads and file tables may keep (half each). Default 256 MiB.
+  // Bytes the caches of heads, file rows and block indexes may keep (a half, 7/16, 1/16).
+  // Default 256 MiB.
   void set_metadata_budget(uint64_t bytes);
   // Rows per block of the table sections this bucket writes (core/chunk_table.h). Tests, and
   // the scale bench's comparison with sections in one piece, set others; set once, before the
@@ -131,7 +132,9 @@ class Bucket {
   Expected<std::shared_ptr<const Manifest>> ReadManifest(std::string_view model,
                                                          std::string_view version);
   // `file` (of `manifest`) with its rows: itself when they are loaded, else read from the
-  // version's table (one ranged read of the file's section, validated, cached).
+  // version's table (one ranged read of the file's section, validated, cached; of a section in
+  // blocks, every block in turn, not cached whole: for tools, a reader of part of the file
+  // takes RowsAt's).
   Expected<std::shared_ptr<const ManifestFile>> File(const std::shared_ptr<const Manifest>& manifest,
                                                      const ManifestFile& file);
   // The same for a manifest the caller keeps alive (the result does not own it when the rows
