@@ -45,9 +45,6 @@ inline std::string Join(const std::string& dir, std::string_view name) {
   return dir.empty() ? std::string(name) : dir + "/" + std::string(name);
 }
 
-// Rows a file of a manifest has, loaded or not (a format 2 head knows the count).
-inline size_t RowCount(const ManifestFile& f) { return f.RowCount(); }
-
 // A failure to produce the parent's bytes of a file (its rows, a chunk), while reading it or
 // copying it up for a write, as the request's Status: the file exists, so a pack or table the
 // bucket lost is an I/O error, not "no such file".
@@ -174,7 +171,7 @@ struct DraftFile {
     if (!backed && !present.empty()) return Status::InvalidArgument("a copy-up map without a parent");
     if (backed) {
       if (!parent_file) return Status::InvalidArgument("backed by no parent file");
-      if (present.size() != RowCount(*parent_file)) return Status::InvalidArgument("a copy-up map of the wrong length");
+      if (present.size() != parent_file->RowCount()) return Status::InvalidArgument("a copy-up map of the wrong length");
       if (backing_limit > parent_file->size) return Status::InvalidArgument("a backing limit past the parent's end");
       for (ChunkState c : present) {
         if (c != ChunkState::kParent && c != ChunkState::kCopiedUp && c != ChunkState::kOverwritten) {

@@ -31,7 +31,7 @@ Status Drafts::State::StageLocked(Draft& d, DraftFile& f, bool backed) {
     }
     f.size = f.parent_file->size;
     f.backed = true;
-    f.present.assign(RowCount(*f.parent_file), ChunkState::kParent);
+    f.present.assign(f.parent_file->RowCount(), ChunkState::kParent);
     f.backing_limit = f.parent_file->size;
   }
   return Status::Ok();

@@ -257,7 +257,7 @@ Expected<size_t> Bucket::Revalidate(std::string_view model, std::span<const std:
 
 Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr<const Manifest>& manifest,
                                                            const ManifestFile& file) {
-  if (file.rows_loaded) return std::shared_ptr<const ManifestFile>(manifest, &file);
+  if (file.AllRows()) return std::shared_ptr<const ManifestFile>(manifest, &file);
   return File(*manifest, file);
 }
 
@@ -324,12 +324,18 @@ Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const Manifest& m, co
   return files_.Put(key, resolved, MemoryOf(*resolved));
 }
 
-Expected<std::shared_ptr<const TableBlockIndex>> Bucket::BlockIndex(const Manifest& m, const ManifestFile& file) {
+Expected<std::shared_ptr<const TableBlockIndex>> Bucket::BlockIndex(const Manifest& m, const ManifestFile& file,
+                                                                     std::span<const uint8_t> section) {
   return indexes_.GetOrLoad(
       FileKey(m.model, m.version, m.table, file.path),
       [&]() -> Expected<std::shared_ptr<const TableBlockIndex>> {
-        const std::string where = "the block index of " + m.model + "@" + m.version + "/" + file.path;
-        WFS_ASSIGN_OR_RETURN(ByteBuffer frame, ReadSection(m, file, 0, file.section.index_length, where));
+        ByteBuffer read;
+        std::span<const uint8_t> frame = section.first(std::min<uint64_t>(section.size(), file.section.index_length));
+        if (section.empty()) {
+          const std::string where = "the block index of " + m.model + "@" + m.version + "/" + file.path;
+          WFS_ASSIGN_OR_RETURN(read, ReadSection(m, file, 0, file.section.index_length, where));
+          frame = std::span<const uint8_t>(read.data(), read.size());
+        }
         Expected<TableBlockIndex> index = DecodeTableIndex(frame, file);
         if (!index.ok()) return index.status().WithContext(m.model + "@" + m.version);
         return std::make_shared<const TableBlockIndex>(std::move(index).value());
@@ -337,57 +343,48 @@ Expected<std::shared_ptr<const TableBlockIndex>> Bucket::BlockIndex(const Manife
       [](const TableBlockIndex& index) { return index.Memory(); });
 }
 
-Expected<std::shared_ptr<const ManifestFile>> Bucket::DecodeBlock(const Manifest& m, const ManifestFile& file,
-                                                                  const TableBlockIndex& index, size_t k,
-                                                                  std::span<const uint8_t> frame) {
-  const RowSpan span{k * index.block_rows, index.RowsOf(k, file.section.rows), index.offsets[k],
-                     index.offsets[k + 1] - index.offsets[k]};
-  const ChunkTableLimits limits{m.versions.size(), m.packs.size(), m.sources.size()};
-  Expected<std::vector<ManifestChunk>> rows = DecodeChunkRows(frame, file, span, limits);
-  if (!rows.ok()) return rows.status().WithContext(m.model + "@" + m.version);
-  auto block = std::make_shared<ManifestFile>(RowsHolder(file));
-  block->chunks = std::move(rows).value();
-  block->first_row = span.first_row;
-  return std::shared_ptr<const ManifestFile>(std::move(block));
-}
-
 Expected<std::shared_ptr<const ManifestFile>> Bucket::Block(const Manifest& m, const ManifestFile& file,
-                                                            const TableBlockIndex& index, size_t k) {
+                                                            const TableBlockIndex& index, size_t k,
+                                                            std::span<const uint8_t> section) {
   return files_.GetOrLoad(
-      FileKey(m.model, m.version, m.table, file.path) + "#" + std::to_string(k),
+      BlockKey(FileKey(m.model, m.version, m.table, file.path), k),
       [&]() -> Expected<std::shared_ptr<const ManifestFile>> {
-        const std::string where = "block " + std::to_string(k) + " of the chunk table of " + m.model + "@" +
-                                  m.version + "/" + file.path;
-        WFS_ASSIGN_OR_RETURN(ByteBuffer frame, ReadSection(m, file, index.starts[k], index.starts[k + 1], where));
-        return DecodeBlock(m, file, index, k, frame);
+        ByteBuffer read;
+        std::span<const uint8_t> frame;
+        if (section.empty()) {
+          const std::string where = "block " + std::to_string(k) + " of the chunk table of " + m.model + "@" +
+                                    m.version + "/" + file.path;
+          WFS_ASSIGN_OR_RETURN(read, ReadSection(m, file, index.starts[k], index.starts[k + 1], where));
+          frame = std::span<const uint8_t>(read.data(), read.size());
+        } else {
+          frame = section.subspan(index.starts[k], index.starts[k + 1] - index.starts[k]);  // (DecodeTableIndex: in it)
+        }
+        const RowSpan span{k * index.block_rows, index.RowsOf(k, file.section.rows), index.offsets[k],
+                           index.offsets[k + 1] - index.offsets[k]};
+        const ChunkTableLimits limits{m.versions.size(), m.packs.size(), m.sources.size()};
+        Expected<std::vector<ManifestChunk>> rows = DecodeChunkRows(frame, file, span, limits);
+        if (!rows.ok()) return rows.status().WithContext(m.model + "@" + m.version);
+        auto block = std::make_shared<ManifestFile>(RowsHolder(file));
+        block->chunks = std::move(rows).value();
+        block->first_row = span.first_row;
+        return std::shared_ptr<const ManifestFile>(std::move(block));
       },
       [](const ManifestFile& f) { return MemoryOf(f); });
 }
 
 Expected<std::shared_ptr<const ManifestFile>> Bucket::BlockWhere(const Manifest& m, const ManifestFile& file,
                                                                  const std::function<size_t(const TableBlockIndex&)>& pick) {
-  const std::string key = FileKey(m.model, m.version, m.table, file.path);
-  std::shared_ptr<const TableBlockIndex> index = indexes_.Get(key);
-  if (!index && file.section.length <= kWholeSectionBytes) {
-    // A small section in one request (its index, and the block wanted from the same bytes)
-    // rather than two: below this size a round trip costs more than the bytes.
+  // A small section whose index is not known yet is read whole, in one request (its index and
+  // the block wanted from the same bytes) rather than two: below this size a round trip costs
+  // more than the bytes.
+  ByteBuffer whole;
+  if (file.section.length <= kWholeSectionBytes && !indexes_.Contains(FileKey(m.model, m.version, m.table, file.path))) {
     const std::string where = "the chunk table of " + m.model + "@" + m.version + "/" + file.path;
-    WFS_ASSIGN_OR_RETURN(ByteBuffer section, ReadSection(m, file, 0, file.section.length, where));
-    const std::span<const uint8_t> bytes(section.data(), section.size());
-    Expected<TableBlockIndex> decoded = DecodeTableIndex(bytes.first(file.section.index_length), file);
-    if (!decoded.ok()) return decoded.status().WithContext(m.model + "@" + m.version);
-    const size_t memory = decoded->Memory();
-    index = indexes_.Put(key, std::make_shared<const TableBlockIndex>(std::move(decoded).value()), memory);
-    const size_t k = pick(*index);
-    return files_.GetOrLoad(
-        key + "#" + std::to_string(k),
-        [&]() { return DecodeBlock(m, file, *index, k, bytes.subspan(index->starts[k], index->starts[k + 1] - index->starts[k])); },
-        [](const ManifestFile& f) { return MemoryOf(f); });
+    WFS_ASSIGN_OR_RETURN(whole, ReadSection(m, file, 0, file.section.length, where));
   }
-  if (!index) {
-    WFS_ASSIGN_OR_RETURN(index, BlockIndex(m, file));
-  }
-  return Block(m, file, *index, pick(*index));
+  const std::span<const uint8_t> section(whole.data(), whole.size());
+  WFS_ASSIGN_OR_RETURN(std::shared_ptr<const TableBlockIndex> index, BlockIndex(m, file, section));
+  return Block(m, file, *index, pick(*index), section);
 }
 
 Expected<std::shared_ptr<const ManifestFile>> Bucket::RowsAt(const Manifest& m, const ManifestFile& file,
@@ -409,7 +406,7 @@ std::string Bucket::KnownRowsKey(const Manifest& m, const ManifestFile& file, ui
   if (file.section.index_length == 0) return key;
   std::shared_ptr<const TableBlockIndex> index = indexes_.Get(key);
   if (!index) return {};
-  return key + "#" + std::to_string(std::min(index->BlockOfRow(row), index->blocks() - 1));
+  return BlockKey(key, std::min(index->BlockOfRow(row), index->blocks() - 1));
 }
 
 Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const std::shared_ptr<const Manifest>& manifest,
@@ -435,9 +432,7 @@ void Bucket::PrefetchFiles(std::string_view model, std::span<const std::string> 
   Parallel(missing.size(), [&](size_t i) {
     Expected<std::shared_ptr<const Manifest>> m = ReadManifest(model, missing[i]);
     if (!m.ok()) return;
-    if (const ManifestFile* f = (*m)->FindFile(path); f && f->section.rows > 0) {
-      (void)RowsOfRow(**m, *f, std::min<uint64_t>(row, f->section.rows - 1));
-    }
+    if (const ManifestFile* f = (*m)->FindFile(path); f && f->section.rows > 0) (void)RowsOfRow(**m, *f, row);
   });
 }
 
@@ -658,8 +653,7 @@ Expected<ChainLink> Bucket::DeltaBase(const ChainLink& link) {
   const ManifestFile* head_file = (*bm)->FindFile(link.file->path);
   if (head_file && head_file->size > 0) {
     // The rows near the same row: versions of a file usually share their layout.
-    Expected<std::shared_ptr<const ManifestFile>> rows =
-        RowsOfRow(**bm, *head_file, std::min<uint64_t>(row, head_file->RowCount() - 1));
+    Expected<std::shared_ptr<const ManifestFile>> rows = RowsOfRow(**bm, *head_file, row);
     if (!rows.ok()) return rows.status().WithContext("reading base version " + base_version);
     base.file_holder = std::move(rows).value();
     base.file = base.file_holder.get();

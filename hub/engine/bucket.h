@@ -150,7 +150,7 @@ class Bucket {
   // file.size.
   Expected<std::shared_ptr<const ManifestFile>> RowsAt(const Manifest& manifest, const ManifestFile& file,
                                                        uint64_t offset);
-  // The same for the file's row `row` (< its row count).
+  // The same for the file's row `row` (a row past the last: the last block's).
   Expected<std::shared_ptr<const ManifestFile>> RowsOfRow(const Manifest& manifest, const ManifestFile& file,
                                                           uint64_t row);
   // Reads the rows near row `row` of `path` (the whole section, or the block holding it) in
@@ -246,13 +246,13 @@ class Bucket {
   // of the store's too (Store::GetUncached), for checks that must see a rewrite.
   Expected<std::shared_ptr<const Manifest>> ReadStoredManifest(std::string_view model, std::string_view version,
                                                                bool uncached = false);
-  // A section in blocks: its index, and block k (a ManifestFile holding those rows).
-  Expected<std::shared_ptr<const TableBlockIndex>> BlockIndex(const Manifest& manifest, const ManifestFile& file);
+  // A section in blocks: its index, and block k (a ManifestFile holding those rows), from the
+  // cache, else decoded from `section` (the whole section's bytes) when given, else read.
+  Expected<std::shared_ptr<const TableBlockIndex>> BlockIndex(const Manifest& manifest, const ManifestFile& file,
+                                                              std::span<const uint8_t> section = {});
   Expected<std::shared_ptr<const ManifestFile>> Block(const Manifest& manifest, const ManifestFile& file,
-                                                      const TableBlockIndex& index, size_t k);
-  Expected<std::shared_ptr<const ManifestFile>> DecodeBlock(const Manifest& manifest, const ManifestFile& file,
-                                                            const TableBlockIndex& index, size_t k,
-                                                            std::span<const uint8_t> frame);
+                                                      const TableBlockIndex& index, size_t k,
+                                                      std::span<const uint8_t> section = {});
   // The block `pick` chooses from the index: from the cache, or read (the index first, unless
   // the section is small enough to read whole at once).
   Expected<std::shared_ptr<const ManifestFile>> BlockWhere(const Manifest& manifest, const ManifestFile& file,
@@ -264,6 +264,8 @@ class Bucket {
   // Reads bytes [from, to) of `file`'s section.
   Expected<ByteBuffer> ReadSection(const Manifest& manifest, const ManifestFile& file, uint64_t from, uint64_t to,
                                    const std::string& what);
+  // The cache key of block k of the file whose FileKey is `file_key`.
+  static std::string BlockKey(const std::string& file_key, size_t k) { return file_key + "#" + std::to_string(k); }
   // The cache key of the rows holding row `row` when this process knows it without a read,
   // else empty.
   std::string KnownRowsKey(const Manifest& manifest, const ManifestFile& file, uint64_t row);
