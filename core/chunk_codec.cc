@@ -31,7 +31,7 @@ std::string_view ChunkEncodingName(ChunkEncoding e) {
 
 namespace {
 
-constexpr uint8_t kMagic[4] = {'W', 'F', 'S', 'C'};
+constexpr uint8_t kPayloadMagic[4] = {'W', 'F', 'S', 'C'};
 constexpr uint8_t kFormatVersion = 1;
 
 void Set64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
@@ -45,7 +45,7 @@ void WriteHeader(std::vector<uint8_t>* out, ChunkEncoding enc, DType dtype, uint
                  uint64_t parent_len, uint64_t raw_hash, uint64_t parent_hash) {
   out->resize(kPayloadHeaderBytes);
   uint8_t* p = out->data();
-  std::memcpy(p, kMagic, 4);
+  std::memcpy(p, kPayloadMagic, 4);
   p[4] = kFormatVersion;
   p[5] = static_cast<uint8_t>(enc);
   p[6] = static_cast<uint8_t>(dtype);
@@ -356,7 +356,7 @@ Expected<PayloadInfo> ChunkCodec::Inspect(std::span<const uint8_t> payload,
                               " bytes is shorter than its 40-byte header");
   }
   const uint8_t* p = payload.data();
-  if (std::memcmp(p, kMagic, 4) != 0) return Status::Corruption("payload has no WFSC magic");
+  if (std::memcmp(p, kPayloadMagic, 4) != 0) return Status::Corruption("payload has no WFSC magic");
   if (p[4] != kFormatVersion) {
     return Status::Unsupported("payload format version " + std::to_string(p[4]) +
                                " (this weightfs reads version 1; upgrade weightfs)");

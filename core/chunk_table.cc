@@ -17,7 +17,7 @@ namespace {
 
 using namespace manifest_checks;
 
-constexpr char kMagic[4] = {'W', 'C', 'T', '1'};
+constexpr char kTableMagic[4] = {'W', 'C', 'T', '1'};
 constexpr char kIndexMagic[4] = {'W', 'C', 'B', '1'};
 // zstd level of a section: tables are written once per version and read by every reader. 15
 // (measured on generated RL steps with 16 KiB chunks: 20.2 bytes a row, as 19; 12: 20.8).
@@ -108,7 +108,7 @@ std::vector<uint8_t> Compress(const std::vector<uint8_t>& raw);
 std::vector<uint8_t> EncodeChunkTable(std::span<const ManifestChunk> chunks) {
   // Chain and keyframe bytes are hints (the keyframe policy, cost estimates): stored to 6
   // significant bits, they cost ~1 byte a row instead of ~5 (docs/format2.md).
-  std::vector<uint8_t> raw(kMagic, kMagic + 4);
+  std::vector<uint8_t> raw(kTableMagic, kTableMagic + 4);
   PutVarint(raw, chunks.size());
   std::unordered_map<std::string_view, uint64_t> name_index;
   std::vector<std::string_view> names;
@@ -307,7 +307,7 @@ Expected<std::vector<ManifestChunk>> DecodeChunkRows(std::span<const uint8_t> se
 
   Reader r(raw);
   const uint8_t* magic;
-  if (!r.Bytes(4, &magic) || std::memcmp(magic, kMagic, 4) != 0) return Bad(file, "no WCT1 magic");
+  if (!r.Bytes(4, &magic) || std::memcmp(magic, kTableMagic, 4) != 0) return Bad(file, "no WCT1 magic");
   uint64_t count = 0, name_count = 0;
   if (!r.Varint(&count) || count != rows) return Bad(file, "row count differs from the head's");
   if (!r.Varint(&name_count) || name_count > rows) return Bad(file, "bad tensor name count");

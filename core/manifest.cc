@@ -1,5 +1,6 @@
 #include "core/manifest.h"
 
+#include "core/ascii.h"
 #include "core/chunk_table.h"
 
 #include <zstd.h>
@@ -55,12 +56,6 @@ Status ValidateComponents(std::string_view what, std::string_view s, size_t max_
     start = slash + 1;
   }
   return Status::Ok();
-}
-
-bool IsHex(std::string_view s, size_t n) {
-  if (s.size() != n) return false;
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 }  // namespace
@@ -299,7 +294,7 @@ Status ValidateSourceName(std::string_view source) {
   if (std::count(repo.begin(), repo.end(), '/') > 1) return bad("repo id has more than ORG/NAME");
   if (Status s = ValidateModelName(repo); !s.ok()) return bad(s.message());
   std::string_view after = rest.substr(at + 1);
-  if (after.size() < 42 || after[40] != '/' || !IsHex(after.substr(0, 40), 40)) {
+  if (after.size() < 42 || after[40] != '/' || !IsLowerHex(after.substr(0, 40), 40)) {
     return bad("commit is not 40 lowercase hex digits followed by /PATH");
   }
   if (Status s = ValidateFilePath(after.substr(41)); !s.ok()) return bad(s.message());

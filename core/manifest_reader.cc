@@ -35,6 +35,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/ascii.h"
 #include "core/file_codec.h"
 #include "core/manifest.h"
 #include "core/manifest_checks.h"
@@ -52,12 +53,6 @@ constexpr int kMaxWindowLog = 23;
 // A name inside a manifest that fails validation is damaged data from the bucket (Corruption,
 // EIO to a reader), not a caller's mistake (InvalidArgument, EINVAL).
 Status AsCorruption(const Status& s) { return s.ok() ? s : Status::Corruption(s.message()); }
-
-bool IsHex(std::string_view s, size_t n) {
-  if (s.size() != n) return false;
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
 
 // "1 GiB", "256 MiB" or "1234 bytes".
 std::string FormatLimit(uint64_t bytes) {
@@ -687,7 +682,7 @@ void ManifestReader::TableEntry(Ctx table, const Scalar& v) {
     }
     case Ctx::kPacks:
       if (index >= kMaxPacks) return;
-      if (v.kind != Scalar::kString || !IsHex(*v.text, 32)) {
+      if (v.kind != Scalar::kString || !IsLowerHex(*v.text, 32)) {
         t.error = Status::Corruption("pack name is not 32 hex digits");
       } else {
         m_.packs.push_back(*Hash128::FromHex(*v.text));
@@ -803,7 +798,7 @@ Status ManifestReader::FileFields(ManifestFile* f) {
   if (!file_.size) return ctx(NotU64("size"));
   f->size = *file_.size;
   if (f->size > kMaxFileSize) return ctx(Status::Corruption("file size out of range"));
-  if (!file_.sha256.is_string || !IsHex(file_.sha256.value, 64)) {
+  if (!file_.sha256.is_string || !IsLowerHex(file_.sha256.value, 64)) {
     return ctx(Status::Corruption("sha256 is not 64 lowercase hex digits"));
   }
   f->sha256 = std::move(file_.sha256.value);
@@ -987,7 +982,7 @@ Expected<Manifest> ManifestReader::Finish(std::string_view expected_model,
   // Format 2: a table object whose sections hold the rows; format 1: rows inline.
   if (m_.format == kManifestFormat2) {
     if (!seen(TopKey::kTable) || !table_is_object_ || table_bad_ || !table_pack_.is_string ||
-        !IsHex(table_pack_.value, 32) || !table_size_) {
+        !IsLowerHex(table_pack_.value, 32) || !table_size_) {
       return ctx(Status::Corruption("table is not {\"pack\": 32 hex digits, \"size\": bytes}"));
     }
     m_.table = *Hash128::FromHex(table_pack_.value);

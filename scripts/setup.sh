@@ -5,6 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config clang libclang-rt-14-dev   # toolchain; clang for libFuzzer
+  ninja-build                                                # schedules the 2 cores better than make
   libfuse3-dev fuse3                                         # the mount
   libzstd-dev zstd                                           # codecs; the zstd CLI is a benchmark baseline
   libcurl4-openssl-dev libssl-dev                            # buckets over HTTP/S3; SHA-256

@@ -56,7 +56,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kHelp = R"(usage: weightfs bench scale [options]
+constexpr const char* kScaleHelp = R"(usage: weightfs bench scale [options]
 
 Builds a bucket of a simulated large model with many versions (real format, real payloads
 stored once: every chunk of a version has the same bytes) and measures metadata operations
@@ -86,7 +86,7 @@ options:
   -h, --help           show this help
 )";
 
-struct Options {
+struct ScaleOptions {
   uint64_t chunk_bytes = 4ull << 20;
   bool real_rows = false;
   uint64_t block_rows = kTableBlockRows;
@@ -217,7 +217,7 @@ bool IsProbeRow(uint64_t row, uint64_t rows) { return row == 0 || row == ProbeRo
 // Chain depth of version k (0: a keyframe).
 int DepthOf(int k, int keyframe_depth) { return k % (keyframe_depth + 1); }
 
-Status Build(const Options& o, const std::string& bucket_dir, std::FILE* log) {
+Status Build(const ScaleOptions& o, const std::string& bucket_dir, std::FILE* log) {
   std::error_code ec;
   fs::create_directories(bucket_dir, ec);
   WFS_ASSIGN_OR_RETURN(std::unique_ptr<LocalStore> local, LocalStore::Open(bucket_dir));
@@ -332,7 +332,7 @@ struct RealRows {
   double delta_per_chunk = 0;   // mean payload of a delta
   double keyframe_per_chunk = 0;
 };
-RealRows MeasureRealRows(const Options& o) {
+RealRows MeasureRealRows(const ScaleOptions& o) {
   constexpr uint64_t kChunk = 4ull << 20;  // what a real run's chunks are (whatever --chunk-bytes)
   std::mt19937_64 rng(11);
   ChunkCodec codec;
@@ -423,8 +423,8 @@ int BenchScaleMain(int argc, char** argv) {
   ArgParser args({"--chunks", "--versions", "--files", "--changed", "--keyframe-depth", "--memory-limit", "--dir",
                   "--chunk-bytes", "--block-rows"},
                  {"--json", "--real-rows", "--help", "-h"});
-  if (auto rc = ParseArgs(args, argc, argv, kHelp, 0)) return *rc;
-  Options o;
+  if (auto rc = ParseArgs(args, argc, argv, kScaleHelp, 0)) return *rc;
+  ScaleOptions o;
   auto count = [&](const char* name, auto* out, double lo, double hi) -> bool {
     if (auto v = args.Get(name)) {
       Expected<double> d = ParseDouble(*v);

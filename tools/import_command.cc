@@ -68,7 +68,7 @@ options:
   -h, --help           show this help
 )";
 
-std::string Ratio(uint64_t a, uint64_t b) {
+std::string Times(uint64_t a, uint64_t b) {
   if (b == 0) return "inf";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2fx", static_cast<double>(a) / static_cast<double>(b));
@@ -261,7 +261,7 @@ int ImportMain(int argc, char** argv) {
     std::printf("%s@%s (%s): TRL %s (%llu bytes), weightfs %s (%llu bytes), TRL/weightfs %s\n", model.c_str(),
                 version.c_str(), s->anchor ? "anchor" : "delta", FormatBytes(static_cast<double>(s->size)).c_str(),
                 static_cast<unsigned long long>(s->size), FormatBytes(static_cast<double>(stored)).c_str(),
-                static_cast<unsigned long long>(stored), Ratio(s->size, stored).c_str());
+                static_cast<unsigned long long>(stored), Times(s->size, stored).c_str());
     std::fflush(stdout);
   }
   if (done == 0) {
@@ -272,7 +272,7 @@ int ImportMain(int argc, char** argv) {
               "TRL/weightfs %s\n",
               done, skipped, FormatBytes(static_cast<double>(total_trl)).c_str(),
               static_cast<unsigned long long>(total_trl), FormatBytes(static_cast<double>(total_wfs)).c_str(),
-              static_cast<unsigned long long>(total_wfs), Ratio(total_trl, total_wfs).c_str());
+              static_cast<unsigned long long>(total_wfs), Times(total_trl, total_wfs).c_str());
   return 0;
 }
 

@@ -7,18 +7,13 @@
 #include "core/chunk_plan.h"
 #include "core/hash.h"
 #include "core/safetensors.h"
+#include "hub/engine/lease.h"  // NowMs
 
 namespace weightfs {
 namespace {
 
 constexpr uint64_t kWindowBytes = 128ull << 20;  // >= 2 x kMaxChunkBytes
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 

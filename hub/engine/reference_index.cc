@@ -8,8 +8,8 @@
 namespace weightfs {
 namespace {
 
-constexpr std::string_view kMagic = "weightfs-chunk-refs 1\n";
-static_assert(kMagic.size() == 22);
+constexpr std::string_view kRefsMagic = "weightfs-chunk-refs 1\n";
+static_assert(kRefsMagic.size() == 22);
 
 void Put64(std::vector<uint8_t>* out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
@@ -26,7 +26,7 @@ uint64_t Get64(const uint8_t* p) {
 std::vector<uint8_t> SerializeReferenceIndex(const ReferenceIndex& index) {
   std::vector<uint8_t> out;
   out.reserve(kReferenceIndexOverhead + index.path.size() + index.rows.size() * kReferenceRowBytes);
-  out.insert(out.end(), kMagic.begin(), kMagic.end());
+  out.insert(out.end(), kRefsMagic.begin(), kRefsMagic.end());
   Put64(&out, index.file_size);
   Put64(&out, static_cast<uint64_t>(index.mtime_ns));
   Put64(&out, index.rows.size());
@@ -45,10 +45,10 @@ std::vector<uint8_t> SerializeReferenceIndex(const ReferenceIndex& index) {
 
 Expected<ReferenceIndex> ParseReferenceIndex(std::span<const uint8_t> bytes) {
   if (bytes.size() < kReferenceIndexOverhead ||
-      std::memcmp(bytes.data(), kMagic.data(), kMagic.size()) != 0) {
+      std::memcmp(bytes.data(), kRefsMagic.data(), kRefsMagic.size()) != 0) {
     return Status::Corruption("not a reference index (no \"weightfs-chunk-refs 1\" magic line)");
   }
-  const uint8_t* p = bytes.data() + kMagic.size();
+  const uint8_t* p = bytes.data() + kRefsMagic.size();
   ReferenceIndex index;
   index.file_size = Get64(p);
   index.mtime_ns = static_cast<int64_t>(Get64(p + 8));

@@ -14,7 +14,7 @@
 namespace weightfs {
 namespace {
 
-constexpr char kMagic[8] = {'W', 'F', 'S', 'T', 'I', 'E', 'R', '1'};
+constexpr char kTierMagic[8] = {'W', 'F', 'S', 'T', 'I', 'E', 'R', '1'};
 // magic, header bytes, block bytes, offset, length, fill time, key length.
 constexpr size_t kFixedHeader = 8 + 4 + 4 + 8 + 8 + 8 + 2;
 // The first read of a slice asks for this much: the whole header of a 32 MiB slice of 64 KiB
@@ -314,7 +314,7 @@ Expected<std::shared_ptr<const SharedTierStore::Header>> SharedTierStore::ReadHe
     return probe.status();
   }
   std::vector<uint8_t> raw = std::move(probe).value();
-  if (raw.size() < kFixedHeader || std::memcmp(raw.data(), kMagic, 8) != 0) {
+  if (raw.size() < kFixedHeader || std::memcmp(raw.data(), kTierMagic, 8) != 0) {
     Corrupt(tier_key, "does not start with a weightfs tier header");
     return std::shared_ptr<const Header>();
   }
@@ -541,7 +541,7 @@ std::vector<uint8_t> SharedTierStore::BuildObject(std::string_view key, uint64_t
   header->filled_ms = UnixMs();
   std::vector<uint8_t> object;
   object.reserve(header->header_bytes + data.size());
-  object.insert(object.end(), kMagic, kMagic + 8);
+  object.insert(object.end(), kTierMagic, kTierMagic + 8);
   PutLe(object, header->header_bytes, 4);
   PutLe(object, b, 4);
   PutLe(object, header->offset, 8);

@@ -88,6 +88,8 @@ struct HfConfig {
 
 // The Hub's documented rate-limit window: the longest a 429 makes a request wait.
 inline constexpr std::chrono::seconds kHubRateLimitWindow{300};
+// Entries per page of a tree listing: the Hub allows up to 10000; clients use 1000-5000.
+inline constexpr size_t kHubTreePageLimit = 1000;
 
 // The configuration from `env` (empty: the process environment). InvalidArgument for an
 // HF_ENDPOINT that is not http(s)://host[:port][/path] or that holds credentials or a query.

@@ -11,7 +11,6 @@ namespace weightfs {
 namespace {
 
 constexpr auto kSnapshotTtl = std::chrono::seconds(30);
-constexpr size_t kTreePageLimit = 1000;  // the Hub allows up to 10000; clients use 1000-5000
 
 class HfBucketStore final : public Store {
  public:
@@ -87,7 +86,7 @@ Expected<std::vector<ObjectInfo>> HfBucketStore::ListAll(const std::string& full
   const std::string dir = slash == std::string::npos ? "" : full_prefix.substr(0, slash);
   std::string url = api_->Url("/api/buckets/" + url_.ns + "/" + url_.name + "/tree" +
                               (dir.empty() ? "" : "/" + UrlEncode(dir, true)) +
-                              "?recursive=true&limit=" + std::to_string(kTreePageLimit));
+                              "?recursive=true&limit=" + std::to_string(kHubTreePageLimit));
   const std::string strip = url_.prefix.empty() ? "" : url_.prefix + "/";
   std::vector<ObjectInfo> out;
   size_t skipped = 0;

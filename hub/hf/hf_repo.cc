@@ -22,8 +22,6 @@
 namespace weightfs {
 namespace {
 
-constexpr size_t kTreePageLimit = 1000;
-
 Status ValidateRepoId(std::string_view repo) {
   const size_t slash = repo.find('/');
   if (slash == std::string_view::npos) return ValidateHubName(repo, "repo name");
@@ -252,7 +250,7 @@ Expected<std::vector<HfRepoFile>> HfRepo::ListFiles() {
   } else {
     HfTarget target{HfTarget::Kind::kRepo, repo_, revision_, ""};
     const std::string url = api_->Url("/api/models/" + repo_ + "/tree/" + commit_ +
-                                      "?recursive=true&expand=false&limit=" + std::to_string(kTreePageLimit));
+                                      "?recursive=true&expand=false&limit=" + std::to_string(kHubTreePageLimit));
     const std::string where = "hf://" + repo_ + "@" + revision_;
     auto on_page = [&](const nlohmann::json& page) -> Status { return AppendHfRepoTreePage(page, where, &out); };
     Status s = api_->GetJsonPages(url, target, on_page);

@@ -16,13 +16,6 @@ namespace {
 constexpr const char* kDefaultRegion = "us-east-1";
 constexpr size_t kMaxIniBytes = 1 << 20;  // a credentials file is a few hundred bytes
 
-std::string_view Trim(std::string_view s) {
-  size_t b = 0, e = s.size();
-  while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\r' || s[b] == '\n')) ++b;
-  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r' || s[e - 1] == '\n')) --e;
-  return s.substr(b, e - b);
-}
-
 // Values go into HTTP headers (key id, session token): no control characters, no spaces.
 bool IsHeaderSafeToken(std::string_view v) {
   for (char c : v) {
@@ -88,7 +81,7 @@ const AwsIniSection* FindConfigProfile(const std::vector<AwsIniSection>& section
   for (const auto& s : sections) {
     std::string_view n = s.name;
     if (n.rfind("profile", 0) == 0 && n.size() > 7 && (n[7] == ' ' || n[7] == '\t')) {
-      if (Trim(n.substr(8)) == profile) found = &s;
+      if (TrimAsciiSpace(n.substr(8)) == profile) found = &s;
     } else if (profile == "default" && n == "default") {
       found = &s;
     }
@@ -115,27 +108,27 @@ std::vector<AwsIniSection> ParseAwsIni(std::string_view text) {
     if (eol == std::string_view::npos) eol = text.size();
     const std::string_view raw = text.substr(pos, eol - pos);
     pos = eol + 1;
-    const std::string_view line = Trim(raw);
+    const std::string_view line = TrimAsciiSpace(raw);
     if (line.empty() || line[0] == '#' || line[0] == ';') continue;
     const bool indented = raw[0] == ' ' || raw[0] == '\t';
     if (line[0] == '[') {
       in_nested = false;
       const size_t close = line.find(']');
       if (close == std::string_view::npos) continue;  // malformed header: ignore the line
-      sections.push_back(AwsIniSection{std::string(Trim(line.substr(1, close - 1))), {}});
+      sections.push_back(AwsIniSection{std::string(TrimAsciiSpace(line.substr(1, close - 1))), {}});
       continue;
     }
     if (sections.empty()) continue;  // settings before any section belong to nothing
     if (indented && in_nested) continue;
     const size_t eq = line.find('=');
     if (eq == std::string_view::npos) continue;
-    const std::string key = AsciiLower(Trim(line.substr(0, eq)));
-    std::string_view value = Trim(line.substr(eq + 1));
+    const std::string key = AsciiLower(TrimAsciiSpace(line.substr(0, eq)));
+    std::string_view value = TrimAsciiSpace(line.substr(eq + 1));
     // An inline comment starts at '#' or ';' preceded by whitespace (secrets never contain
     // whitespace, so this cannot cut one).
     for (size_t i = 1; i < value.size(); ++i) {
       if ((value[i] == '#' || value[i] == ';') && (value[i - 1] == ' ' || value[i - 1] == '\t')) {
-        value = Trim(value.substr(0, i));
+        value = TrimAsciiSpace(value.substr(0, i));
         break;
       }
     }

@@ -42,14 +42,6 @@ void EnsureCurlGlobal() {
   }
 }
 
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r' || s.back() == '\n')) {
-    s.remove_suffix(1);
-  }
-  return s;
-}
-
 // A short, printable, single-line summary of a server's error body: S3's <Code>/<Message>, an
 // HTML page's <title>, or else the text with tags removed; at most 200 characters.
 std::string SummarizeBody(std::string_view body) {
@@ -128,7 +120,7 @@ bool NothingWasSent(CURLcode rc) {
 
 // Retry-After as a delay: delta-seconds or an HTTP date.
 std::optional<milliseconds> ParseRetryAfter(std::string_view value) {
-  value = Trim(value);
+  value = TrimAsciiSpace(value);
   if (value.empty()) return std::nullopt;
   if (std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     if (value.size() > 9) return milliseconds(std::numeric_limits<int32_t>::max());
@@ -249,8 +241,8 @@ size_t HeaderCallback(char* data, size_t size, size_t nitems, void* userdata) no
   const size_t colon = line.find(':');
   if (colon == std::string_view::npos || colon == 0) return n;  // blank line or garbage
   try {
-    t->response->headers.emplace_back(AsciiLower(Trim(line.substr(0, colon))),
-                                      std::string(Trim(line.substr(colon + 1))));
+    t->response->headers.emplace_back(AsciiLower(TrimAsciiSpace(line.substr(0, colon))),
+                                      std::string(TrimAsciiSpace(line.substr(colon + 1))));
   } catch (...) {
     t->out_of_memory = true;
     return 0;  // aborts the transfer
@@ -655,7 +647,7 @@ std::optional<uint64_t> RateLimitParam(std::string_view header, char name) {
   while (pos < header.size()) {
     size_t end = header.find_first_of(";,", pos);
     if (end == std::string_view::npos) end = header.size();
-    std::string_view item = Trim(header.substr(pos, end - pos));
+    std::string_view item = TrimAsciiSpace(header.substr(pos, end - pos));
     if (item.size() > 2 && std::tolower(static_cast<unsigned char>(item[0])) == name && item[1] == '=') {
       item.remove_prefix(2);
       uint64_t v = 0;

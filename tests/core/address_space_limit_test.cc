@@ -24,21 +24,13 @@
 #include "core/manifest.h"
 #include "core/safetensors.h"
 #include "tests/testing/safetensors_builder.h"
+#include "tests/testing/bytes.h"
 
 namespace weightfs {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;  // ASan maps terabytes of shadow memory
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::RleFrame;
+using test::kSanitized;
 
 // What the child reports.
 enum Exit : int {
@@ -78,29 +70,6 @@ Exit Expect(const Status& s, ErrorKind kind) {
     return kWrongResult;
   }
   return kCleanError;
-}
-
-// A zstd frame (RFC 8878) that inflates to `prefix`, `fill` bytes of `c`, then `suffix`: the fill
-// in RLE blocks of 128 KiB (4 bytes each), the rest in raw blocks; 128 KiB window.
-std::vector<uint8_t> RleFrame(std::string_view prefix, char c, uint64_t fill, std::string_view suffix) {
-  std::vector<uint8_t> f = {0x28, 0xB5, 0x2F, 0xFD, 0xC0, (17 - 10) << 3};
-  const uint64_t size = prefix.size() + fill + suffix.size();
-  for (int i = 0; i < 8; ++i) f.push_back(static_cast<uint8_t>(size >> (8 * i)));
-  auto block = [&](uint32_t type, uint32_t n, bool last) {
-    const uint32_t header = (n << 3) | (type << 1) | (last ? 1u : 0u);
-    for (int i = 0; i < 3; ++i) f.push_back(static_cast<uint8_t>(header >> (8 * i)));
-  };
-  block(0, static_cast<uint32_t>(prefix.size()), false);
-  f.insert(f.end(), prefix.begin(), prefix.end());
-  for (uint64_t left = fill; left > 0;) {
-    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(left, 128 << 10));
-    block(1, n, false);
-    f.push_back(static_cast<uint8_t>(c));
-    left -= n;
-  }
-  block(0, static_cast<uint32_t>(suffix.size()), true);
-  f.insert(f.end(), suffix.begin(), suffix.end());
-  return f;
 }
 
 class AddressSpaceLimitTest : public ::testing::Test {

@@ -24,9 +24,12 @@
 #include <vector>
 
 #include "core/hash.h"
+#include "tests/testing/bytes.h"
 
 namespace weightfs {
 namespace {
+
+using test::Bf16;
 
 using Bytes = std::vector<uint8_t>;
 
@@ -68,12 +71,6 @@ uint64_t DoubleBits(double d) {
   uint64_t u;
   std::memcpy(&u, &d, 8);
   return u;
-}
-// Round to nearest even, as torch's float -> bfloat16 cast does (NaN kept quiet).
-uint16_t Bf16(float f) {
-  const uint32_t u = FloatBits(f);
-  if ((u & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((u >> 16) | 0x40);
-  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 // float -> IEEE half by truncation (subnormals kept, overflow to Inf): plausible test bytes.
 uint16_t F16(float f) {

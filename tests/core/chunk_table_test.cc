@@ -12,12 +12,13 @@
 
 #include "core/manifest.h"
 #include "core/manifest_checks.h"
+#include "tests/testing/bytes.h"
 #include <nlohmann/json.hpp>
 
 namespace weightfs {
 namespace {
 
-Hash128 H(uint64_t n) { return Hash128{0x0123456789abcdefull ^ n, n * 0x9e3779b97f4a7c15ull}; }
+using test::H;
 
 ManifestChunk Row(std::string tensor, uint64_t index, uint64_t offset, uint64_t length, ChunkEncoding enc,
                   uint32_t pack, uint64_t pack_offset, uint64_t pack_length, uint32_t origin = 0,

@@ -14,19 +14,16 @@
 
 #include "core/safetensors.h"
 #include "tests/testing/safetensors_builder.h"
+#include "tests/testing/bytes.h"
 
 namespace weightfs {
 namespace {
 
+using test::Bf16;
+
 constexpr uint64_t kChunkBytes = 16 << 10;
 
 using test::TensorSpec;
-
-uint16_t Bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);  // round to nearest even
-}
 
 // A synthetic checkpoint: named tensors with plausible contents, kept by name so that versions
 // can change, add or reorder tensors and be rebuilt into safetensors bytes.

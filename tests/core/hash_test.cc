@@ -1,4 +1,5 @@
 #include "core/hash.h"
+#include "tests/testing/bytes.h"
 
 #include <gtest/gtest.h>
 #include <xxhash.h>
@@ -13,9 +14,7 @@
 namespace weightfs {
 namespace {
 
-std::span<const uint8_t> AsBytes(std::string_view s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
-}
+using test::AsBytes;
 
 // FIPS 180-2 / NIST test vectors.
 TEST(HashTest, Sha256OfStandardVectors) {

@@ -1,4 +1,5 @@
 #include "core/manifest.h"
+#include "tests/testing/bytes.h"
 
 #include <gtest/gtest.h>
 #include <zstd.h>
@@ -20,6 +21,11 @@
 
 namespace weightfs {
 namespace {
+
+using test::AsBytes;
+using test::H;
+using test::RleFrame;
+using test::kSanitized;
 
 using json = nlohmann::json;
 
@@ -44,12 +50,6 @@ enum Col : size_t {
 // The reader's caps, restated here so a test fails if they move silently.
 constexpr uint64_t kMaxPayload = 2 * kMaxChunkBytes + 4096;
 constexpr uint32_t kMaxDepth = 100000;
-
-std::span<const uint8_t> AsBytes(std::string_view s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
-}
-
-Hash128 H(uint64_t n) { return Hash128{0x0123456789abcdefull ^ n, n * 0x9e3779b97f4a7c15ull}; }
 
 ManifestChunk Chunk(std::string tensor, uint64_t index, uint64_t offset, uint64_t length,
                     ChunkEncoding enc, uint32_t pack, uint64_t pack_offset, uint64_t pack_length,
@@ -240,20 +240,6 @@ TEST(ManifestTest, BaseVersionWithoutParentRoundTrips) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_TRUE(back->files.empty());
 }
-
-// Sanitizers make the JSON DOM ~10x slower; a smaller large manifest keeps the suite quick there
-// and still takes the compressed path.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
 
 TEST(ManifestTest, LargeManifestRoundTripsThroughZstd) {
   // 200k chunk rows in 8 files: ~30 MB of JSON, so the compressed path is taken.
@@ -920,37 +906,6 @@ TEST(ManifestTest, RejectsZstdBombs) {
   r = ParseManifest(unknown);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().kind(), ErrorKind::kCorruption) << r.status().ToString();
-}
-
-// A zstd frame by hand that inflates to `prefix`, `fill` bytes of `c`, then `suffix`: the fill in
-// RLE blocks of 128 KiB (4 bytes each), so 200 MiB cost ~6 KiB. The frame declares `claimed`
-// bytes (the truth by default) and a window of 2^window_log bytes (not single-segment).
-std::vector<uint8_t> RleFrame(std::string_view prefix, char c, uint64_t fill, std::string_view suffix,
-                              std::optional<uint64_t> claimed = std::nullopt, int window_log = 17) {
-  std::vector<uint8_t> f = {0x28, 0xB5, 0x2F, 0xFD, 0xC0, static_cast<uint8_t>((window_log - 10) << 3)};
-  const uint64_t size = claimed.value_or(prefix.size() + fill + suffix.size());
-  for (int i = 0; i < 8; ++i) f.push_back(static_cast<uint8_t>(size >> (8 * i)));
-  auto block = [&](uint32_t type, uint32_t n, bool last) {
-    const uint32_t header = (n << 3) | (type << 1) | (last ? 1u : 0u);
-    for (int i = 0; i < 3; ++i) f.push_back(static_cast<uint8_t>(header >> (8 * i)));
-  };
-  auto raw = [&](std::string_view bytes, bool last) {
-    for (size_t at = 0; at < bytes.size() || (last && at == 0); at += 128 << 10) {
-      const std::string_view part = bytes.substr(at, 128 << 10);
-      block(0, static_cast<uint32_t>(part.size()), last && at + part.size() >= bytes.size());
-      f.insert(f.end(), part.begin(), part.end());
-      if (part.empty()) break;
-    }
-  };
-  if (!prefix.empty()) raw(prefix, false);
-  for (uint64_t left = fill; left > 0;) {
-    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(left, 128 << 10));
-    block(1, n, false);
-    f.push_back(static_cast<uint8_t>(c));
-    left -= n;
-  }
-  raw(suffix, true);
-  return f;
 }
 
 TEST(ManifestTest, RleFrameHelperMakesValidFrames) {

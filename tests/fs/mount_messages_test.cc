@@ -164,7 +164,6 @@ TEST_F(MountMessagesTest, ACacheTooSmallToFollowAModelIsSaidOnceWithTheSizeThatF
   EXPECT_EQ(warnings(roomy.LogText()), 0u);
 }
 
-}  // namespace
 // Issue 29, item 8: a mount of one model (or organisation) of a bucket. It lists only
 // models/PREFIX/, shows and probes only the models under it (paths stay the bucket's), and
 // makes drafts only there; what is outside is absent, and a mkdir there is refused saying why.
@@ -210,4 +209,5 @@ TEST_F(MountMessagesTest, APrefixMountShowsAndWritesOnlyTheModelsUnderIt) {
   EXPECT_NE(bad.out.find("--prefix m/../x: give an organisation or a model"), std::string::npos) << bad.out;
 }
 
+}  // namespace
 }  // namespace weightfs

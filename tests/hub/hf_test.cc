@@ -26,9 +26,12 @@
 #include "tests/testing/s3_test_server.h"
 #include "tests/testing/store_conformance.h"
 #include "tests/testing/test_servers.h"
+#include "tests/testing/bytes.h"
 
 namespace weightfs {
 namespace {
+
+using test::RandomBytes;
 
 namespace fs = std::filesystem;
 
@@ -40,13 +43,6 @@ HfEnvLookup MapEnv(std::map<std::string, std::string> vars) {
     if (it == vars.end()) return std::nullopt;
     return it->second;
   };
-}
-
-std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
-  std::vector<uint8_t> out(n);
-  std::mt19937 rng(seed);
-  for (auto& b : out) b = static_cast<uint8_t>(rng());
-  return out;
 }
 
 void WriteFile(const std::string& path, const std::vector<uint8_t>& data) {

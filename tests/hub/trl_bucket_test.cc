@@ -21,9 +21,12 @@
 #include "hub/open_bucket.h"
 #include "tests/testing/mem_store.h"
 #include "tests/testing/safetensors_builder.h"
+#include "tests/testing/bytes.h"
 
 namespace weightfs {
 namespace {
+
+using test::RandomBytes;
 
 // The bucket: an in-memory store that records the byte ranges it served.
 using test::MemStore;
@@ -55,13 +58,6 @@ std::vector<uint8_t> U32s(const std::vector<uint64_t>& v) {
     for (int k = 0; k < 4; ++k) out.push_back(static_cast<uint8_t>(x >> (8 * k)));
   }
   return out;
-}
-
-std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
 }
 
 std::map<std::string, std::string> Meta(uint64_t step, bool sparse, const std::string& encoding = "gap_delta") {

@@ -38,6 +38,13 @@ inline CommandResult RunShell(const std::string& command) {
   return r;
 }
 
+#ifdef WEIGHTFS_BINARY
+// The weightfs binary under test with `args`, through the shell, its stderr with its stdout.
+inline CommandResult RunCli(const std::string& args) {
+  return RunShell(std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1");
+}
+#endif
+
 inline std::vector<uint8_t> Slurp(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});

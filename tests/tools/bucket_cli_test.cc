@@ -28,9 +28,7 @@ namespace fs = std::filesystem;
 
 using Result = weightfs::test::CommandResult;
 
-Result RunCli(const std::string& args) {
-  return weightfs::test::RunShell(std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1");
-}
+using weightfs::test::RunCli;
 
 // Starts the binary with `args` (split on spaces), output to `log`; returns its pid.
 // The .safetensors files of `dir`, sorted: the shards a test pushes as parts.

@@ -20,9 +20,7 @@ namespace fs = std::filesystem;
 
 using Result = weightfs::test::CommandResult;
 
-Result RunCli(const std::string& args) {
-  return weightfs::test::RunShell(std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1");
-}
+using weightfs::test::RunCli;
 
 Result Apply(const fs::path& old_file, const fs::path& patch, const fs::path& new_file) {
   return weightfs::test::RunShell("python3 " + std::string(WEIGHTFS_APPLY_PATCH) + " " + old_file.string() + " " +

@@ -26,7 +26,7 @@ using weightfs::test::S3rverServer;
 
 using Result = weightfs::test::CommandResult;
 
-Result RunCli(const std::string& args) {
+Result RunS3Cli(const std::string& args) {
   // s3rver's only account; s3rver does not check signatures but does check the key id.
   return weightfs::test::RunShell("AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1 " +
                                   std::string(WEIGHTFS_BINARY) + " " + args + " 2>&1");
@@ -42,7 +42,7 @@ class RemoteBucketCli : public ::testing::TestWithParam<std::string> {
   static void SetUpTestSuite() {
     data_ = fs::temp_directory_path() / ("wfs-remote-data-" + std::to_string(getpid()));
     fs::remove_all(data_);
-    Result g = RunCli("gen " + data_.string() + " --params 4M --versions 3 --lr 1e-6 --shard-size 4M --seed 5");
+    Result g = RunS3Cli("gen " + data_.string() + " --params 4M --versions 3 --lr 1e-6 --shard-size 4M --seed 5");
     ASSERT_EQ(g.exit_code, 0) << g.out;
   }
   static void TearDownTestSuite() { fs::remove_all(data_); }
@@ -79,7 +79,7 @@ class RemoteBucketCli : public ::testing::TestWithParam<std::string> {
 
   void ExpectPulledEqual(const std::string& bucket, int k, const std::string& cache) {
     const fs::path dest = root_ / ("out" + std::to_string(k) + cache);
-    Result pull = RunCli("pull " + bucket + " acme/m@v" + std::to_string(k) + " " + dest.string() +
+    Result pull = RunS3Cli("pull " + bucket + " acme/m@v" + std::to_string(k) + " " + dest.string() +
                          Cache(cache) + " --timeout 60 --stats");
     ASSERT_EQ(pull.exit_code, 0) << pull.out;
     for (const auto& e : fs::directory_iterator(Version(k))) {
@@ -100,22 +100,22 @@ int RemoteBucketCli::counter_ = 0;
 
 TEST_P(RemoteBucketCli, PushPullVerifyGcRoundTrip) {
   const std::string bucket = Bucket(origin_);
-  ASSERT_EQ(RunCli("init " + bucket).exit_code, 0);
+  ASSERT_EQ(RunS3Cli("init " + bucket).exit_code, 0);
   for (int k = 0; k < 3; ++k) {
-    Result p = RunCli("push " + bucket + " acme/m@v" + std::to_string(k) + " " + Version(k) +
+    Result p = RunS3Cli("push " + bucket + " acme/m@v" + std::to_string(k) + " " + Version(k) +
                       Cache("push") + " --pack-size 1M");
     ASSERT_EQ(p.exit_code, 0) << p.out;
   }
   ExpectPulledEqual(bucket, 2, "cold");
-  Result v = RunCli("verify " + bucket + " acme/m@v2");
+  Result v = RunS3Cli("verify " + bucket + " acme/m@v2");
   EXPECT_EQ(v.exit_code, 0) << v.out;
-  Result log = RunCli("log " + bucket + " acme/m");
+  Result log = RunS3Cli("log " + bucket + " acme/m");
   EXPECT_EQ(log.exit_code, 0) << log.out;
   EXPECT_NE(log.out.find("acme/m@v2"), std::string::npos) << log.out;
-  Result again = RunCli("push " + bucket + " acme/m@v2 " + Version(2) + " --no-cache");
+  Result again = RunS3Cli("push " + bucket + " acme/m@v2 " + Version(2) + " --no-cache");
   EXPECT_EQ(again.exit_code, 1);
   EXPECT_NE(again.out.find("already"), std::string::npos) << again.out;
-  Result gc = RunCli("gc " + bucket + " --dry-run");
+  Result gc = RunS3Cli("gc " + bucket + " --dry-run");
   EXPECT_EQ(gc.exit_code, 0) << gc.out;
   EXPECT_NE(gc.out.find("would remove 0 unreferenced packs"), std::string::npos) << gc.out;
 }
@@ -129,9 +129,9 @@ TEST_P(RemoteBucketCli, FlakyBucketStillWorks) {
   o.seed = 7;
   ASSERT_TRUE(proxy_->Start(origin_, o));
   const std::string bucket = Bucket(proxy_->url());
-  ASSERT_EQ(RunCli("init " + Bucket(origin_)).exit_code, 0);
+  ASSERT_EQ(RunS3Cli("init " + Bucket(origin_)).exit_code, 0);
   for (int k = 0; k < 2; ++k) {
-    Result p = RunCli("push " + bucket + " acme/m@v" + std::to_string(k) + " " + Version(k) +
+    Result p = RunS3Cli("push " + bucket + " acme/m@v" + std::to_string(k) + " " + Version(k) +
                       Cache("push") + " --pack-size 1M --timeout 60 --stats");
     ASSERT_EQ(p.exit_code, 0) << p.out;
   }
@@ -144,21 +144,21 @@ TEST_P(RemoteBucketCli, BucketThatIsDownFailsWithinTheTimeout) {
   proxy_ = std::make_unique<FaultProxy>();
   ASSERT_TRUE(proxy_->Start(origin_));
   const std::string bucket = Bucket(proxy_->url());
-  ASSERT_EQ(RunCli("init " + bucket).exit_code, 0);
-  ASSERT_EQ(RunCli("push " + bucket + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
+  ASSERT_EQ(RunS3Cli("init " + bucket).exit_code, 0);
+  ASSERT_EQ(RunS3Cli("push " + bucket + " acme/m@v0 " + Version(0) + " --no-cache").exit_code, 0);
   for (const char* mode : {"down", "stall"}) {
     SCOPED_TRACE(mode);
     proxy_->SetMode(mode);
-    Result pull = RunCli("pull " + bucket + " acme/m@v0 " + (root_ / "out").string() +
+    Result pull = RunS3Cli("pull " + bucket + " acme/m@v0 " + (root_ / "out").string() +
                          " --no-cache --timeout 4");
     EXPECT_EQ(pull.exit_code, 1) << pull.out;
     EXPECT_LT(pull.seconds, 30.0) << pull.out;
-    Result push = RunCli("push " + bucket + " acme/m@v1 " + Version(1) + " --no-cache --timeout 4");
+    Result push = RunS3Cli("push " + bucket + " acme/m@v1 " + Version(1) + " --no-cache --timeout 4");
     EXPECT_EQ(push.exit_code, 1) << push.out;
     EXPECT_LT(push.seconds, 30.0) << push.out;
   }
   proxy_->SetMode("normal");
-  EXPECT_EQ(RunCli("verify " + bucket + " acme/m@v0 --timeout 30").exit_code, 0);
+  EXPECT_EQ(RunS3Cli("verify " + bucket + " acme/m@v0 --timeout 30").exit_code, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RemoteBucketCli, ::testing::Values("http", "s3"),

@@ -20,14 +20,15 @@
 #include "tests/testing/fake_aws.h"
 #include "tests/testing/s3_test_server.h"
 #include "tests/testing/test_servers.h"
+#include "tests/testing/bytes.h"
 
 namespace weightfs {
 namespace {
 
+using test::Bytes;
+
 namespace fs = std::filesystem;
 using std::chrono::seconds;
-
-std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 TEST(AwsTimeTest, ParsesTheFormsAwsSends) {
   const auto t = ParseAwsTime("2026-12-06T03:00:00Z");

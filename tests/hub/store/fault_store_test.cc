@@ -12,14 +12,15 @@
 #include <vector>
 
 #include "tests/testing/mem_store.h"
+#include "tests/testing/bytes.h"
 
 namespace weightfs {
 namespace {
 
+using test::Bytes;
+
 using test::FaultStore;
 using test::StoreOp;
-
-std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 TEST(FaultStoreTest, FailsMatchingCallsAfterSomeForSomeTimes) {
   auto mem = std::make_shared<test::MemStore>();

@@ -1,4 +1,5 @@
 #include "hub/store/local_store.h"
+#include "tests/testing/bytes.h"
 
 #include <unistd.h>
 
@@ -14,9 +15,9 @@
 namespace weightfs {
 namespace {
 
-namespace fs = std::filesystem;
+using test::Bytes;
 
-std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+namespace fs = std::filesystem;
 
 class LocalStoreTest : public ::testing::Test {
  protected:

@@ -27,18 +27,13 @@
 #include "tests/testing/s3_test_server.h"
 #include "tests/testing/test_servers.h"
 #include "tests/testing/store_conformance.h"
+#include "tests/testing/bytes.h"
 
 namespace weightfs {
 namespace {
 
-std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
-
-std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
-  std::vector<uint8_t> out(n);
-  std::mt19937 rng(seed);
-  for (auto& b : out) b = static_cast<uint8_t>(rng());
-  return out;
-}
+using test::Bytes;
+using test::RandomBytes;
 
 // No AWS_* variable of the machine running the tests leaks in.
 AwsEnvLookup EmptyEnv() {
