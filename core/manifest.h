@@ -84,6 +84,9 @@ struct TableSection {
   // Bytes of its block index (core/chunk_table.h: a file of more than kTableBlockRows rows);
   // 0: the section is one table of every row.
   uint64_t index_length = 0;
+  // One table of more rows than a block holds: written before table blocks (format2.md
+  // "Blocks"); every read of one chunk decodes all of it. `weightfs upgrade` rewrites it.
+  bool ShouldBeBlocks() const { return index_length == 0 && rows > kTableBlockRows; }
 };
 
 struct ManifestFile {

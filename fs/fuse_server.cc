@@ -146,9 +146,8 @@ struct FuseServer::Impl {
     const std::string name = std::string(rest) + "@" + version;
     (void)fuse_lowlevel_notify_inval_entry(session, parent, name.c_str(), name.size());
   }
-  void ForgetDraftName(const std::string& draft_name) {
-    const size_t at = draft_name.rfind('@');
-    if (at != std::string::npos) ForgetDraftName(draft_name.substr(0, at), draft_name.substr(at + 1));
+  void ForgetDraftName(const std::optional<VersionRef>& draft) {
+    if (draft) ForgetDraftName(draft->model, draft->version);
   }
 
   // Says once per model when the chunk cache cannot hold what reading the model's versions
@@ -874,9 +873,9 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
         return Status::Ok();
       }
     } else if (n == kXattrDiscard) {
-      const std::optional<std::string> name = s.drafts->DraftName(ino);
+      const std::optional<VersionRef> draft = s.drafts->DraftRef(ino);
       WFS_TRY(s.drafts->Discard(ino));
-      if (name) s.ForgetDraftName(*name);
+      s.ForgetDraftName(draft);
     } else if (n == kXattrCommit) {
       // (Its own context: a refusal to publish as things stand is EBUSY, not EINVAL.)
       if (int err = StatusToErrno(s.drafts->Commit(ino, v), ErrnoContext::kCommit, "commit"); err != 0) {
@@ -886,7 +885,7 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
     } else {
       WFS_TRY(s.drafts->SetXattr(ino, n, v));
       // Set-parent changed which files the draft has.
-      if (std::optional<std::string> name = s.drafts->DraftName(ino)) s.ForgetDraftName(*name);
+      s.ForgetDraftName(s.drafts->DraftRef(ino));
     }
     fuse_reply_err(req, 0);
     return Status::Ok();

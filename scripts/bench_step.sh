@@ -73,6 +73,11 @@ $py -c "import numpy" 2>/dev/null || die "$py has no numpy (apt-get install pyth
 
 now() { date +%s.%N; }
 since() { awk "BEGIN { printf \"%.4f\", $(now) - $1 }"; }
+# CPU seconds the whole machine has spent busy (every core, /proc/stat: user, nice, system, irq
+# and softirq), and those of one process (utime + stime): row 1 says where a save's CPU goes.
+busy_cpu() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / { printf "%.2f", ($2 + $3 + $4 + $7 + $8) / hz }' /proc/stat; }
+proc_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat"; }
+daemon_pid() { $py -c "import os,sys; print(os.getxattr(sys.argv[1], 'user.weightfs.pid').decode())" "$1"; }
 say() { echo "== $*" >&2; }
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 received() { $py -c "import json,os,sys; print(json.loads(os.getxattr(sys.argv[1], 'user.weightfs.stats'))['bucket']['bytes_received'])" "$1"; }
@@ -203,6 +208,9 @@ for ((r = 1; r <= runs; r++)); do
   cat "$mnt/bench/model@v3"/* >/dev/null  # the trainer holds N
   cat "${saved[@]}" >/dev/null             # N+1's files are in the page cache, as after a save
   sync
+  pid=$(daemon_pid "$mnt")
+  busy0=$(busy_cpu)
+  daemon0=$(proc_cpu "$pid")
   t0=$(now)
   mkdir "$mnt/bench/model@v4"
   cp "${saved[@]}" "$mnt/bench/model@v4/"
@@ -210,15 +218,19 @@ for ((r = 1; r <= runs; r++)); do
   "$wfs" commit "$mnt/bench/model@v4" >"$run/commit.out" 2>&1 || { cat "$run/commit.out" >&2; die "weightfs commit failed (log: $work/mount.log)"; }
   add W 1 "$(since "$t0")"
   add X 1cp "$t_cp"
+  add X 1busy "$(awk "BEGIN { print $(busy_cpu) - $busy0 }")"
+  add X 1daemon "$(awk "BEGIN { print $(proc_cpu "$pid") - $daemon0 }")"
   unmount_mnt
   add X 1stored "$(stored "$run/bucket" v4)"
   cat "${saved[@]}" >/dev/null
   sync
+  busy0=$(busy_cpu)
   t0=$(now)
   mkdir "$run/local"
   cp "${saved[@]}" "$run/local/"
   sync
   add B 1 "$(since "$t0")"
+  add X 1busy_local "$(awk "BEGIN { print $(busy_cpu) - $busy0 }")"
   # A control, not the baseline: the same copy through a user-space buffer (dd bs=1M, as the
   # mount's daemon copies a FUSE write into its staging file), where cp copies in the kernel
   # (copy_file_range). On a VM whose fresh page-cache memory is slow, this is what moves.
@@ -365,6 +377,7 @@ for i in 1 2 3 4 5 6 7 8; do
 done
 echo
 echo "row 1: cp into the draft $(summary "${X[1cp]}") s of it, the rest is commit; stored $(mb "$(median "${X[1stored]}")") (push stores $(mb "$(median "${X[2stored]}")"), zstd -3 writes $(mb "$(median "${X[2zstd]}")")); control: dd bs=1M to a local dir + sync $(summary "${X[1dd]}") s"
+echo "row 1, CPU seconds (median; $(nproc) cores): the machine busy $(median "${X[1busy]}") during the save into the draft (the daemon's own $(median "${X[1daemon]}")), $(median "${X[1busy_local]}") during cp + sync to local disk"
 echo "rows 3-5, bucket bytes received (median): 3: $(mb "$(median "${X[3recv]}")"), 4: $(mb "$(median "${X[4recv]}")"), 5: $(mb "$(median "${X[5recv]}")") (N+1's deltas: $(mb "$stored_n1"), the base: $(mb "$stored_v0"))"
 echo "row 6: patch files $(mb "${X[6patch]}"), numpy idx/val files $(mb "${X[6np]}")"
 echo "total $(awk "BEGIN { printf \"%.0f\", $(now) - $script_t0 }") s"

@@ -226,13 +226,13 @@ Status Build(const ScaleOptions& o, const std::string& bucket_dir, std::FILE* lo
   WFS_ASSIGN_OR_RETURN(std::unique_ptr<Bucket> bucket, Bucket::Open(store));
   bucket->set_table_block_rows(o.block_rows);
   std::mt19937_64 rng(7);
-  const uint64_t kChunk = o.chunk_bytes;
-  std::vector<uint8_t> weights = Weights(kChunk, rng), previous;
+  const uint64_t chunk = o.chunk_bytes;
+  std::vector<uint8_t> weights = Weights(chunk, rng), previous;
   ChunkCodec codec;
   std::vector<uint8_t> payload;
   Manifest m;
   m.model = "scale/m";
-  m.chunk_bytes = kChunk;
+  m.chunk_bytes = chunk;
   const uint64_t per_file = (o.chunks + static_cast<uint64_t>(o.files) - 1) / static_cast<uint64_t>(o.files);
   uint64_t left = o.chunks;
   for (int f = 0; f < o.files && left > 0; ++f) {
@@ -242,7 +242,7 @@ Status Build(const ScaleOptions& o, const std::string& bucket_dir, std::FILE* lo
     file.path = name;
     const uint64_t n = std::min(per_file, left);
     left -= n;
-    file.size = n * kChunk;
+    file.size = n * chunk;
     file.sha256 = std::string(64, '0');  // a placeholder (see the top of this file)
     file.chunks.resize(n);
     for (uint64_t i = 0; i < n; ++i) {
@@ -250,8 +250,8 @@ Status Build(const ScaleOptions& o, const std::string& bucket_dir, std::FILE* lo
       // Opaque shards (a push of one of them encodes against it); real rows have a real
       // model's keys, except the first, which the push below changes.
       c.key = o.real_rows && i > 0 ? ChunkKeyOf(f, i, per_file) : ChunkKey{"", i};
-      c.offset = i * kChunk;
-      c.length = kChunk;
+      c.offset = i * chunk;
+      c.length = chunk;
     }
     m.files.push_back(std::move(file));
   }
@@ -285,9 +285,9 @@ Status Build(const ScaleOptions& o, const std::string& bucket_dir, std::FILE* lo
     m.packs = {packs.PackHash(slot.pack)};
     m.created_ms = t0 + k * 60000;
     m.created = FormatUtc(m.created_ms);
-    m.stats = {o.chunks * kChunk, payload.size(),
-               static_cast<uint64_t>(static_cast<double>(o.chunks * kChunk / 2) * (k ? o.changed : 1.0)),
-               o.chunks * kChunk / 2};
+    m.stats = {o.chunks * chunk, payload.size(),
+               static_cast<uint64_t>(static_cast<double>(o.chunks * chunk / 2) * (k ? o.changed : 1.0)),
+               o.chunks * chunk / 2};
     uint64_t fake_offset = slot.offset + payload.size();  // real rows' payloads, one after another
     for (ManifestFile& file : m.files) {
       for (size_t i = 0; i < file.chunks.size(); ++i) {
@@ -451,7 +451,7 @@ int BenchScaleMain(int argc, char** argv) {
     o.chunk_bytes = *b;
   }
   o.real_rows = args.Has("--real-rows");
-  const uint64_t kChunk = o.chunk_bytes;
+  const uint64_t chunk = o.chunk_bytes;
   o.dir = AbsolutePath(args.GetOr("--dir", o.dir));
   o.json = args.Has("--json");
   std::FILE* log = o.json ? nullptr : stderr;
@@ -565,29 +565,29 @@ int BenchScaleMain(int argc, char** argv) {
       // the kernel's readahead would read its neighbours too (which, with --real-rows, have
       // no payload to read), and so would the mount's after 2 MiB of a sequential run; the
       // first MiB of a chunk materializes all of it.
-      std::vector<uint8_t> buf(std::min<uint64_t>(kChunk, 1 << 20));
+      std::vector<uint8_t> buf(std::min<uint64_t>(chunk, 1 << 20));
       (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
-      const ssize_t got = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(ProbeRow(rows) * kChunk));
+      const ssize_t got = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(ProbeRow(rows) * chunk));
       ::close(fd);
       return got == static_cast<ssize_t>(buf.size()) ? VersionName(k) : std::string("short read");
     });
   }
   // The newest version's first chunk of the first shard: what the push below changes.
-  std::vector<uint8_t> newest_chunk(kChunk);
+  std::vector<uint8_t> newest_chunk(chunk);
   measure("first chunk read of the newest version (head preloaded)", [&] {
     char name[64];
     std::snprintf(name, sizeof name, "shard-%05d-of-%05d.bin", 1, o.files);
     const int fd = ::open((mnt + "/scale/m@" + VersionName(newest) + "/" + name).c_str(), O_RDONLY);
     if (fd < 0) return std::string("open failed: ") + std::strerror(errno);
     (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);  // (see above)
-    ssize_t got = ::pread(fd, newest_chunk.data(), std::min<uint64_t>(kChunk, 1 << 20), 0);
-    if (got == static_cast<ssize_t>(std::min<uint64_t>(kChunk, 1 << 20)) && kChunk > (1 << 20)) {
+    ssize_t got = ::pread(fd, newest_chunk.data(), std::min<uint64_t>(chunk, 1 << 20), 0);
+    if (got == static_cast<ssize_t>(std::min<uint64_t>(chunk, 1 << 20)) && chunk > (1 << 20)) {
       // The rest of the chunk (already materialized: no bucket request), for the push below.
-      got = ::pread(fd, newest_chunk.data(), kChunk, 0);
+      got = ::pread(fd, newest_chunk.data(), chunk, 0);
     }
     ::close(fd);
-    if (got != static_cast<ssize_t>(kChunk)) newest_chunk.clear();
-    return std::string(got == static_cast<ssize_t>(kChunk) ? VersionName(newest) : "short read");
+    if (got != static_cast<ssize_t>(chunk)) newest_chunk.clear();
+    return std::string(got == static_cast<ssize_t>(chunk) ? VersionName(newest) : "short read");
   });
   measure("mkdir of a draft", [&] {
     const std::string draft = mnt + "/scale/m@draft-1";
@@ -616,7 +616,7 @@ int BenchScaleMain(int argc, char** argv) {
     fs::remove_all(src, ec);
     fs::create_directories(src, ec);
     std::mt19937_64 rng(static_cast<uint64_t>(::getpid()));
-    if (newest_chunk.empty()) newest_chunk = Weights(kChunk, rng);
+    if (newest_chunk.empty()) newest_chunk = Weights(chunk, rng);
     Step(newest_chunk, o.changed, rng);
     char name_buf[64];
     std::snprintf(name_buf, sizeof name_buf, "/shard-%05d-of-%05d.bin", 1, o.files);
@@ -670,8 +670,8 @@ int BenchScaleMain(int argc, char** argv) {
     return 0;
   }
   std::printf("bench scale: %llu chunks of %s in %d files (%s a version), %d versions, keyframe every %d\n",
-              static_cast<unsigned long long>(o.chunks), FormatBytes(static_cast<double>(kChunk)).c_str(), o.files,
-              FormatBytes(static_cast<double>(o.chunks * kChunk)).c_str(), o.versions, o.keyframe_depth + 1);
+              static_cast<unsigned long long>(o.chunks), FormatBytes(static_cast<double>(chunk)).c_str(), o.files,
+              FormatBytes(static_cast<double>(o.chunks * chunk)).c_str(), o.versions, o.keyframe_depth + 1);
   std::printf("bucket %s: heads %s, tables %s (%.2f bytes a row%s)\n", FormatBytes(static_cast<double>(bucket_bytes)).c_str(),
               FormatBytes(static_cast<double>(head_bytes)).c_str(), FormatBytes(static_cast<double>(table_bytes)).c_str(),
               static_cast<double>(table_bytes) / rows,

@@ -966,7 +966,7 @@ options:
       }
       ++converted;
     } else if (std::any_of((*m)->files.begin(), (*m)->files.end(), [](const ManifestFile& f) {
-                 return f.section.index_length == 0 && f.section.rows > kTableBlockRows;
+                 return f.section.ShouldBeBlocks();
                })) {
       if (!dry) {
         Expected<std::shared_ptr<const Manifest>> full = bucket.ReadFullManifest(v.model, v.version);

@@ -489,12 +489,14 @@ Status Drafts::Discard(uint64_t draft_ino) {
   return s.RemoveDraft(d);
 }
 
-std::optional<std::string> Drafts::DraftName(uint64_t ino) const {
+std::optional<VersionRef> Drafts::DraftRef(uint64_t ino) const {
   State& s = *state_;
   MutexLock lock(s.mu);
   const State::Ref* r = s.RefLocked(ino);
   if (!r || r->type != State::Type::kDraftDir) return std::nullopt;
-  return r->a;
+  const std::shared_ptr<Draft> d = s.DraftLocked(r->a);
+  if (!d) return std::nullopt;
+  return VersionRef{d->model, d->version};
 }
 
 Status Drafts::DiscardStaged(std::string_view name) {

@@ -138,8 +138,8 @@ class Drafts {
   Status GetAttr(uint64_t ino, NodeAttr* out);
   Status Lookup(uint64_t parent, std::string_view name, NodeAttr* out);
   Status ReadDir(uint64_t ino, std::vector<DirEntry>* out);
-  // "model@version" of a draft directory, or nullopt.
-  std::optional<std::string> DraftName(uint64_t ino) const;
+  // The model and version of a draft directory, or nullopt.
+  std::optional<VersionRef> DraftRef(uint64_t ino) const;
   // The path of a new model directory (for DirPath-like routing), else nullopt.
   std::optional<std::string> DirPath(uint64_t ino) const;
   Status Mkdir(uint64_t parent, std::string_view name, mode_t mode, const Caller& who, NodeAttr* out);

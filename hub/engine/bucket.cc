@@ -307,7 +307,7 @@ Expected<std::shared_ptr<const ManifestFile>> Bucket::File(const Manifest& m, co
     }
     return std::shared_ptr<const ManifestFile>(std::move(all));
   }
-  if (file.section.rows > kTableBlockRows && !warned_one_piece_.exchange(true)) {
+  if (file.section.ShouldBeBlocks() && !warned_one_piece_.exchange(true)) {
     // Written before blocks: every reader of one chunk decodes the whole file's rows.
     spdlog::warn("{}: {} rows in one table section (written by a weightfs from before table blocks): each read "
                  "decodes all of them; `weightfs upgrade {}` rewrites such tables in blocks (said once)",
