@@ -377,7 +377,8 @@ for i in 1 2 3 4 5 6 7 8; do
 done
 echo
 echo "row 1: cp into the draft $(summary "${X[1cp]}") s of it, the rest is commit; stored $(mb "$(median "${X[1stored]}")") (push stores $(mb "$(median "${X[2stored]}")"), zstd -3 writes $(mb "$(median "${X[2zstd]}")")); control: dd bs=1M to a local dir + sync $(summary "${X[1dd]}") s"
-echo "row 1, CPU seconds (median; $(nproc) cores): the machine busy $(median "${X[1busy]}") during the save into the draft (the daemon's own $(median "${X[1daemon]}")), $(median "${X[1busy_local]}") during cp + sync to local disk"
+cpu_s() { awk "BEGIN { printf \"%.2f\", $(median "$1") }"; }
+echo "row 1, CPU seconds (median; $(nproc) cores): the machine busy $(cpu_s "${X[1busy]}") during the save into the draft (the daemon's own $(cpu_s "${X[1daemon]}")), $(cpu_s "${X[1busy_local]}") during cp + sync to local disk"
 echo "rows 3-5, bucket bytes received (median): 3: $(mb "$(median "${X[3recv]}")"), 4: $(mb "$(median "${X[4recv]}")"), 5: $(mb "$(median "${X[5recv]}")") (N+1's deltas: $(mb "$stored_n1"), the base: $(mb "$stored_v0"))"
 echo "row 6: patch files $(mb "${X[6patch]}"), numpy idx/val files $(mb "${X[6np]}")"
 echo "total $(awk "BEGIN { printf \"%.0f\", $(now) - $script_t0 }") s"

@@ -421,6 +421,7 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
   PushResult result;
   const uint64_t size = source->size();
   bool shrank = false;
+  double sync_secs = 0;  // waiting for the staging file's last writes to reach the disk
   {
     Close close{*f, source};
     VersionEncoder encoder(*bucket, cache, pool, VersionRef{d->model, d->version}, d->parent_manifest,
@@ -429,7 +430,9 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
     encoded = added.ok() ? encoder.Finish(&result) : Expected<Manifest>(added);
     shrank = !added.ok() && source->Shrank();
     if (encoded.ok()) {
+      const auto sync_start = std::chrono::steady_clock::now();
       if (Status synced = DataSync(source->descriptor(), staging); !synced.ok()) encoded = synced;
+      sync_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - sync_start).count();
     }
   }
   if (stale()) return Status::Ok();  // encoded again on its next close
@@ -468,9 +471,10 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
   }
   if (!old_part.empty()) ::unlink(d->PartPath(old_part).c_str());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("draft {}: encoded {} ({} bytes -> {} stored, {} full / {} delta / {} same chunks) in {:.2f} s",
+  spdlog::info("draft {}: encoded {} ({} bytes -> {} stored, {} full / {} delta / {} same chunks) in {:.2f} s "
+               "({:.2f} s of it waiting for the staging file to reach the disk)",
                d->name(), path, size, part.stats.stored_bytes, result.full_chunks,
-               result.delta_chunks, result.same_chunks, secs);
+               result.delta_chunks, result.same_chunks, secs, sync_secs);
   files_encoded++;
   bytes_encoded += size;
   bytes_stored += part.stats.stored_bytes;
