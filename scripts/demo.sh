@@ -20,7 +20,7 @@ else
   work=$(mktemp -d /tmp/weightfs-demo.XXXXXX)
 fi
 "$root/scripts/setup.sh"
-echo "== building weightfs (Release; the first build takes about 5 minutes on 2 cores, then seconds)"
+echo "== building weightfs (Release; the first build takes about 2.5 minutes on 2 cores, then seconds)"
 build_log="$work.build.log"
 echo "   full compiler output: $build_log"
 # The build's own [ NN%] lines, condensed to one line per 10%, so a first build is not silent.
