@@ -13,7 +13,6 @@
 namespace weightfs {
 namespace {
 
-constexpr const char* kXattrParent = "user.weightfs.parent";
 constexpr const char* kXattrSha256 = "user.weightfs.sha256";
 constexpr const char* kXattrStoredBytes = "user.weightfs.stored_bytes";
 constexpr const char* kXattrChangedFraction = "user.weightfs.changed_fraction";

@@ -49,6 +49,10 @@
 
 namespace weightfs {
 
+// The parent xattr, on a published version ("model@parent") and on a draft directory (the
+// parent's version name; set while the draft is unchanged: fs/drafts/xattrs.cc).
+inline constexpr const char* kXattrParent = "user.weightfs.parent";
+
 struct NamespaceOptions {
   std::chrono::milliseconds refresh{10000};  // re-list directories above versions this often
   double immutable_timeout_s = 86400;        // attr/entry timeout inside versions

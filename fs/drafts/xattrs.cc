@@ -9,7 +9,6 @@ namespace weightfs {
 
 namespace {
 
-constexpr const char* kXattrDraftParent = "user.weightfs.parent";
 constexpr const char* kXattrState = "user.weightfs.state";
 constexpr const char* kXattrError = "user.weightfs.error";
 // What the commit does with the inherited files (JSON: State::InheritedPlan).
@@ -25,7 +24,7 @@ Status Drafts::GetXattr(uint64_t ino, std::string_view name, std::string* out) {
   if (r->type != State::Type::kDraftDir) return Status::NoAttribute("no such attribute");
   std::shared_ptr<Draft> d = s.DraftLocked(r->a);
   if (!d) return s.GoneLocked(r->a);
-  if (name == kXattrDraftParent) {
+  if (name == kXattrParent) {
     if (!d->parent) return Status::NoAttribute("no such attribute");
     *out = *d->parent;
   } else if (name == kXattrState) {
@@ -53,7 +52,7 @@ Status Drafts::ListXattr(uint64_t ino, std::vector<std::string>* out) {
   if (r->type != State::Type::kDraftDir) return Status::Ok();
   std::shared_ptr<Draft> d = s.DraftLocked(r->a);
   if (!d) return s.GoneLocked(r->a);
-  if (d->parent) out->push_back(kXattrDraftParent);
+  if (d->parent) out->push_back(kXattrParent);
   out->push_back(kXattrState);
   out->push_back(kXattrInherited);
   if (!d->error.empty()) out->push_back(kXattrError);
@@ -67,7 +66,7 @@ Status Drafts::SetXattr(uint64_t ino, std::string_view name, std::string_view va
     MutexLock lock(s.mu);
     const State::Ref* r = s.RefLocked(ino);
     if (!r) return Status::NotFound("no such file or directory");
-    if (r->type != State::Type::kDraftDir || name != kXattrDraftParent) return Status::Unsupported(std::string(name) + " cannot be set here");
+    if (r->type != State::Type::kDraftDir || name != kXattrParent) return Status::Unsupported(std::string(name) + " cannot be set here");
     d = s.DraftLocked(r->a);
     if (!d) return s.GoneLocked(r->a);
     // Only an unchanged draft can change its parent: every file still the parent's.

@@ -23,16 +23,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::RunCli;
+using test::Slurp;
 
 void WriteBytes(const fs::path& path, const std::vector<uint8_t>& bytes) {
   fs::create_directories(path.parent_path());
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::vector<uint8_t> ReadBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
 // The version's table sections of `path`, as a fresh reader of the bucket sees them.
@@ -110,7 +106,7 @@ TEST(UpgradeCli, RewritesOneTableSectionsInBlocksAndEveryVersionReadsTheSame) {
     const test::CommandResult pull = RunCli("pull " + bucket_dir.string() + " acme/m@" + v + " " + out.string() +
                                             " --cache-dir " + (root / ("cache-" + v)).string());
     ASSERT_EQ(pull.exit_code, 0) << pull.out;
-    EXPECT_TRUE(ReadBytes(out / "data.bin") == ReadBytes(root / ("src/" + v) / "data.bin")) << v << " reads back wrong";
+    EXPECT_TRUE(Slurp(out / "data.bin") == Slurp(root / ("src/" + v) / "data.bin")) << v << " reads back wrong";
     const test::CommandResult verify = RunCli("verify " + bucket_dir.string() + " acme/m@" + v);
     EXPECT_EQ(verify.exit_code, 0) << verify.out;
   }
