@@ -27,6 +27,7 @@
 #include "core/mutex.h"
 #include "core/status.h"
 #include "hub/engine/lease.h"
+#include "hub/store/direct_file.h"
 
 namespace weightfs {
 
@@ -115,6 +116,9 @@ struct DraftFile {
   // encoder, a truncate or copy-up), else closed: a draft of 100,000 files must not hold
   // 100,000 descriptors (it ran out at ~20,000). EnsureFd before any use.
   int fd WFS_GUARDED_BY(mu) = -1;
+  // A save's writes (direct handles) keep little of the staging file in the page cache; the
+  // encoder reads it back direct once they dropped some (hub/store/direct_file.h says why).
+  StreamedWrites streamed WFS_GUARDED_BY(mu);
   int handles WFS_GUARDED_BY(mu) = 0;  // open handles (DraftHandle) of the file
   uint64_t size WFS_GUARDED_BY(mu) = 0;
   std::string parent_path;                  // inherited or backed: the parent's file

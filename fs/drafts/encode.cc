@@ -385,7 +385,8 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
     if (f->generation != generation) return Status::Ok();  // changed: encoded on its next close
     staging = f->staging;
     id = f->id;
-    Expected<FileBytes> opened = FileBytes::Open(staging);
+    Expected<FileBytes> opened =
+        FileBytes::Open(staging, f->streamed.dropped() ? FileBytes::Access::kDirect : FileBytes::Access::kCached);
     if (!opened.ok()) return opened.status();
     if (opened->size() != f->size) {
       // Truncated or extended by something other than the mount (the mount keeps the two

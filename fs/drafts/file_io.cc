@@ -372,6 +372,8 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
       f.journal_dirty = true;
       return st;
     }
+    // A save's bytes go on to the disk as they come, and leave the page cache behind them.
+    if (h.direct) f.streamed.Wrote(f.fd, offset, end);
     // Parent chunks this write covered whole are the staging file's from now on (marked only
     // once the bytes are there: a reader or a crash before sees the parent's).
     if (f.backed && offset < f.backing_limit) {

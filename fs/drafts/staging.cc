@@ -16,6 +16,7 @@ namespace weightfs {
 Status Drafts::State::StageLocked(Draft& d, DraftFile& f, bool backed) {
   f.id = d.next_id++;
   f.staging = d.StagingPath(f.id);
+  f.streamed.Reset();
   f.fd = ::open(f.staging.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (f.fd < 0) {
     Status st = LastErrnoStatus("draft " + d.name() + ": cannot create staging file " + f.staging);
@@ -62,6 +63,7 @@ Status Drafts::State::ResizeLocked(Draft& d, DraftFile& f, uint64_t size, uint64
   unlink_after->assign(f.staging);
   ::close(f.fd);
   f.fd = fd;
+  f.streamed.Reset();
   f.staging = path;
   f.id = spare_id;
   f.size = size;

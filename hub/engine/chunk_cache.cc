@@ -108,7 +108,6 @@ namespace {
 
 constexpr const char* kRefMagic = "weightfs-chunk-ref 1";  // the legacy one-file-a-chunk form
 
-constexpr size_t kDirectAlign = 4096;
 // Chunks from this size on are written O_DIRECT even from an unaligned buffer (through a copy).
 constexpr size_t kBounceMinBytes = 128 << 10;
 

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "hub/store/direct_file.h"
 #include "hub/store/local_file.h"  // PreadUpTo (callers of FileBytes use it too)
 
 namespace weightfs {
@@ -29,8 +30,11 @@ class FileBytes {
   explicit FileBytes(std::span<const uint8_t> memory) : memory_(memory), size_(memory.size()) {}
   // `size` bytes of the file open as `fd` (read from offset 0), `name` for errors.
   FileBytes(int fd, uint64_t size, std::string name) : fd_(fd), size_(size), name_(std::move(name)) {}
+  // How Open reads the file: through the page cache, or around it (O_DIRECT,
+  // hub/store/direct_file.h) for a file written so and read once, where the file system can.
+  enum class Access { kCached, kDirect };
   // The file at `path` as it is now (its size at open), read through a descriptor of its own.
-  static Expected<FileBytes> Open(const std::string& path);
+  static Expected<FileBytes> Open(const std::string& path, Access access = Access::kCached);
   FileBytes(FileBytes&& other) noexcept;
   FileBytes& operator=(FileBytes&& other) noexcept;
   FileBytes(const FileBytes&) = delete;
@@ -51,6 +55,7 @@ class FileBytes {
  private:
   std::span<const uint8_t> memory_;
   int fd_ = -1;
+  int direct_fd_ = -1;  // Access::kDirect: what Read reads through (fd_ stays for the rest)
   uint64_t size_ = 0;
   std::string name_;
   bool owns_fd_ = false;

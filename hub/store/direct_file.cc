@@ -1,0 +1,80 @@
+#include "hub/store/direct_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+
+namespace weightfs {
+namespace {
+
+// The largest read through the aligned buffer at once: an encoder's chunk in one or a few.
+constexpr size_t kBounceBytes = 4 << 20;
+
+struct FreeAligned {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+
+// This thread's aligned buffer for direct reads (allocated on first use, reused by every read:
+// memory that stays warm).
+uint8_t* Bounce() {
+  thread_local std::unique_ptr<uint8_t, FreeAligned> buffer;
+  if (!buffer) {
+    buffer.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, kBounceBytes)));
+    if (!buffer) throw std::bad_alloc();
+  }
+  return buffer.get();
+}
+
+}  // namespace
+
+int OpenDirect(const std::string& path, int flags) { return ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC); }
+
+uint64_t PreadDirect(int direct_fd, uint8_t* out, uint64_t size, uint64_t offset, int* error) {
+  int err = 0;
+  uint64_t done = 0;  // bytes of `out` filled
+  uint8_t* bounce = Bounce();
+  const uint64_t aligned_end = (offset + size + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  while (done < size) {
+    const uint64_t want = offset + done;  // the next byte wanted
+    const uint64_t pos = want / kDirectAlign * kDirectAlign;
+    const uint64_t span = std::min<uint64_t>(kBounceBytes, aligned_end - pos);
+    const ssize_t r = ::pread(direct_fd, bounce, static_cast<size_t>(span), static_cast<off_t>(pos));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) err = errno;
+    if (r <= 0 || static_cast<uint64_t>(r) <= want - pos) break;  // an error, or the end of the file
+    const uint64_t got = std::min<uint64_t>(static_cast<uint64_t>(r) - (want - pos), size - done);
+    std::memcpy(out + done, bounce + (want - pos), got);
+    done += got;
+    if (static_cast<uint64_t>(r) % kDirectAlign != 0) break;  // ends inside a block: the end of the file
+  }
+  if (error != nullptr) *error = err;
+  return done;
+}
+
+void StreamedWrites::Wrote(int fd, uint64_t offset, uint64_t end) {
+  if (offset != next_) {  // not the stream's next write: the windows start again from here
+    window_start_ = started_ = offset / kWindowBytes * kWindowBytes;
+  }
+  next_ = end;
+  while (end >= started_ + kWindowBytes) {
+    // (Best effort: a failure here loses nothing; the writes' own errors and fdatasync's speak.)
+    (void)::sync_file_range(fd, static_cast<off64_t>(started_), kWindowBytes, SYNC_FILE_RANGE_WRITE);
+    started_ += kWindowBytes;
+    if (started_ - window_start_ > 2 * kWindowBytes) {
+      const uint64_t drop = window_start_;
+      (void)::sync_file_range(fd, static_cast<off64_t>(drop), kWindowBytes,
+                              SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+      (void)::posix_fadvise(fd, static_cast<off_t>(drop), kWindowBytes, POSIX_FADV_DONTNEED);
+      window_start_ += kWindowBytes;
+      dropped_ = true;
+    }
+  }
+}
+
+}  // namespace weightfs
