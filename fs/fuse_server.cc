@@ -599,8 +599,6 @@ std::string StatsJsonOf(const Impl& s) {
                    {"bytes_to_go", d.bytes_to_go},
                    {"queued_encodes", d.queued_encodes},
                    {"files_encoded", d.files_encoded},
-                   {"files_encoded_as_written", d.files_encoded_as_written},
-                   {"files_following", d.files_following},
                    {"bytes_encoded", d.bytes_encoded},
                    {"bytes_stored", d.bytes_stored},
                    {"versions_published", d.versions_published},

@@ -78,8 +78,6 @@ constexpr Metric kMetrics[] = {
     {"weightfs_draft_pending_files", "/drafts/pending_files", "gauge", "Files written into drafts and not yet encoded."},
     {"weightfs_draft_pending_bytes", "/drafts/bytes_to_go", "gauge", "Bytes of draft files not yet encoded."},
     {"weightfs_draft_encoded_files_total", "/drafts/files_encoded", "counter", "Draft files encoded into packs."},
-    {"weightfs_draft_encoded_as_written_files_total", "/drafts/files_encoded_as_written", "counter",
-     "Draft files encoded while their writer wrote them (a save in order, followed chunk by chunk)."},
     {"weightfs_draft_encoded_bytes_total", "/drafts/bytes_encoded", "counter", "Bytes of the draft files encoded."},
     {"weightfs_uploaded_bytes_total", "/drafts/bytes_stored", "counter",
      "Bytes the encoded draft files took in packs, uploaded to the bucket."},

@@ -119,30 +119,6 @@ struct DraftFile {
   // A save's writes (direct handles) keep little of the staging file in the page cache; the
   // encoder reads it back direct once they dropped some (hub/store/direct_file.h says why).
   StreamedWrites streamed WFS_GUARDED_BY(mu);
-  // A save written front to back by one writer is encoded while it is written (State::
-  // EncodeStream). `stream_end`: where its writes in order from 0 reached; `stream_base`: the
-  // generation when it began (an open at size 0), after which every bump of `generation` was
-  // one of the `stream_appends` while the stream is intact. While `streaming` the encoder reads
-  // it; `stream_read` is how far (the writer stays within kStreamLead of it and drops no
-  // window it has not read). `stream_cv` wakes the encoder on each write and close, and the
-  // writer when the encoder moves on.
-  uint64_t stream_end WFS_GUARDED_BY(mu) = 0;
-  uint64_t stream_base WFS_GUARDED_BY(mu) = 0;
-  uint64_t stream_appends WFS_GUARDED_BY(mu) = 0;
-  bool streaming WFS_GUARDED_BY(mu) = false;
-  bool stream_unthrottled WFS_GUARDED_BY(mu) = false;  // the encoder fell behind: the writer waits no more
-  uint64_t stream_read WFS_GUARDED_BY(mu) = 0;
-  CondVar stream_cv;
-  static constexpr uint64_t kStreamLead = 64 << 20;
-  // Whether every change since the stream began was a write in order. REQUIRES mu.
-  bool StreamIntact() const WFS_REQUIRES(mu) { return generation == stream_base + stream_appends; }
-  // A stream begins (the file is empty, opened by a direct writer). REQUIRES mu.
-  void BeginStream() WFS_REQUIRES(mu) {
-    stream_end = 0;
-    stream_base = generation;
-    stream_appends = 0;
-    stream_unthrottled = false;
-  }
   int handles WFS_GUARDED_BY(mu) = 0;  // open handles (DraftHandle) of the file
   uint64_t size WFS_GUARDED_BY(mu) = 0;
   std::string parent_path;                  // inherited or backed: the parent's file

@@ -78,8 +78,6 @@ Drafts::Metrics Drafts::metrics() {
   State& s = *state_;
   Metrics m;
   m.files_encoded = s.files_encoded.load();
-  m.files_encoded_as_written = s.files_encoded_as_written.load();
-  m.files_following = s.files_following.load();
   m.bytes_encoded = s.bytes_encoded.load();
   m.bytes_stored = s.bytes_stored.load();
   m.versions_published = s.versions_published.load();

@@ -207,8 +207,6 @@ class Drafts {
     uint64_t bytes_to_go = 0;         // ... and their bytes
     uint64_t queued_encodes = 0;      // encodes waiting to start
     uint64_t files_encoded = 0;       // since mount: files encoded into packs
-    uint64_t files_encoded_as_written = 0;  // ... of them while their writer wrote them (EncodeStream)
-    uint64_t files_following = 0;     // files encoded now as their writer writes them
     uint64_t bytes_encoded = 0;       // ... their bytes
     uint64_t bytes_stored = 0;        // ... what the packs took (uploaded to the bucket)
     uint64_t versions_published = 0;  // drafts published

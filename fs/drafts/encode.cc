@@ -18,10 +18,10 @@
 
 namespace weightfs {
 
-void Drafts::State::Enqueue(const std::string& draft, const std::string& path, bool stream) {
+void Drafts::State::Enqueue(const std::string& draft, const std::string& path) {
   {
     MutexLock lock(queue_mu);
-    queue.push_back(Job{draft, path, stream});
+    queue.emplace_back(draft, path);
   }
   queue_cv.NotifyOne();
 }
@@ -73,7 +73,7 @@ Status Drafts::State::EnsureEncoded(const std::shared_ptr<Draft>& d, const std::
 void Drafts::State::WorkerMain() {
   using Clock = std::chrono::steady_clock;
   for (;;) {
-    std::optional<Job> job;
+    std::optional<std::pair<std::string, std::string>> job;
     {
       MutexLock lock(queue_mu);
       // Small files wait for more of them, or a second without another (`small`: this thread's).
@@ -119,58 +119,49 @@ void Drafts::State::WorkerMain() {
         }
       }
     } catch (...) {
-      const std::string what = !job ? "small files" : job->path.empty() ? "committing" : "encoding";
+      const std::string what = !job ? "small files" : job->second.empty() ? "committing" : "encoding";
       const Status st = StatusOfCurrentException(what);
-      spdlog::error("draft {} {}: {}: {} (the data stays staged; commit retries)", job ? job->draft : "",
-                    job ? job->path : what, ErrorKindName(st.kind()), st.message());
+      spdlog::error("draft {} {}: {}: {} (the data stays staged; commit retries)", job ? job->first : "",
+                    job ? job->second : what, ErrorKindName(st.kind()), st.message());
     }
   }
 }
 
-void Drafts::State::RunJob(const Job& job) {
-  if (job.stream) {
-    std::shared_ptr<Draft> d;
-    {
-      MutexLock lock(mu);
-      d = DraftLocked(job.draft);
-    }
-    if (d) EncodeStream(d, job.path);
-    return;
-  }
+void Drafts::State::RunJob(const std::pair<std::string, std::string>& job) {
   std::shared_ptr<Draft> d;
   bool batch = false;
   uint64_t size = 0;
   {
     MutexLock lock(mu);
-    d = DraftLocked(job.draft);
-    if (d && !job.path.empty()) {
-      if (auto it = d->files.find(job.path); it != d->files.end()) {
+    d = DraftLocked(job.first);
+    if (d && !job.second.empty()) {
+      if (auto it = d->files.find(job.second); it != d->files.end()) {
         const DraftFile& f = *it->second;
         MutexLock flock(f.mu);
-        if (f.Encoded(job.path) || f.writers > 0 || f.encoding) return;  // nothing to do, or done elsewhere
+        if (f.Encoded(job.second) || f.writers > 0 || f.encoding) return;  // nothing to do, or done elsewhere
         batch = Small(f) && f.write_error.empty();
         size = f.size;
       }
     }
   }
   if (!d) return;
-  if (job.path.empty()) {
+  if (job.second.empty()) {
     Status s = CommitDraft(d, d->commit_as);
     if (!s.ok()) {
-      spdlog::error("resuming the commit of draft {}: {}", job.draft, s.ToString());
+      spdlog::error("resuming the commit of draft {}: {}", job.first, s.ToString());
       MutexLock lock(mu);
       d->error = s.ToString();
     }
     return;
   }
   if (batch) {
-    SmallBatch& b = small[job.draft];
-    b.paths.push_back(job.path);
+    SmallBatch& b = small[job.first];
+    b.paths.push_back(job.second);
     b.bytes += size;
     b.last = std::chrono::steady_clock::now();
     return;
   }
-  Status s = EnsureEncoded(d, job.path);
+  Status s = EnsureEncoded(d, job.second);
   if (!s.ok() && s.kind() != ErrorKind::kInvalidArgument && s.kind() != ErrorKind::kBusy) {
     // The bucket (or the disk) failed: the draft's other queued files would most likely fail
     // the same way, one timeout after another. Commit encodes them when it runs.
@@ -178,11 +169,11 @@ void Drafts::State::RunJob(const Job& job) {
     {
       MutexLock lock(queue_mu);
       const size_t before = queue.size();
-      std::erase_if(queue, [&](const auto& j) { return j.draft == job.draft && !j.path.empty(); });
+      std::erase_if(queue, [&](const auto& j) { return j.first == job.first && !j.second.empty(); });
       dropped = before - queue.size();
     }
-    spdlog::error("draft {}: encoding {} failed (the data stays staged; commit retries{}): {}", job.draft,
-                  job.path, dropped ? ", as it will the " + std::to_string(dropped) + " files queued after it" : "",
+    spdlog::error("draft {}: encoding {} failed (the data stays staged; commit retries{}): {}", job.first,
+                  job.second, dropped ? ", as it will the " + std::to_string(dropped) + " files queued after it" : "",
                   s.ToString());
   }
 }
@@ -387,11 +378,13 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
   // so the encoder reads the bytes of one file to their end. Writes may still change it: the
   // result is then stale (generation) and thrown away.
   std::string staging;
+  uint64_t id;
   std::optional<FileBytes> source;
   {
     MutexLock lock(f->mu);
     if (f->generation != generation) return Status::Ok();  // changed: encoded on its next close
     staging = f->staging;
+    id = f->id;
     Expected<FileBytes> opened =
         FileBytes::Open(staging, f->streamed.dropped() ? FileBytes::Access::kDirect : FileBytes::Access::kCached);
     if (!opened.ok()) return opened.status();
@@ -449,18 +442,7 @@ Status Drafts::State::EncodeNow(const std::shared_ptr<Draft>& d, const std::shar
                            " shrank while it was encoded, not through the mount; write the file again");
   }
   if (!encoded.ok()) return encoded.status();
-  return RecordEncoded(d, f, path, generation, std::move(encoded).value(), result, size, start, sync_secs, "");
-}
-
-Status Drafts::State::RecordEncoded(const std::shared_ptr<Draft>& d, const std::shared_ptr<DraftFile>& f,
-                                    const std::string& path, uint64_t generation, Manifest part,
-                                    const PushResult& result, uint64_t size,
-                                    std::chrono::steady_clock::time_point start, double sync_secs, const char* how) {
-  uint64_t id;
-  {
-    MutexLock lock(f->mu);
-    id = f->id;
-  }
+  Manifest part = std::move(encoded).value();
   const std::string part_name = std::to_string(id) + "-" + std::to_string(NowNs());
   const std::vector<uint8_t> bytes = SerializeManifest(part);
   WFS_TRY(WriteAtomically(d->PartPath(part_name),
@@ -490,12 +472,11 @@ Status Drafts::State::RecordEncoded(const std::shared_ptr<Draft>& d, const std::
   }
   if (!old_part.empty()) ::unlink(d->PartPath(old_part).c_str());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("draft {}: encoded {}{} ({} bytes -> {} stored, {} full / {} delta / {} same chunks) in {:.2f} s "
+  spdlog::info("draft {}: encoded {} ({} bytes -> {} stored, {} full / {} delta / {} same chunks) in {:.2f} s "
                "({:.2f} s of it waiting for the staging file to reach the disk)",
-               d->name(), path, how, size, part.stats.stored_bytes, result.full_chunks, result.delta_chunks,
-               result.same_chunks, secs, sync_secs);
+               d->name(), path, size, part.stats.stored_bytes, result.full_chunks,
+               result.delta_chunks, result.same_chunks, secs, sync_secs);
   files_encoded++;
-  if (*how) files_encoded_as_written++;
   bytes_encoded += size;
   bytes_stored += part.stats.stored_bytes;
   return SaveJournal(*d);

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -60,7 +59,6 @@ Status Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handl
   State& s = *state_;
   auto h = std::make_unique<DraftHandle>();
   bool journal = false;
-  bool stream = false;       // encoded as it is written
   std::string unlink_after;  // a staging file replaced by a new one (see ResizeLocked)
   {
     MutexLock lock(s.mu);
@@ -112,11 +110,6 @@ Status Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handl
     if ((flags & O_ACCMODE) == O_WRONLY && f.handles == 0) {
       h->direct = h->direct_writer = true;
       f.direct_writers++;
-      // A safetensors save from its start: encoded while it is written (EncodeStream).
-      if (h->write && f.size == 0 && !f.backed && f.writers == 1 && !f.encoding && r->b.ends_with(".safetensors")) {
-        f.BeginStream();
-        stream = true;
-      }
     } else if (f.direct_writers > 0) {
       h->direct = true;
     }
@@ -132,7 +125,6 @@ Status Drafts::Open(uint64_t ino, int flags, std::unique_ptr<DraftHandle>* handl
     return Status::IOError("cannot record the open in the draft's journal");
   }
   if (!unlink_after.empty()) ::unlink(unlink_after.c_str());
-  if (stream) s.Enqueue(h->draft->name(), h->path, /*stream=*/true);
   *handle = std::move(h);
   return Status::Ok();
 }
@@ -372,17 +364,6 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
   bool marked = copied;  // the copy-up map changed: journaled before the write is acknowledged
   {
     MutexLock lock(f.mu);
-    // A save encoded as it is written runs at most kStreamLead ahead of its encoder, so that the
-    // encoder reads what it wrote from the page cache before it leaves (EncodeStream). An
-    // encoder a second behind is let go: the writer never waits longer than that.
-    if (f.streaming && !f.stream_unthrottled && end > f.stream_read + DraftFile::kStreamLead) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      if (!f.stream_cv.WaitUntil(f.mu, deadline, [&]() WFS_REQUIRES(f.mu) {
-            return !f.streaming || end <= f.stream_read + DraftFile::kStreamLead;
-          })) {
-        f.stream_unthrottled = true;
-      }
-    }
     WFS_TRY(f.EnsureFd());
     if (Status st = PwriteAll(f.fd, data.data(), data.size(), offset, "staging file " + f.staging); !st.ok()) {
       spdlog::error("write {}/{} at {}: {}; the draft cannot be committed until the file is written again or "
@@ -391,15 +372,8 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
       f.journal_dirty = true;
       return st;
     }
-    if (offset == f.stream_end) {
-      f.stream_end = end;
-      f.stream_appends++;
-    }
-    // A save's bytes go on to the disk as they come, and leave the page cache behind them (not
-    // before its encoder read them).
-    if (h.direct) {
-      f.streamed.Wrote(f.fd, offset, end, f.streaming && !f.stream_unthrottled ? f.stream_read : UINT64_MAX);
-    }
+    // A save's bytes go on to the disk as they come, and leave the page cache behind them.
+    if (h.direct) f.streamed.Wrote(f.fd, offset, end);
     // Parent chunks this write covered whole are the staging file's from now on (marked only
     // once the bytes are there: a reader or a crash before sees the parent's).
     if (f.backed && offset < f.backing_limit) {
@@ -414,7 +388,6 @@ Status Drafts::Write(DraftHandle& h, uint64_t offset, std::span<const uint8_t> d
     }
     f.size = std::max(f.size, end);
     f.generation++;
-    if (f.streaming) f.stream_cv.NotifyAll();
     f.meta.Touch(NowNs());
     f.journal_dirty = true;  // (the times; written at the next fsync or close)
     if (copied) WFS_TRY(DataSync(f.fd, f.staging));
@@ -454,7 +427,6 @@ void Drafts::Release(std::unique_ptr<DraftHandle> h) {
     MutexLock lock(state_->mu);
     MutexLock flock(h->file->mu);
     last = --h->file->writers == 0;
-    h->file->stream_cv.NotifyAll();  // (an encode of the stream waits for its close)
     dirty = h->file->journal_dirty;
     if (h->direct_writer) h->file->direct_writers--;
     h->file->handles--;

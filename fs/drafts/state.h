@@ -90,18 +90,10 @@ struct Drafts::State {
   // Counts since mount (Drafts::metrics).
   std::atomic<uint64_t> files_encoded{0}, bytes_encoded{0}, bytes_stored{0}, versions_published{0},
       commit_failures{0};
-  std::atomic<uint64_t> files_encoded_as_written{0};  // of files_encoded: by EncodeStream
-  std::atomic<uint64_t> files_following{0};           // EncodeStream follows a writer now (0 or 1)
 
   Mutex queue_mu;
   CondVar queue_cv;
-  // A job of the background encoder: a file to encode (`path`), a commit (path ""), or a
-  // save to encode while it is written (`stream`).
-  struct Job {
-    std::string draft, path;
-    bool stream = false;
-  };
-  std::deque<Job> queue WFS_GUARDED_BY(queue_mu);
+  std::deque<std::pair<std::string, std::string>> queue WFS_GUARDED_BY(queue_mu);
   bool stopping WFS_GUARDED_BY(queue_mu) = false;
   std::thread worker;
   CondVar encoded_cv;  // DraftFile::encoding cleared (waited on with mu)
@@ -183,7 +175,7 @@ struct Drafts::State {
   Status ResizeLocked(Draft& d, DraftFile& f, uint64_t size, uint64_t spare_id, std::string* unlink_after)
       WFS_REQUIRES(f.mu);
 
-  void Enqueue(const std::string& draft, const std::string& path, bool stream = false) WFS_EXCLUDES(queue_mu);
+  void Enqueue(const std::string& draft, const std::string& path) WFS_EXCLUDES(queue_mu);
 
   // Loads the rows of f's parent file (once). REQUIRES no lock held (it may read the bucket).
   Status EnsureRows(Draft& d, DraftFile& f);
@@ -259,18 +251,7 @@ struct Drafts::State {
   Status RemoveDraft(const std::shared_ptr<Draft>& d);
   void WorkerMain();
   // One job of the queue: a commit, a file encoded now, or a small file added to its batch.
-  void RunJob(const Job& job);
-  // Encodes the save being written to `path` as its bytes arrive (the writer opened it empty;
-  // Drafts::Write tracks the stream), and records it encoded once its writer closes it, if every
-  // write was in order and the file has the size its safetensors header promised. Otherwise
-  // (or when the header is not there yet, or the file is small) it does nothing: the close
-  // queues the file's encode as usual. REQUIRES no lock held.
-  void EncodeStream(const std::shared_ptr<Draft>& d, const std::string& path);
-  // The end of an encode: the part manifest of f as encoded (`generation`) is written to parts/
-  // and the journal names it, unless f changed since (then nothing). REQUIRES no lock held.
-  Status RecordEncoded(const std::shared_ptr<Draft>& d, const std::shared_ptr<DraftFile>& f, const std::string& path,
-                       uint64_t generation, Manifest part, const PushResult& result, uint64_t size,
-                       std::chrono::steady_clock::time_point start, double sync_secs, const char* how);
+  void RunJob(const std::pair<std::string, std::string>& job);
   // Takes the draft's lease (packs are written under it) if it has none.
   Status EnsureLease(Draft& d);
   // A batch of small files goes when it holds this many files or a pack's worth of bytes, or

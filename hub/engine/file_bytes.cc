@@ -30,20 +30,11 @@ Expected<FileBytes> FileBytes::Open(const std::string& path, Access access) {
   return f;
 }
 
-Expected<FileBytes> FileBytes::OpenGrowing(const std::string& path, uint64_t size, Growth* growth) {
-  WFS_ASSIGN_OR_RETURN(FileBytes f, Open(path, Access::kCached));
-  f.size_ = size;  // (what the writer will have written: it may be short of it yet)
-  f.direct_fd_ = std::max(-1, OpenDirect(path, O_RDONLY));
-  f.growth_ = growth;
-  return f;
-}
-
 FileBytes::FileBytes(FileBytes&& other) noexcept
     : memory_(other.memory_), fd_(other.fd_), direct_fd_(other.direct_fd_), size_(other.size_),
-      name_(std::move(other.name_)), owns_fd_(other.owns_fd_), growth_(other.growth_) {
+      name_(std::move(other.name_)), owns_fd_(other.owns_fd_) {
   other.fd_ = -1;
   other.direct_fd_ = -1;
-  other.growth_ = nullptr;
   other.owns_fd_ = false;
 }
 
@@ -55,8 +46,6 @@ FileBytes& FileBytes::operator=(FileBytes&& other) noexcept {
     fd_ = other.fd_;
     direct_fd_ = other.direct_fd_;
     other.direct_fd_ = -1;
-    growth_ = other.growth_;
-    other.growth_ = nullptr;
     size_ = other.size_;
     name_ = std::move(other.name_);
     owns_fd_ = other.owns_fd_;
@@ -87,11 +76,8 @@ Status FileBytes::Read(uint64_t offset, std::span<uint8_t> dst) const {
     return Status::Ok();
   }
   int error = 0;
-  bool direct = direct_fd_ >= 0;
-  if (growth_) WFS_TRY(growth_->Await(offset, offset + dst.size(), &direct));
-  const uint64_t got = direct && direct_fd_ >= 0 ? PreadDirect(direct_fd_, dst.data(), dst.size(), offset, &error)
-                                                 : PreadUpTo(fd_, dst.data(), dst.size(), offset, &error);
-  if (growth_) growth_->Consumed(offset, offset + dst.size());
+  const uint64_t got = direct_fd_ >= 0 ? PreadDirect(direct_fd_, dst.data(), dst.size(), offset, &error)
+                                        : PreadUpTo(fd_, dst.data(), dst.size(), offset, &error);
   if (got == dst.size()) return Status::Ok();
   if (error != 0) return StatusOfErrno(error, "reading " + name_);
   return Status::IOError(name_ + " ended at " + std::to_string(offset + got) + " bytes while it was read (" +

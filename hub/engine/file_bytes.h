@@ -30,21 +30,6 @@ class FileBytes {
   explicit FileBytes(std::span<const uint8_t> memory) : memory_(memory), size_(memory.size()) {}
   // `size` bytes of the file open as `fd` (read from offset 0), `name` for errors.
   FileBytes(int fd, uint64_t size, std::string name) : fd_(fd), size_(size), name_(std::move(name)) {}
-  // A file still being written front to back, read as it grows (a save encoded while it is
-  // written: fs/drafts' EncodeStream). Read waits in Await for its bytes, and reports in
-  // Consumed what it has read (the writer may then drop those pages from the cache).
-  class Growth {
-   public:
-    virtual ~Growth() = default;
-    // Waits until [offset, end) is written; an error ends the read (the bytes will not come,
-    // or not as the reader began to see them). *direct: read them around the page cache
-    // (they left it already).
-    virtual Status Await(uint64_t offset, uint64_t end, bool* direct) = 0;
-    virtual void Consumed(uint64_t offset, uint64_t end) = 0;
-  };
-  // `size` bytes of the file `path` as `growth` says they are written (it outlives this).
-  static Expected<FileBytes> OpenGrowing(const std::string& path, uint64_t size, Growth* growth);
-
   // How Open reads the file: through the page cache, or around it (O_DIRECT,
   // hub/store/direct_file.h) for a file written so and read once, where the file system can.
   enum class Access { kCached, kDirect };
@@ -74,7 +59,6 @@ class FileBytes {
   uint64_t size_ = 0;
   std::string name_;
   bool owns_fd_ = false;
-  Growth* growth_ = nullptr;  // OpenGrowing: still being written
 };
 
 }  // namespace weightfs

@@ -57,23 +57,23 @@ uint64_t PreadDirect(int direct_fd, uint8_t* out, uint64_t size, uint64_t offset
   return done;
 }
 
-void StreamedWrites::Wrote(int fd, uint64_t offset, uint64_t end, uint64_t read_to) {
+void StreamedWrites::Wrote(int fd, uint64_t offset, uint64_t end) {
   if (offset != next_) {  // not the stream's next write: the windows start again from here
     window_start_ = started_ = offset / kWindowBytes * kWindowBytes;
   }
   next_ = end;
-  // (Best effort: a failure here loses nothing; the writes' own errors and fdatasync's speak.)
   while (end >= started_ + kWindowBytes) {
+    // (Best effort: a failure here loses nothing; the writes' own errors and fdatasync's speak.)
     (void)::sync_file_range(fd, static_cast<off64_t>(started_), kWindowBytes, SYNC_FILE_RANGE_WRITE);
     started_ += kWindowBytes;
-  }
-  while (started_ - window_start_ > 2 * kWindowBytes && window_start_ + kWindowBytes <= read_to) {
-    const uint64_t drop = window_start_;
-    (void)::sync_file_range(fd, static_cast<off64_t>(drop), kWindowBytes,
-                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-    (void)::posix_fadvise(fd, static_cast<off_t>(drop), kWindowBytes, POSIX_FADV_DONTNEED);
-    window_start_ += kWindowBytes;
-    dropped_ = true;
+    if (started_ - window_start_ > 2 * kWindowBytes) {
+      const uint64_t drop = window_start_;
+      (void)::sync_file_range(fd, static_cast<off64_t>(drop), kWindowBytes,
+                              SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+      (void)::posix_fadvise(fd, static_cast<off_t>(drop), kWindowBytes, POSIX_FADV_DONTNEED);
+      window_start_ += kWindowBytes;
+      dropped_ = true;
+    }
   }
 }
 

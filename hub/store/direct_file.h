@@ -52,14 +52,11 @@ uint64_t PreadDirect(int direct_fd, uint8_t* out, uint64_t size, uint64_t offset
 class StreamedWrites {
  public:
   static constexpr uint64_t kWindowBytes = 8 << 20;
-  // After a write of [offset, end) to `fd`. Windows at or past `read_to` are not dropped (a
-  // reader following the writer has not read them yet; a later call drops them).
-  void Wrote(int fd, uint64_t offset, uint64_t end, uint64_t read_to = UINT64_MAX);
+  // After a write of [offset, end) to `fd`.
+  void Wrote(int fd, uint64_t offset, uint64_t end);
   // Whether a window was written back and dropped: the file's bytes are mostly on disk, not in
   // the cache (read them direct).
   bool dropped() const { return dropped_; }
-  // Where the windows dropped end (since the stream began here): the bytes below were dropped.
-  uint64_t dropped_to() const { return dropped_ ? window_start_ : 0; }
   // The file was replaced (truncated and written anew, moved): start over.
   void Reset() { *this = StreamedWrites(); }
 

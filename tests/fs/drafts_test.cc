@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -36,7 +35,6 @@
 #include "tests/fs/test_bucket.h"
 #include "tests/testing/fault_store.h"
 #include "tests/testing/mem_store.h"
-#include "tests/testing/safetensors_builder.h"
 
 namespace weightfs {
 namespace {
@@ -410,101 +408,6 @@ TEST_F(DraftsTest, TheTreeShowsDraftsBesideVersionsAndRefusesChangesToVersions) 
   MountTree read_only(&names, nullptr, nullptr, false);
   EXPECT_EQ(read_only.Mkdir(acme->ino, "m@v2", 0755, kWho).status().kind(), ErrorKind::kReadOnly);
   EXPECT_FALSE(read_only.IsDraft(v1->ino));
-}
-
-// A save written in order as cp writes it (write-only, 1 MiB writes) is followed by the encoder
-// while it is written (fs/drafts/stream.cc). The writer writes its first MiB, waits until the
-// encoder follows it, then writes the rest, with `between` run before its close (a write out of
-// order, say). Returns the handle's last Write status.
-class StreamedSaveTest : public DraftsTest {
- protected:
-  static std::vector<uint8_t> Model(uint64_t seed) {
-    return test::SafetensorsBuilder()
-        .Seed(seed)
-        .Add("a", DType::kBF16, {512, 1024})
-        .Add("b", DType::kBF16, {1024, 700})
-        .Add("c", DType::kF32, {1000})
-        .Build();
-  }
-  template <typename Poll>
-  static bool WaitFor(Poll poll) {
-    for (int i = 0; i < 1000; ++i) {
-      if (poll()) return true;
-      ::usleep(10000);
-    }
-    return false;
-  }
-  void Save(uint64_t dir, const std::string& name, const std::vector<uint8_t>& bytes, uint64_t end,
-            const std::function<void(DraftHandle&)>& between = nullptr) {
-    NodeAttr attr;
-    std::unique_ptr<DraftHandle> h;
-    Status st = drafts_->Create(dir, name, 0644, O_WRONLY | O_CREAT | O_TRUNC, kWho, &attr, &h);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    for (uint64_t off = 0; off < end;) {
-      const uint64_t n = std::min<uint64_t>(1 << 20, end - off);
-      st = drafts_->Write(*h, off, std::span<const uint8_t>(bytes).subspan(off, n));
-      ASSERT_TRUE(st.ok()) << st.ToString();
-      if (off == 0) {
-        ASSERT_TRUE(WaitFor([&] { return drafts_->metrics().files_following == 1; }))
-            << "the encoder never followed the save";
-      }
-      off += n;
-    }
-    if (between) between(*h);
-    drafts_->Release(std::move(h));
-  }
-};
-
-TEST_F(StreamedSaveTest, ASaveWrittenInOrderIsEncodedAsItIsWrittenAndPublishedBitExact) {
-  const std::vector<uint8_t> bytes = Model(3);
-  ASSERT_GT(bytes.size(), 2u << 20);
-  const uint64_t d = MakeDraft("acme/m", "v0");
-  Save(d, "model.safetensors", bytes, bytes.size());
-  ASSERT_TRUE(WaitFor([&] { return drafts_->metrics().files_encoded_as_written == 1; }))
-      << "not encoded as it was written";
-  // (The count goes up as the encode is recorded; the follower ends just after.)
-  EXPECT_TRUE(WaitFor([&] { return drafts_->metrics().files_following == 0; }));
-  EXPECT_EQ(ReadDraft(d, "model.safetensors"), bytes);
-  Status st = drafts_->Commit(d, "");
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(drafts_->metrics().files_encoded_as_written, 1u);  // (the commit did not encode it again)
-  EXPECT_EQ(ReadVersion("acme/m", "v0"), (std::map<std::string, std::vector<uint8_t>>{{"model.safetensors", bytes}}));
-
-  // A child saved the same way is encoded against its parent as it is written.
-  std::vector<uint8_t> next = bytes;
-  for (size_t i = 4096; i < next.size(); i += 997) next[i] ^= 0x01;
-  const uint64_t d1 = MakeDraft("acme/m", "v1");
-  Save(d1, "model.safetensors", next, next.size());
-  ASSERT_TRUE(WaitFor([&] { return drafts_->metrics().files_encoded_as_written == 2; }));
-  st = drafts_->Commit(d1, "");
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(ReadVersion("acme/m", "v1").at("model.safetensors"), next);
-}
-
-TEST_F(StreamedSaveTest, ASaveThatRewritesWhatItWroteIsEncodedAtItsClose) {
-  std::vector<uint8_t> bytes = Model(4);
-  const std::vector<uint8_t> patch = RandomBytes(5000, 9);
-  const uint64_t d = MakeDraft("acme/m", "v0");
-  Save(d, "model.safetensors", bytes, bytes.size(), [&](DraftHandle& h) {
-    // Back into what the encoder has read already.
-    ASSERT_TRUE(drafts_->Write(h, 100000, patch).ok());
-  });
-  std::copy(patch.begin(), patch.end(), bytes.begin() + 100000);
-  Status st = drafts_->Commit(d, "");
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(drafts_->metrics().files_encoded_as_written, 0u);
-  EXPECT_EQ(ReadVersion("acme/m", "v0").at("model.safetensors"), bytes);
-}
-
-TEST_F(StreamedSaveTest, ASaveClosedShortOfItsHeaderIsRefusedByTheCommitNotPublished) {
-  const std::vector<uint8_t> bytes = Model(5);
-  const uint64_t d = MakeDraft("acme/m", "v0");
-  Save(d, "model.safetensors", bytes, bytes.size() - 4096);  // cut short
-  Status st = drafts_->Commit(d, "");
-  EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("model.safetensors"), std::string::npos) << st.ToString();
-  EXPECT_EQ(drafts_->metrics().files_encoded_as_written, 0u);
-  EXPECT_TRUE(published_.empty());
 }
 
 }  // namespace
