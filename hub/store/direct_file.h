@@ -7,7 +7,11 @@
 // writing 2 GB into a new file took 3.6-4.7 CPU-s there, and 46% of the daemon's CPU while a
 // 2 GB checkpoint was saved by `cp` into a draft went to copying the writes into new cache
 // pages (`copy_folio_from_iter_atomic`). The same 2 GB also pushed other cached data (the
-// parent's chunks, a reader's model) out of memory for nothing.
+// model the checkpoint was saved from, a reader's files) out of memory for nothing.
+//
+// The price: where the pages a save gets are ones freed a moment before (bench_step's saves
+// run back to back), plain buffered writes are cheap, and these cost more: the writer waits
+// for each window's writeback, the encoder reads the disk. docs/mount.md has both measures.
 //
 // Two ways out were measured (scripts, 2 GB in 1 MiB writes to a new file):
 //   plain buffered writes                         3.6-4.7 s   3.6-4.8 CPU-s

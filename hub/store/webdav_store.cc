@@ -480,8 +480,9 @@ Status WebDavStore::Put(std::string_view key, std::span<const uint8_t> data, Put
     // WebDAV servers check no digest of what they receive (nginx ignores Content-MD5 and
     // Digest): the temporary is read back and compared before it is moved under its name, so
     // a bit flipped on the way up never reaches a key a reader uses. It costs a download of
-    // every upload (measured in tests/hub/store/upload_check_test.cc); a flip is transient, so the
-    // body is sent again, at most kUploadTries times.
+    // every upload (tests/hub/store/webdav_store_test.cc, BitsFlippedOnTheWayUpAreNeverStoredSilently,
+    // flips bits through a proxy); a flip is transient, so the body is sent again, at most
+    // kUploadTries times.
     WFS_ASSIGN_OR_RETURN(bool same, SameBytes(tmp, data));
     if (same) break;
     DeleteTemp(tmp);
