@@ -89,6 +89,13 @@ void ChunkReader::InsertLocked(const Hash128& hash, ChunkBytes bytes) {
   }
 }
 
+std::optional<ChunkBytes> ChunkReader::Cached(const Hash128& hash) const {
+  MutexLock lock(mu_);
+  auto it = cache_.find(hash);
+  if (it == cache_.end()) return std::nullopt;
+  return it->second.bytes;
+}
+
 ChunkReader::ChunkResult ChunkReader::Chunk(const std::shared_ptr<const Manifest>& manifest,
                                             const ManifestFile& file, size_t index) {
   BytesResult bytes = Bytes(manifest, file, index);
@@ -132,7 +139,7 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
     if (builds_ > stats_.builds_peak.load()) stats_.builds_peak = builds_;
   }
   try {
-    result = materializer_->Shared(*manifest, file, index);
+    result = materializer_->Shared(*manifest, file, index, !(skip_disk_cache_ && skip_disk_cache_(file)));
   } catch (const std::bad_alloc&) {
     result = Status::ResourceExhausted("out of memory materializing " +
                                        DescribeChunkOf(*manifest, file, index));
@@ -279,6 +286,7 @@ Expected<ReadResult> ChunkReader::Read(const std::shared_ptr<const Manifest>& ma
       out.iov.push_back({const_cast<uint8_t*>(bytes->data() + (from - c.offset)),
                          static_cast<size_t>(to - from)});
       out.chunks.push_back(std::move(bytes).value());
+      out.rows.push_back(ChunkRef{c.hash, c.offset, c.length});
     }
     pos = file.chunks[last].offset + file.chunks[last].length;
   }

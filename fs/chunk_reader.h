@@ -35,9 +35,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <list>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -90,9 +92,11 @@ class ReadStream {
   std::atomic<bool> streaming_{false};     // read well past home_end_: readahead across tensors
 };
 
-// The bytes of one read: `iov` points into `chunks`, valid while this object lives.
+// The bytes of one read: `iov` points into `chunks`, valid while this object lives; `rows` are
+// the chunks' rows (hash, offset and length in the file), one for each of `chunks`.
 struct ReadResult {
   std::vector<ChunkBytes> chunks;
+  std::vector<ChunkRef> rows;
   std::vector<iovec> iov;
   size_t size = 0;
 };
@@ -132,6 +136,15 @@ class ChunkReader {
     return Read(manifest, std::shared_ptr<const ManifestFile>(manifest, &file), offset, size, stream);
   }
 
+  // The chunk with this hash if it is in the memory cache now (its place in the LRU unchanged:
+  // a copy reading a file back must not push out what readers use), else empty.
+  std::optional<ChunkBytes> Cached(const Hash128& hash) const;
+
+  // Chunks of the files this says yes to are built without a copy into the disk cache (their
+  // reader writes them elsewhere: fs/whole_files.h). Called for every build, from any thread.
+  // Set once, before the first read.
+  void set_skip_disk_cache(std::function<bool(const ManifestFile&)> skip) { skip_disk_cache_ = std::move(skip); }
+
   // Queues the materialization of a chunk unless it is cached, in flight or queued already.
   // Never blocks. False if the queue was full (the chunk was not queued). The job holds `file`.
   bool Prefetch(const std::shared_ptr<const Manifest>& manifest, const std::shared_ptr<const ManifestFile>& file,
@@ -144,7 +157,8 @@ class ChunkReader {
   const ChunkReaderStats& stats() const { return stats_; }
 
   // How memory_limit is spent. The process itself (code, libraries, manifests, FUSE request
-  // buffers, the disk cache's write-behind queue of at most 16 MiB) gets kBaseBytes; each chunk build in flight kBuildBytes (its output, payloads, a
+  // buffers, the disk cache's write-behind queue of at most 16 MiB, a whole file's copy: an
+  // 8 MiB staging buffer and one chunk, fs/whole_files.h) gets kBaseBytes; each chunk build in flight kBuildBytes (its output, payloads, a
   // pooled codec with its planes and class buffers, scratch); the chunks kept in memory the
   // rest. MaxBuilds() builds run at once, readers beyond wait: without that bound, 16 FUSE
   // threads reading 16 chunks measured twice a 128 MiB limit. memory_limit >= kMinMemoryLimit.
@@ -178,6 +192,7 @@ class ChunkReader {
 
   Materializer* const materializer_;
   const ChunkReaderOptions options_;
+  std::function<bool(const ManifestFile&)> skip_disk_cache_;
   const size_t max_builds_;         // MaxBuilds(options_.memory_limit)
   const uint64_t cache_budget_;     // CacheBudget(options_.memory_limit)
   const size_t readahead_threads_;  // ReadaheadThreads(options_)

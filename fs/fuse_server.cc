@@ -18,6 +18,7 @@
 #include <map>
 #include <new>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -28,8 +29,10 @@
 #include "fs/metrics.h"
 #include "fs/mount_point.h"
 #include "fs/mount_tree.h"
+#include "fs/passthrough.h"
 #include "fs/patch_view.h"
 #include "fs/status_errno.h"
+#include "fs/whole_files.h"
 #include "hub/store/http_client.h"
 #include "hub/store/local_file.h"
 
@@ -94,6 +97,10 @@ std::string TakeFuseError() {
 struct OpenFile {
   VersionFile file;
   ReadStream stream;
+  // A published file whose opens Passthrough counts (fs/passthrough.h): its inode, and the
+  // backing id it was opened on (0: through the daemon).
+  uint64_t counted_ino = 0;
+  int backing_id = 0;
   std::unique_ptr<DraftHandle> draft;
   int patch_fd = -1;  // a patch view's file (fs/patch_view.h)
   ~OpenFile() {
@@ -111,10 +118,20 @@ struct OpenDir {
 struct FuseServer::Impl {
   ServerParts parts;
   MountOptions options;
+  // Local copies of the files read whole, and the kernel serving them (null: no cache, or
+  // --no-whole-files). It and the reader use each other: its threads are stopped first
+  // (~Impl), then the reader goes (its readahead asks it which files stream), then it.
+  std::unique_ptr<WholeFiles> whole;
   Namespace names;
   ChunkReader reader;
   std::unique_ptr<Drafts> drafts;  // null: read-only mount
   std::unique_ptr<PatchView> patches;  // null: no cache directory
+  Passthrough passthrough;
+  std::atomic<bool> serving{false};  // the session is up: the kernel can be notified
+  // Inodes copied whole while open through the daemon: their kernel page cache is dropped once
+  // the last such open is released.
+  Mutex forget_pages_mu;
+  std::unordered_set<uint64_t> forget_pages WFS_GUARDED_BY(forget_pages_mu);
   // Which of names, drafts and patches answers for a name or a node (set by the constructor).
   MountTree tree{&names, nullptr, nullptr, false};
   std::atomic<bool> publish_at_exit{true};
@@ -206,6 +223,25 @@ struct FuseServer::Impl {
       patches = std::make_unique<PatchView>(p.bucket, p.materializer, p.cache, std::move(po));
     }
     tree = MountTree(&names, drafts.get(), patches.get(), p.bucket->derived() != nullptr);
+    if (options.whole_files && p.cache && p.materializer) {
+      whole = std::make_unique<WholeFiles>(p.materializer, &reader, p.cache);
+      // A file written whole as it is read needs no chunk files besides.
+      reader.set_skip_disk_cache([w = whole.get()](const ManifestFile& f) { return w->Streaming(f); });
+      // The kernel's copy of the file's pages is of no use once it reads the local copy: freed,
+      // unless a file open through the daemon still uses it.
+      whole->set_on_copied([this](uint64_t ino) {
+        if (!serving.load() || !passthrough.enabled()) return;
+        if (passthrough.HasDaemonOpens(ino)) {
+          MutexLock lock(forget_pages_mu);
+          forget_pages.insert(ino);  // at its last release through the daemon
+          return;
+        }
+        (void)fuse_lowlevel_notify_inval_inode(session, ino, 0, 0);
+      });
+    }
+  }
+  ~Impl() {
+    if (whole) whole->Stop();
   }
   bool Owned(uint64_t ino) const { return tree.IsDraft(ino); }
   bool Patch(uint64_t ino) const { return tree.IsPatch(ino); }
@@ -476,12 +512,28 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fi->fh = reinterpret_cast<uint64_t>(file.get());
     fi->keep_cache = 1;  // immutable: the page cache stays valid across opens
     fi->direct_io = 0;
-    if (fuse_reply_open(req, fi) == 0) file.release();
+    if (s.whole && s.passthrough.enabled() && s.whole->Wanted(file->file)) {
+      // A file the mount holds whole is read by the kernel from the local copy (fs/passthrough.h);
+      // every open of such a file is counted, so that an inode's opens share one mode.
+      file->counted_ino = ino;
+      file->backing_id = s.passthrough.Acquire(ino, [&] { return s.whole->Open(file->file); });
+      if (file->backing_id > 0) fi->keep_cache = 0;  // (the kernel refuses it with passthrough)
+    }
+    int replied;
+    {
+      Passthrough::ReplyScope scope(file->backing_id);
+      replied = fuse_reply_open(req, fi);
+    }
+    if (replied == 0) {
+      file.release();
+    } else if (file->counted_ino != 0) {
+      s.passthrough.Release(file->counted_ino, file->backing_id);
+    }
     return Status::Ok();
   });
 }
 
-void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   Serve(req, "read", ErrnoContext::kData, [&]() -> Status {
     OpenFile& f = *reinterpret_cast<OpenFile*>(fi->fh);
     if (f.draft) {
@@ -508,6 +560,7 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
       return r.status().WithContext("read " + m.model + "@" + m.version + "/" + f.file.file->path + " at " +
                                     std::to_string(off) + "+" + std::to_string(size));
     }
+    if (Server(req).whole) Server(req).whole->NoteRead(ino, f.file, static_cast<uint64_t>(off), r->size, &*r);
     // The reply points into the chunk buffers, which `r` keeps alive until it is sent.
     if (r->iov.empty()) {
       fuse_reply_buf(req, nullptr, 0);
@@ -520,14 +573,25 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
 
 void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   std::unique_ptr<OpenFile> f(reinterpret_cast<OpenFile*>(fi->fh));
+  Impl& s = Server(req);
+  bool forget = false;
+  if (f->counted_ino != 0) {
+    s.passthrough.Release(f->counted_ino, f->backing_id);
+    if (f->backing_id == 0 && !s.passthrough.HasDaemonOpens(f->counted_ino)) {
+      MutexLock lock(s.forget_pages_mu);
+      forget = s.forget_pages.erase(f->counted_ino) > 0;
+    }
+  }
   if (f->draft) {
     try {
-      Server(req).drafts->Release(std::move(f->draft));
+      s.drafts->Release(std::move(f->draft));
     } catch (const std::exception& e) {
       spdlog::error("release: {}", e.what());
     }
   }
   fuse_reply_err(req, 0);
+  // (After the reply: nothing of the kernel's waits on this request any more.)
+  if (forget && s.serving.load()) (void)fuse_lowlevel_notify_inval_inode(s.session, f->counted_ino, 0, 0);
 }
 
 void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
@@ -613,6 +677,24 @@ std::string StatsJsonOf(const Impl& s) {
                        {"corrupt", c.corrupt.load()},
                        {"size_bytes", s.parts.cache->size_bytes()},
                        {"max_bytes", s.parts.cache->max_bytes()}};
+  }
+  if (s.whole) {
+    const WholeFilesStats& w = s.whole->stats();
+    const PassthroughStats& p = s.passthrough.stats();
+    j["whole_files"] = {{"streamed", w.streamed.load()},
+                        {"stream_ends", w.stream_ends.load()},
+                        {"queued", w.queued.load()},
+                        {"copied", w.copied.load()},
+                        {"copied_bytes", w.copied_bytes.load()},
+                        {"failed", w.failed.load()},
+                        {"dropped", w.dropped.load()},
+                        {"copy_seconds", static_cast<double>(w.copy_ns.load()) / 1e9},
+                        {"queue_depth", s.whole->queue_depth()}};
+    j["passthrough"] = {{"enabled", s.passthrough.enabled()},
+                        {"opens", p.opens.load()},
+                        {"daemon_opens", p.daemon_opens.load()},
+                        {"backing_files", p.backing_files.load()},
+                        {"busy", p.busy.load()}};
   }
   if (s.parts.store) {
     const StoreCounters& c = s.parts.store->counters();
@@ -1012,6 +1094,13 @@ Status FuseServer::Mount() {
     return Status::IOError("cannot mount on " + o.mountpoint + ": " + TakeFuseError());
   }
   impl_->mounted = true;
+  if (impl_->whole) {
+    // After the mount, before the first request (INIT) is read.
+    Status p = impl_->passthrough.Install(impl_->session, [](void* userdata) {
+      return &static_cast<Impl*>(userdata)->passthrough;
+    });
+    if (!p.ok()) spdlog::warn("passthrough: {}; every read goes through the daemon", p.ToString());
+  }
   if (impl_->drafts) {
     Status d = impl_->drafts->Load();
     if (!d.ok()) spdlog::warn("drafts: {}", d.ToString());
@@ -1057,7 +1146,9 @@ Status FuseServer::Run() {
   fuse_loop_cfg_set_clone_fd(config, 0);
   fuse_loop_cfg_set_max_threads(config, static_cast<unsigned>(impl_->options.max_threads));
   fuse_loop_cfg_set_idle_threads(config, static_cast<unsigned>(impl_->options.max_threads));
+  impl_->serving = true;
   int rc = fuse_session_loop_mt(impl_->session, config);
+  impl_->serving = false;
   fuse_loop_cfg_destroy(config);
   endpoint.reset();
   fuse_session_unmount(impl_->session);
@@ -1068,6 +1159,8 @@ Status FuseServer::Run() {
     Status d = impl_->drafts->CommitAll();
     if (!d.ok()) spdlog::error("drafts not published at unmount (kept staged for the next mount): {}", d.ToString());
   }
+  // The files read whole just before the unmount are kept too (a local copy; seconds a GB).
+  if (impl_->whole) impl_->whole->Finish(std::chrono::seconds(20));
   return Status::Ok();
 }
 

@@ -78,6 +78,10 @@ struct MountOptions {
   // in all, retries included (OperationDeadline): `ls` of a bucket that is down or silent fails
   // with EIO in about this long, not the read timeout. 0: only the per-request bounds.
   std::chrono::milliseconds metadata_timeout{10000};
+  // Keep a local copy of each published file read whole (in the chunk cache, in place of its
+  // chunks) and let the kernel serve later opens of it from there (fs/whole_files.h,
+  // fs/passthrough.h). Off: every read goes through the daemon (--no-whole-files).
+  bool whole_files = true;
 };
 
 // What the server reads from and reports on. All must outlive the server; `cache` and `store`

@@ -82,6 +82,17 @@ say() { echo "== $*" >&2; }
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 received() { $py -c "import json,os,sys; print(json.loads(os.getxattr(sys.argv[1], 'user.weightfs.stats'))['bucket']['bytes_received'])" "$1"; }
 stat_of() { $py -c "import json,os,sys; j=json.loads(os.getxattr(sys.argv[1],'user.weightfs.stats')); print(eval('j' + sys.argv[2]))" "$1" "$2"; }
+# Waits (at most 120 s) until the mount's local copies of the files read whole are written
+# (fs/whole_files.h: they start once reads pause), so that they do not run under a baseline
+# timed next; prints how long it waited.
+settle() {
+  local t0; t0=$(now)
+  for _ in $(seq 1200); do
+    [[ "$($py -c "import json,os,sys; j=json.loads(os.getxattr(sys.argv[1], 'user.weightfs.stats')); print(j.get('whole_files', {}).get('queue_depth', 0))" "$1")" == 0 ]] && break
+    sleep 0.1
+  done
+  since "$t0"
+}
 stored() { "$wfs" log "$1" bench/model --json | $py -c "import json,sys; print([v for v in json.load(sys.stdin) if v['version'] == sys.argv[1]][0]['stored_bytes'])" "$2"; }
 
 mkdir -p "$work"
@@ -276,6 +287,7 @@ for ((r = 1; r <= runs; r++)); do
   cat "$mnt/bench/model@v4"/* >/dev/null
   add W 3 "$(since "$t0")"
   add X 3recv "$(($(received "$mnt") - before))"
+  add X 3settle "$(settle "$mnt")"
   add B 3 "$(cold_cat)"
   unmount_mnt
   mount_at "$tpl/bucket-N1" "$run/cache"
@@ -298,6 +310,7 @@ for ((r = 1; r <= runs; r++)); do
   cat "$mnt/bench/model@v4"/* >/dev/null
   add W 5 "$(since "$t0")"
   add X 5recv "$(received "$mnt")"
+  add X 5settle "$(settle "$mnt")"
   depth=$(stat_of "$mnt" "['materializer']['chain_depth_max']")
   unmount_mnt
   add B 5 "$(cold_cat)"
@@ -334,7 +347,7 @@ say "rows 7, 8: warm re-read, mmap + copy of every tensor (| the same on local f
 cleanup_run
 cp -al "$tpl/cache-N" "$run/cache"
 mount_at "$tpl/bucket-N1" "$run/cache"
-for _ in 1 2; do cat "$mnt/bench/model@v4"/* "$src"/* >/dev/null; done
+for _ in 1 2; do cat "$mnt/bench/model@v4"/* "$src"/* >/dev/null; settle "$mnt" >/dev/null; done
 $py "$work/mmap_load.py" "$mnt/bench/model@v4" >/dev/null
 $py "$work/mmap_load.py" "$src" >/dev/null
 for ((r = 1; r <= runs; r++)); do
@@ -380,5 +393,6 @@ echo "row 1: cp into the draft $(summary "${X[1cp]}") s of it, the rest is commi
 cpu_s() { awk "BEGIN { printf \"%.2f\", $(median "$1") }"; }
 echo "row 1, CPU seconds (median; $(nproc) cores): the machine busy $(cpu_s "${X[1busy]}") during the save into the draft (the daemon's own $(cpu_s "${X[1daemon]}")), $(cpu_s "${X[1busy_local]}") during cp + sync to local disk"
 echo "rows 3-5, bucket bytes received (median): 3: $(mb "$(median "${X[3recv]}")"), 4: $(mb "$(median "${X[4recv]}")"), 5: $(mb "$(median "${X[5recv]}")") (N+1's deltas: $(mb "$stored_n1"), the base: $(mb "$stored_v0"))"
+echo "rows 3, 5: the local copies of the files read whole (fs/whole_files.h) were written $(summary "${X[3settle]}") s, $(summary "${X[5settle]}") s after the read (waited for before the baseline)"
 echo "row 6: patch files $(mb "${X[6patch]}"), numpy idx/val files $(mb "${X[6np]}")"
 echo "total $(awk "BEGIN { printf \"%.0f\", $(now) - $script_t0 }") s"

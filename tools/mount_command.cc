@@ -110,6 +110,11 @@ options:
   --cache-dir DIR      local chunk cache, shared with push/pull and other mounts
                        [$WEIGHTFS_CACHE_DIR or ~/.cache/weightfs]
   --cache-size BYTES   bound on the chunk cache (LRU eviction)               [20GiB]
+  --no-whole-files     keep no whole copies of files. By default a published file
+                       read whole is copied into the cache in place of its chunks,
+                       and the kernel serves later opens of it from that copy (FUSE
+                       passthrough: as root, on Linux 6.9+), so that re-reads and
+                       maps of it run as on a local disk (docs/mount.md)
   --memory-limit BYTES the daemon's memory budget (at least 128MiB): 64MiB  [1GiB]
                        for itself, 16MiB per chunk build in flight (a quarter of
                        the rest; readers beyond wait), the rest for chunks kept
@@ -449,6 +454,7 @@ Expected<MountConfig> ConfigFromArgs(const ArgParser& args) {
   m.fsname = "weightfs:" + RedactUrl(c.url);
   m.allow_other = args.Has("--allow-other");
   m.read_only = args.Has("--read-only");
+  m.whole_files = !args.Has("--no-whole-files");
   if (auto o = args.Get("-o")) m.fuse_options.push_back(*o);
   if (auto v = args.Get("--memory-limit")) {
     WFS_ASSIGN_OR_RETURN(m.reader.memory_limit, ParseSize(*v));
@@ -540,7 +546,8 @@ int MountMain(int argc, char** argv, bool quiet) {
                   "--log-file", "--log-level", "--endpoint", "--region", "--timeout", "--metrics", "--metrics-interval",
                   "--metadata-timeout", "--uid", "--gid", "--file-mode", "--dir-mode", "--log-format",
                   "--metrics-port", "--shared-cache", "--shared-cache-size", "--shared-cache-endpoint", "--prefix"},
-                 {"--foreground", "-f", "--read-only", "--allow-other", "--allow-invalid", "--no-sign-request", "--help", "-h"});
+                 {"--foreground", "-f", "--read-only", "--allow-other", "--allow-invalid", "--no-sign-request", "--no-whole-files",
+                  "--help", "-h"});
   if (auto rc = ParseArgs(args, argc, argv, kMountHelp, 2)) return *rc;
   Expected<MountConfig> config = ConfigFromArgs(args);
   if (!config.ok()) return Fail(config.status().message());

@@ -3,7 +3,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <unordered_map>
 
@@ -19,6 +23,8 @@
 
 #include "core/chunk_plan.h"
 #include "hub/engine/file_bytes.h"
+#include "hub/store/direct_file.h"
+#include "hub/store/local_file.h"
 
 namespace weightfs {
 namespace {
@@ -29,6 +35,7 @@ struct Entry {
   int64_t mtime_ns;
   uint64_t size;
   std::string path;
+  std::string companion;  // a whole file, when `path` is its index file: evicted together
 };
 
 int64_t MtimeNs(const struct stat& st) {
@@ -49,11 +56,33 @@ void ScanFlat(const std::string& dir, std::vector<Entry>* entries) {
   ::closedir(d);
 }
 
-// Every chunk file under `dir` (skipping .tmp and .lock), and every index file in `refs_dir`:
-// what the size bound counts and eviction chooses from.
-std::vector<Entry> Scan(const std::string& dir, const std::string& refs_dir) {
+std::string NameOf(const std::string& path);
+std::string WholeIndexName(const std::string& base);
+
+// Every chunk file under `dir` (skipping .tmp and .lock), every index file in `refs_dir`, and
+// every whole file in `files_dir` (with its index file as one entry, at the index file's mtime;
+// one without an index file is an entry of its own): what the size bound counts and eviction
+// chooses from.
+std::vector<Entry> Scan(const std::string& dir, const std::string& refs_dir, const std::string& files_dir) {
   std::vector<Entry> entries;
   ScanFlat(refs_dir, &entries);
+  std::vector<Entry> whole;
+  ScanFlat(files_dir, &whole);
+  if (!whole.empty()) {
+    std::unordered_map<std::string, size_t> index_of;  // index file name -> entry
+    for (size_t i = 0; i < entries.size(); ++i) {
+      index_of.emplace(entries[i].path.substr(entries[i].path.rfind('/') + 1), i);
+    }
+    for (Entry& w : whole) {
+      const std::string base = w.path.substr(w.path.rfind('/') + 1);
+      if (auto it = index_of.find(WholeIndexName(base)); it != index_of.end() && entries[it->second].companion.empty()) {
+        entries[it->second].size += w.size;
+        entries[it->second].companion = std::move(w.path);
+      } else {
+        entries.push_back(std::move(w));
+      }
+    }
+  }
   DIR* top = ::opendir(dir.c_str());
   if (!top) return entries;
   while (dirent* d = ::readdir(top)) {
@@ -77,7 +106,7 @@ Expected<std::unique_ptr<ChunkCache>> ChunkCache::Open(const std::string& dir, u
                                                        const ChunkCacheOptions& options) {
   std::error_code ec;
   const std::string chunks = dir + "/chunks";
-  for (const std::string& sub : {chunks + "/.tmp", dir + "/refs"}) {
+  for (const std::string& sub : {chunks + "/.tmp", dir + "/refs", dir + "/files/.tmp"}) {
     fs::create_directories(sub, ec);
     if (ec) {
       return Status::IOError("cannot create cache directory " + sub + ": " + ec.message() +
@@ -86,13 +115,15 @@ Expected<std::unique_ptr<ChunkCache>> ChunkCache::Open(const std::string& dir, u
   }
   std::unique_ptr<ChunkCache> cache(new ChunkCache(dir, max_bytes, options));
   uint64_t total = 0;
-  for (const Entry& e : Scan(chunks, cache->refs_dir_)) total += e.size;
+  for (const Entry& e : Scan(chunks, cache->refs_dir_, cache->files_dir_)) total += e.size;
   cache->total_ = total;
-  // Leftovers of inserts killed midway.
-  for (const auto& f : fs::directory_iterator(chunks + "/.tmp", ec)) {
-    struct stat st;
-    if (::stat(f.path().c_str(), &st) == 0 && st.st_mtime < ::time(nullptr) - 3600) {
-      ::unlink(f.path().c_str());
+  // Leftovers of inserts and whole files killed midway.
+  for (const std::string& tmp : {chunks + "/.tmp", cache->files_dir_ + "/.tmp"}) {
+    for (const auto& f : fs::directory_iterator(tmp, ec)) {
+      struct stat st;
+      if (::stat(f.path().c_str(), &st) == 0 && st.st_mtime < ::time(nullptr) - 3600) {
+        ::unlink(f.path().c_str());
+      }
     }
   }
   if (total > max_bytes) WFS_TRY(cache->EvictTo(max_bytes / 10 * 9));
@@ -145,6 +176,19 @@ bool IsIndexName(const std::string& name) {
 
 std::string NameOf(const std::string& path) {
   return HashChunk({reinterpret_cast<const uint8_t*>(path.data()), path.size()}).ToHex();
+}
+
+// A whole file's index file is named after the whole file's name alone (not its absolute
+// path, as a local file's is), and read as being in this cache's files/: a cache directory
+// that is moved or copied (cp -a, a bind mount elsewhere) keeps its whole files.
+std::string WholeIndexName(const std::string& base) { return NameOf("weightfs whole file " + base); }
+
+// <64 hex>-<decimal size>: a whole file's name.
+bool IsWholeFileName(const std::string& base) {
+  if (base.size() < 66 || base[64] != '-') return false;
+  const auto hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
+  return std::all_of(base.begin(), base.begin() + 64, hex) &&
+         std::all_of(base.begin() + 65, base.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 void Subtract(std::atomic<uint64_t>* total, uint64_t size) {
@@ -266,6 +310,7 @@ struct ChunkCache::RefHit {
 ChunkCache::ChunkCache(std::string dir, uint64_t max_bytes, const ChunkCacheOptions& options)
     : dir_(dir + "/chunks"),
       refs_dir_(dir + "/refs"),
+      files_dir_(dir + "/files"),
       max_bytes_(max_bytes),
       options_(options),
       refs_(std::make_unique<RefIndex>()) {}
@@ -412,7 +457,10 @@ void ChunkCache::ScanRefs() {
       DropCorrupt(path, f.dev, f.ino, f.size, index.status().message());
       continue;
     }
-    if (NameOf(index->path) != f.name) {
+    if (const std::string base = index->path.substr(index->path.rfind('/') + 1);
+        IsWholeFileName(base) && f.name == WholeIndexName(base)) {
+      index->path = files_dir_ + "/" + base;  // (wherever the cache directory was when it was written)
+    } else if (NameOf(index->path) != f.name) {
       DropCorrupt(path, f.dev, f.ino, f.size, "its name is not the hash of the path it holds, " + index->path);
       continue;
     }
@@ -515,6 +563,13 @@ void ChunkCache::DropStaleRefs(uint32_t id, const std::string& why) {
       static_cast<uint64_t>(now.st_ino) == f.ino && ::unlink(path.c_str()) == 0) {
     Subtract(&total_, f.bytes);
   }
+  if (IsWholeFile(f.path)) {
+    // Ours, and useless without its index: it goes too (a changed copy is never served).
+    struct stat w;
+    if (::lstat(f.path.c_str(), &w) == 0 && ::unlink(f.path.c_str()) == 0) Subtract(&total_, static_cast<uint64_t>(w.st_size));
+    spdlog::warn("chunk cache: removed the whole file {} ({})", f.path, why);
+    return;
+  }
   spdlog::debug("chunk cache: dropped the references to {} ({})", f.path, why);
 }
 
@@ -535,7 +590,10 @@ bool ChunkCache::GetIndexed(const Hash128& hash, const Output& output) {
   } else {
     // As for chunk files: the caller's copy is what is hashed and served.
     const std::span<uint8_t> out = output(hit.length);
-    if (out.size() != hit.length || PreadUpTo(fd.fd, out.data(), hit.length, hit.offset) != hit.length) {
+    const bool read = out.size() == hit.length &&
+                      (IsWholeFile(hit.path) ? ReadWholeRange(fd.fd, hit.path, out.data(), hit.length, hit.offset)
+                                             : PreadUpTo(fd.fd, out.data(), hit.length, hit.offset) == hit.length);
+    if (!read) {
       stale = "is shorter than indexed";
     } else if (HashChunk(out) != hash) {
       stale = "changed in place: bytes [" + std::to_string(hit.offset) + ", +" +
@@ -576,7 +634,7 @@ Status ChunkCache::PutReferences(const std::string& path, std::span<const ChunkR
   }
   const std::vector<uint8_t> bytes = SerializeReferenceIndex(index);
   if (bytes.size() > max_bytes_) return Status::Ok();  // like a chunk larger than the cache
-  const std::string name = NameOf(path);
+  const std::string name = IndexNameOf(path);
   const std::string dest = refs_dir_ + "/" + name;
   struct stat old;
   const uint64_t replaced = ::lstat(dest.c_str(), &old) == 0 && S_ISREG(old.st_mode) ? old.st_size : 0;
@@ -862,7 +920,7 @@ Status ChunkCache::EvictTo(uint64_t target) {
       return StatusOfErrno(err, "flock " + lock_path);
     }
   }
-  std::vector<Entry> entries = Scan(dir_, refs_dir_);
+  std::vector<Entry> entries = Scan(dir_, refs_dir_, files_dir_);
   uint64_t total = 0;
   for (const Entry& e : entries) total += e.size;
   std::sort(entries.begin(), entries.end(),
@@ -872,6 +930,7 @@ Status ChunkCache::EvictTo(uint64_t target) {
   for (const Entry& e : entries) {
     if (total <= target) break;
     if (::unlink(e.path.c_str()) == 0 || errno == ENOENT) {
+      if (!e.companion.empty()) ::unlink(e.companion.c_str());  // a whole file goes with its index
       total -= e.size;
       ++removed;
       if (e.path.starts_with(refs_dir_ + "/")) index_files.push_back(e.path.substr(refs_dir_.size() + 1));
@@ -889,6 +948,347 @@ Status ChunkCache::EvictTo(uint64_t target) {
   ::close(fd);
   if (removed) spdlog::debug("chunk cache: evicted {} entries, {} bytes remain", removed, total);
   return Status::Ok();
+}
+
+}  // namespace weightfs
+
+namespace weightfs {
+
+// ---- whole files ------------------------------------------------------------------------------
+
+namespace {
+
+bool IsSha256Hex(const std::string& s) {
+  return s.size() == 64 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+}  // namespace
+
+std::string ChunkCache::IndexNameOf(const std::string& path) const {
+  return IsWholeFile(path) ? WholeIndexName(path.substr(files_dir_.size() + 1)) : NameOf(path);
+}
+
+std::string ChunkCache::WholeFilePath(const std::string& sha256, uint64_t size) const {
+  return files_dir_ + "/" + sha256 + "-" + std::to_string(size);
+}
+
+namespace {
+
+// How many of the pages of [offset, +length) of `fd` are in the page cache (cachestat(2), Linux
+// 6.5+); -1 where the kernel cannot say.
+int64_t CachedPages(int fd, uint64_t offset, uint64_t length) {
+#ifdef __linux__
+  struct Range {
+    uint64_t off, len;
+  } range{offset, length};
+  struct Stat {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+  } st{};
+  constexpr long kCachestat = 451;  // the same on every architecture (the unified syscall table)
+  if (::syscall(kCachestat, fd, &range, &st, 0) == 0) return static_cast<int64_t>(st.nr_cache);
+#endif
+  return -1;
+}
+
+}  // namespace
+
+bool ChunkCache::ReadWholeRange(int fd, const std::string& path, uint8_t* out, uint64_t length, uint64_t offset) {
+  // From the page cache when all of it is there (a reader the kernel serves from this file has
+  // it there); else around the cache (O_DIRECT): a buffered read would fill fresh page-cache
+  // pages (dear on VMs) with a second copy of what the caller's buffer holds. (Not RWF_NOWAIT:
+  // a miss with it still starts readahead into the cache.)
+  const uint64_t pages = (offset + length + kDirectAlign - 1) / kDirectAlign - offset / kDirectAlign;
+  if (CachedPages(fd, offset, length) == static_cast<int64_t>(pages)) {
+    return PreadUpTo(fd, out, length, offset) == length;
+  }
+  const int direct = OpenDirect(path, O_RDONLY);
+  if (direct < 0) return PreadUpTo(fd, out, length, offset) == length;
+  const uint64_t got = PreadDirect(direct, out, length, offset);
+  ::close(direct);
+  return got == length;
+}
+
+Expected<std::unique_ptr<WholeFileWriter>> ChunkCache::BeginWholeFile(const std::string& sha256, uint64_t size) {
+  if (!IsSha256Hex(sha256)) return Status::InvalidArgument("a whole file needs its SHA-256 in lowercase hex, not '" + sha256 + "'");
+  if (size > max_bytes_ / 2) {
+    return Status::ResourceExhausted("a whole copy of " + std::to_string(size) + " bytes would take more than half of the " +
+                                     std::to_string(max_bytes_) + " bytes of the cache");
+  }
+  const std::string dest = WholeFilePath(sha256, size);
+  if (HasWholeFile(sha256, size)) return Status::Conflict(dest + " is cached already");
+  if (total_.load() + size > max_bytes_) {
+    Status s = EvictTo(max_bytes_ / 10 * 9 > size ? max_bytes_ / 10 * 9 - size : 0);
+    if (!s.ok()) failed_evictions_.Log("chunk cache: eviction failed: " + s.ToString());
+  }
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = files_dir_ + "/.tmp/" + sha256 + "." + std::to_string(::getpid()) + "." +
+                          std::to_string(counter.fetch_add(1));
+  bool direct = direct_ok_.load(std::memory_order_relaxed);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | (direct ? O_DIRECT : 0), 0444);
+  if (fd < 0 && direct && errno == EINVAL) {
+    direct = false;
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+  }
+  if (fd < 0) return StatusOfErrno(errno, "whole file " + tmp);
+  const uint64_t padded = (size + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  if (padded > 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(padded)) != 0 && (errno == ENOSPC || errno == EDQUOT)) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return StatusOfErrno(err, "whole file " + tmp + " (" + std::to_string(size) + " bytes)");
+  }
+  std::unique_ptr<WholeFileWriter> w(new WholeFileWriter(this, tmp, dest, size, fd, direct));
+  if (!w->staging_) return Status::ResourceExhausted("no memory for a whole file's staging buffers");
+  return w;
+}
+
+WholeFileWriter::WholeFileWriter(ChunkCache* cache, std::string tmp, std::string dest, uint64_t size, int fd, bool direct)
+    : cache_(cache), tmp_(std::move(tmp)), dest_(std::move(dest)), size_(size), fd_(fd), direct_(direct) {
+  // 2 MiB-aligned anonymous memory with huge pages advised: O_DIRECT pins the pages of every
+  // write, and the copies into it walk fewer TLB entries.
+  constexpr size_t kHuge = 2 << 20;
+  const size_t want = kBuffers * kStagingBytes;
+  void* p = ::mmap(nullptr, want + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return;
+  uint8_t* raw = static_cast<uint8_t*>(p);
+  uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) / kHuge * kHuge);
+  if (aligned > raw) ::munmap(raw, static_cast<size_t>(aligned - raw));
+  const size_t tail = static_cast<size_t>(raw + want + kHuge - (aligned + want));
+  if (tail > 0) ::munmap(aligned + want, tail);
+  (void)::madvise(aligned, want, MADV_HUGEPAGE);
+  region_ = aligned;
+  region_bytes_ = want;
+  staging_ = region_;
+  writer_ = std::thread([this] { WriterMain(); });
+}
+
+WholeFileWriter::~WholeFileWriter() {
+  if (writer_.joinable()) {
+    {
+      MutexLock lock(mu_);
+      stop_ = true;
+    }
+    cv_.NotifyAll();
+    writer_.join();
+  }
+  if (region_) ::munmap(region_, region_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+  if (!finished_) ::unlink(tmp_.c_str());
+}
+
+void WholeFileWriter::WriterMain() {
+  MutexLock lock(mu_);
+  for (;;) {
+    cv_.Wait(mu_, [&]() WFS_REQUIRES(mu_) { return stop_ || !writes_.empty(); });
+    if (writes_.empty()) return;  // stopping, and everything handed over is written
+    const Write w = writes_.front();
+    bool direct = direct_;
+    lock.Unlock();
+    const uint8_t* data = region_ + w.buffer * kStagingBytes;
+    Status st;
+    size_t done = 0;
+    while (done < w.length) {
+      const ssize_t n = ::pwrite(fd_, data + done, w.length - done, static_cast<off_t>(w.offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINVAL && direct && done == 0) {
+        // The filesystem refuses O_DIRECT writes after all: through the page cache.
+        const int flags = ::fcntl(fd_, F_GETFL);
+        if (flags >= 0 && ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) == 0) {
+          direct = false;
+          continue;
+        }
+      }
+      if (n <= 0) {
+        st = StatusOfErrno(n < 0 ? errno : EIO, "whole file " + tmp_);
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    lock.Lock();
+    direct_ = direct;
+    if (!st.ok() && error_.ok()) error_ = st;
+    writes_.pop_front();
+    busy_[w.buffer] = false;
+    cv_.NotifyAll();
+  }
+}
+
+Status WholeFileWriter::Submit(size_t length) {
+  MutexLock lock(mu_);
+  if (!error_.ok()) return error_;
+  if (length > 0) {
+    writes_.push_back(Write{current_, flushed_, length});
+    busy_[current_] = true;
+    cv_.NotifyAll();
+  }
+  cv_.Wait(mu_, [&]() WFS_REQUIRES(mu_) {
+    return !error_.ok() || std::any_of(std::begin(busy_), std::end(busy_), [](bool b) { return !b; });
+  });
+  if (!error_.ok()) return error_;
+  for (size_t i = 0; i < kBuffers; ++i) {
+    if (!busy_[i]) {
+      current_ = i;
+      break;
+    }
+  }
+  staging_ = region_ + current_ * kStagingBytes;
+  return Status::Ok();
+}
+
+Status WholeFileWriter::Drain() {
+  MutexLock lock(mu_);
+  cv_.Wait(mu_, [&]() WFS_REQUIRES(mu_) { return writes_.empty(); });
+  return error_;
+}
+
+Status WholeFileWriter::Append(const ChunkRef& row, std::span<const uint8_t> bytes) {
+  if (finished_ || fd_ < 0) return Status::InvalidArgument("whole file " + dest_ + " is finished");
+  if (row.offset != written() || row.length != bytes.size() || row.length > size_ - std::min(size_, row.offset)) {
+    return Status::InvalidArgument("whole file " + dest_ + ": a chunk at [" + std::to_string(row.offset) + ", +" +
+                                   std::to_string(row.length) + ") after " + std::to_string(written()) + " of " +
+                                   std::to_string(size_) + " bytes");
+  }
+  rows_.push_back(row);
+  while (!bytes.empty()) {
+    const size_t n = std::min(bytes.size(), kStagingBytes - used_);
+    std::memcpy(staging_ + used_, bytes.data(), n);
+    used_ += n;
+    bytes = bytes.subspan(n);
+    if (used_ == kStagingBytes) {
+      WFS_TRY(Submit(kStagingBytes));
+      flushed_ += kStagingBytes;
+      used_ = 0;
+    }
+  }
+  return Status::Ok();
+}
+
+Status WholeFileWriter::Finish() {
+  if (finished_ || fd_ < 0) return Status::InvalidArgument("whole file " + dest_ + " is finished");
+  if (written() != size_) {
+    return Status::InvalidArgument("whole file " + dest_ + ": " + std::to_string(written()) + " of its " +
+                                   std::to_string(size_) + " bytes appended");
+  }
+  // O_DIRECT writes whole blocks: the last one padded, then the file cut to its size.
+  const size_t tail = (used_ + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  std::memset(staging_ + used_, 0, tail - used_);
+  WFS_TRY(Submit(tail));
+  WFS_TRY(Drain());
+  if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) return StatusOfErrno(errno, "whole file " + tmp_);
+  // Synced before it has its name: after a crash a whole file is all there or not there (the
+  // kernel serves it without a check of its bytes).
+  if (::fdatasync(fd_) != 0) return StatusOfErrno(errno, "whole file " + tmp_);
+  ::close(fd_);
+  fd_ = -1;
+  if (::rename(tmp_.c_str(), dest_.c_str()) != 0) return StatusOfErrno(errno, "whole file " + dest_);
+  finished_ = true;
+  return cache_->AddWholeFile(dest_, size_, rows_);
+}
+
+size_t WholeFileWriter::Spill() {
+  if (finished_) return 0;
+  (void)Drain();  // what was handed over is on disk (or failed: those chunks are not put)
+  const int in = ::open(tmp_.c_str(), O_RDONLY | O_CLOEXEC);
+  ByteBuffer bytes;
+  size_t put = 0;
+  for (const ChunkRef& r : rows_) {
+    if (cache_->Contains(r.hash)) continue;
+    bytes.resize(r.length);
+    // [offset, flushed_) is in the file, the rest still in the staging buffer.
+    const uint64_t on_disk = r.offset < flushed_ ? std::min<uint64_t>(r.length, flushed_ - r.offset) : 0;
+    if (on_disk > 0 && (in < 0 || PreadUpTo(in, bytes.data(), on_disk, r.offset) != on_disk)) continue;
+    if (on_disk < r.length) std::memcpy(bytes.data() + on_disk, staging_ + (r.offset + on_disk - flushed_), r.length - on_disk);
+    if (HashChunk(bytes) != r.hash) continue;  // (never: what was appended was verified)
+    if (cache_->Put(r.hash, bytes).ok()) ++put;
+  }
+  if (in >= 0) ::close(in);
+  return put;
+}
+
+Status ChunkCache::AddWholeFile(const std::string& path, uint64_t size, std::span<const ChunkRef> rows) {
+  total_ += size;
+  Status indexed = PutReferences(path, rows);
+  bool loaded = false;
+  if (indexed.ok()) {
+    struct stat st;
+    MutexLock lock(refs_->mu);
+    auto n = refs_->by_name.find(IndexNameOf(path));
+    loaded = n != refs_->by_name.end() && ::stat(path.c_str(), &st) == 0 &&
+             refs_->files.at(n->second).mtime_ns == MtimeNs(st);
+  }
+  if (!loaded) {
+    // Not found through the index (its memory bound, or a failed write): no use as a copy.
+    struct stat w;
+    if (::lstat(path.c_str(), &w) == 0 && ::unlink(path.c_str()) == 0) Subtract(&total_, static_cast<uint64_t>(w.st_size));
+    return indexed.ok() ? Status::ResourceExhausted("the reference index is full: " + path + " not kept") : indexed;
+  }
+  // Its chunks are found in it now: their own files go.
+  size_t replaced = 0;
+  for (const ChunkRef& r : rows) {
+    const std::string chunk = PathOf(r.hash);
+    struct stat st;
+    if (::lstat(chunk.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::unlink(chunk.c_str()) == 0) {
+      Subtract(&total_, static_cast<uint64_t>(st.st_size));
+      ++replaced;
+    }
+  }
+  spdlog::debug("chunk cache: whole file {} ({} chunks; it replaces {} chunk files)", path, rows.size(), replaced);
+  return Status::Ok();
+}
+
+int ChunkCache::OpenWholeFile(const std::string& sha256, uint64_t size) {
+  if (!IsSha256Hex(sha256)) return -1;
+  const std::string path = WholeFilePath(sha256, size);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return -1;
+  }
+  RefIndex& x = *refs_;
+  if (!x.loaded.load()) {
+    MutexLock scan(x.scan_mu);
+    if (!x.loaded.load()) ScanRefs();
+  }
+  const std::string name = IndexNameOf(path);
+  std::optional<uint32_t> id;
+  std::string stale;
+  int64_t touched = 0;
+  {
+    MutexLock lock(x.mu);
+    if (auto n = x.by_name.find(name); n != x.by_name.end()) {
+      const RefIndex::File& f = x.files.at(n->second);
+      id = n->second;
+      touched = f.touched;
+      if (f.size != static_cast<uint64_t>(st.st_size) || f.size != size || f.mtime_ns != MtimeNs(st)) {
+        stale = "changed since it was written (size " + std::to_string(st.st_size) + ", mtime " +
+                std::to_string(MtimeNs(st)) + "; written at size " + std::to_string(f.size) + ", mtime " +
+                std::to_string(f.mtime_ns) + ")";
+      }
+    }
+  }
+  if (!id || !stale.empty()) {
+    ::close(fd);
+    if (id) DropStaleRefs(*id, stale);  // (removes the whole file too)
+    return -1;
+  }
+  if (const int64_t now = ::time(nullptr); touched < now - 60) {
+    ::utimensat(AT_FDCWD, (refs_dir_ + "/" + name).c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
+    MutexLock lock(x.mu);
+    if (auto it = x.files.find(*id); it != x.files.end()) it->second.touched = now;
+  }
+  // (O_NONBLOCK was for the open only: a FIFO planted under the name must not hang it.)
+  (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+bool ChunkCache::HasWholeFile(const std::string& sha256, uint64_t size) {
+  const int fd = OpenWholeFile(sha256, size);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
 }
 
 }  // namespace weightfs

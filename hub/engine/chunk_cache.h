@@ -31,6 +31,19 @@
 //   upgraded node finds what it recorded before; nothing writes them any more.
 // - <dir>/chunks/.tmp/ holds inserts in progress (of chunks and of index files);
 //   <dir>/chunks/.lock serializes eviction between processes.
+// - <dir>/files/<sha256>-<size> is a whole file: a complete copy of a published file that a
+//   mount read whole (fs/whole_files.h), written once front to back by a WholeFileWriter from
+//   verified chunks (<dir>/files/.tmp/ while in progress), synced, renamed into place and
+//   indexed in refs/ like any local file (its index file named after the whole file's name, not
+//   its path, so that the cache directory can move), so that its chunks are found in it; the chunk files it
+//   replaces are then removed (a node following a run keeps each version once, as files, not
+//   as a copy of every chunk beside them). A whole file and its index file are one entry of
+//   the size bound: the index file's mtime is their LRU time, and eviction removes both.
+//   OpenWholeFile hands out a descriptor of one only while its size and mtime are the ones
+//   indexed; one changed since (or without its index) is dropped. The mount gives that
+//   descriptor to the kernel (FUSE passthrough: docs/mount.md), which then serves reads and
+//   maps of the file from it without asking the daemon: those bytes are not hashed on each
+//   read, as a local file's are not; every chunk read out of it here still is.
 //
 // - Verified on read, never served from the file: every read copies the entry into memory the
 //   caller owns (a heap buffer, or a buffer the caller provides: GetInto) and hashes that copy,
@@ -50,7 +63,7 @@
 //   only ever replaced by rename and removed by unlink. References point at users' files,
 //   which may change in place: their bytes are read into the caller's buffer and verified the
 //   same way.
-// - Size-bounded: at most `max_bytes` of chunk and index files. When an insert takes the total
+// - Size-bounded: at most `max_bytes` of chunk, index and whole files. When an insert takes the total
 //   above it, the least recently used entries (file mtime, refreshed on hits) are removed until
 //   the total is below 90% of the bound. A chunk larger than the bound is not cached at all.
 // - Safe for concurrent processes: an insert writes a temporary file and renames it into
@@ -128,6 +141,76 @@ struct ChunkCacheOptions {
   std::chrono::steady_clock::duration rescan_interval = std::chrono::seconds(1);
 };
 
+class ChunkCache;
+
+// Writes one whole file (see ChunkCache's layout) front to back: ChunkCache::BeginWholeFile,
+// then Append of each of its chunks in order, then Finish. Destroyed unfinished, it removes what
+// it wrote. The bytes go to the disk with O_DIRECT from aligned staging buffers (through the
+// page cache where the filesystem refuses it), so that the copy does not fill the page cache,
+// on a thread of its own: Append fills one buffer while the one before is written (a reader
+// whose chunks are appended as it reads waits for the disk only when it is two buffers ahead).
+// The file is allocated at its full size first (fallocate: a full disk fails at the start, and
+// the file is not fragmented by the reads interleaved with its writes). Not thread-safe.
+class WholeFileWriter {
+ public:
+  static constexpr size_t kStagingBytes = 8 << 20;  // written in parts of this much
+  static constexpr size_t kBuffers = 3;             // one filled, two written or waiting
+  ~WholeFileWriter();
+  WholeFileWriter(const WholeFileWriter&) = delete;
+  WholeFileWriter& operator=(const WholeFileWriter&) = delete;
+
+  // The file's next chunk: `row` says where it is and its hash, which the caller has verified
+  // `bytes` against. Rows come in file order and tile the file.
+  Status Append(const ChunkRef& row, std::span<const uint8_t> bytes);
+  // Writes the rest, syncs the file, moves it into place, indexes it and removes the chunk
+  // files it replaces. REQUIRES: the rows appended tile the whole file.
+  Status Finish();
+  // Gives up on the file: every chunk appended so far that the cache holds nowhere else is put
+  // into it as a chunk file (read back from what was written, verified), so that what a reader
+  // had stays cached; the partial file then goes with this object. Returns the chunks put.
+  size_t Spill();
+  // Bytes appended so far.
+  uint64_t written() const { return flushed_ + used_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  friend class ChunkCache;
+  WholeFileWriter(ChunkCache* cache, std::string tmp, std::string dest, uint64_t size, int fd, bool direct);
+  // Hands the staging buffer's first `length` bytes (at file offset flushed_) to the writing
+  // thread and moves on to a free buffer (waiting for one). The first error of any write.
+  Status Submit(size_t length) WFS_EXCLUDES(mu_);
+  // Waits until everything handed over is written; the first error of any write.
+  Status Drain() WFS_EXCLUDES(mu_);
+  void WriterMain() WFS_EXCLUDES(mu_);
+
+  ChunkCache* const cache_;
+  const std::string tmp_, dest_;
+  const uint64_t size_;
+  int fd_;
+  uint8_t* region_ = nullptr;   // kBuffers x kStagingBytes, aligned (2 MiB), huge pages advised
+  size_t region_bytes_ = 0;
+  size_t current_ = 0;          // the buffer being filled
+  uint8_t* staging_ = nullptr;  // region_ + current_ * kStagingBytes
+  size_t used_ = 0;             // bytes in staging_
+  uint64_t flushed_ = 0;        // file offset of staging_[0]: bytes handed over before it
+  std::vector<ChunkRef> rows_;
+  bool finished_ = false;
+
+  struct Write {
+    size_t buffer;
+    uint64_t offset;
+    size_t length;
+  };
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Write> writes_ WFS_GUARDED_BY(mu_);
+  bool busy_[kBuffers] WFS_GUARDED_BY(mu_) = {};  // handed over, not yet written
+  bool direct_ WFS_GUARDED_BY(mu_);
+  Status error_ WFS_GUARDED_BY(mu_);
+  bool stop_ WFS_GUARDED_BY(mu_) = false;
+  std::thread writer_;
+};
+
 class ChunkCache {
  public:
   // Creates the directory if needed and scans it for the current size. The reference index is
@@ -176,6 +259,20 @@ class ChunkCache {
   // callers may ignore them.
   Status PutReferences(const std::string& path, std::span<const ChunkRef> rows);
 
+  // Whole files (see the layout above). The name a file of this content has in files/.
+  std::string WholeFilePath(const std::string& sha256, uint64_t size) const;
+  // Starts the whole file of a published file (its manifest's SHA-256, lowercase hex, and size),
+  // making room for it in the bound first. InvalidArgument for a bad digest; Conflict
+  // when the cache holds it already; ResourceExhausted when it is larger than half the bound
+  // (its copy would evict what the cache holds for it).
+  Expected<std::unique_ptr<WholeFileWriter>> BeginWholeFile(const std::string& sha256, uint64_t size);
+  // A read-only descriptor (O_RDONLY | O_CLOEXEC; the caller closes it) of the whole file of this
+  // content if the cache holds it as it was indexed (same size and mtime); -1 if not. Refreshes
+  // its LRU time (at most once a minute). A whole file that changed since it was indexed, or
+  // whose index is gone, is removed.
+  int OpenWholeFile(const std::string& sha256, uint64_t size);
+  bool HasWholeFile(const std::string& sha256, uint64_t size);
+
   uint64_t size_bytes() const { return total_.load(); }
   uint64_t max_bytes() const { return max_bytes_; }
   const std::string& dir() const { return dir_; }
@@ -187,6 +284,18 @@ class ChunkCache {
  private:
   struct RefIndex;  // the in-memory reference index (chunk_cache.cc)
   struct RefHit;
+  friend class WholeFileWriter;
+
+  // After a whole file was written and renamed to `path`: counts it, indexes `rows` and removes
+  // the chunk files they replace (once the index is loaded: else they stay).
+  Status AddWholeFile(const std::string& path, uint64_t size, std::span<const ChunkRef> rows);
+  // Whether `path` is a whole file of this cache's.
+  bool IsWholeFile(const std::string& path) const { return path.starts_with(files_dir_ + "/"); }
+  // The name of `path`'s index file under refs/: the hash of its path, or of a whole file's name.
+  std::string IndexNameOf(const std::string& path) const;
+  // The bytes [offset, +length) of a whole file into `out`: from the page cache where they are
+  // there (a reader through the kernel may have them), else read around it (O_DIRECT).
+  static bool ReadWholeRange(int fd, const std::string& path, uint8_t* out, uint64_t length, uint64_t offset);
 
   ChunkCache(std::string dir, uint64_t max_bytes, const ChunkCacheOptions& options);
   std::string PathOf(const Hash128& hash) const;
@@ -218,6 +327,7 @@ class ChunkCache {
 
   const std::string dir_;       // <dir>/chunks
   const std::string refs_dir_;  // <dir>/refs
+  const std::string files_dir_;  // <dir>/files
   const uint64_t max_bytes_;
   const ChunkCacheOptions options_;
   const std::unique_ptr<RefIndex> refs_;

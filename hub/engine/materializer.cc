@@ -254,12 +254,13 @@ Expected<ByteBuffer> Materializer::Chunk(const Manifest& manifest, const Manifes
 }
 
 Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const ManifestFile& file,
-                                          size_t index) {
+                                          size_t index, bool cache_result) {
   if (!file.rows_loaded) {
     WFS_ASSIGN_OR_RETURN(std::shared_ptr<const ManifestFile> rows, bucket_->RowsOfRow(manifest, file, index));
-    Expected<ChunkBytes> bytes = Shared(manifest, *rows, index - rows->first_row);
+    Expected<ChunkBytes> bytes = Shared(manifest, *rows, index - rows->first_row, cache_result);
     return bytes;
   }
+  cache_result = cache_result && cache_results_;
   stats_.chunks++;
   auto where = [&](const Status& s) { return s.WithContext(DescribeChunkOf(manifest, file, index)); };
   if (index >= file.chunks.size()) return where(Status::InvalidArgument("no such chunk"));
@@ -282,7 +283,7 @@ Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const Manife
       out.resize(n);
       return std::span<uint8_t>(out);
     }));
-    if (cache_ && cache_results_) (void)cache_->Put(chunk.hash, out);
+    if (cache_ && cache_result) (void)cache_->Put(chunk.hash, out);
     return ChunkBytes(std::move(out));
   }
   // A cache hit is read into a reused buffer and verified there: the bytes handed out are a
@@ -303,7 +304,7 @@ Expected<ChunkBytes> Materializer::Shared(const Manifest& manifest, const Manife
     GiveScratch(std::move(out));
     return st;
   }
-  if (cache_ && cache_results_) {
+  if (cache_ && cache_result) {
     const size_t capacity = out.capacity();
     if (HandsOutBuffer(out)) {
       // The buffer itself is what readers get: the disk cache's copy is written behind them

@@ -76,7 +76,9 @@ class Materializer {
   // they were read from the cache into or built in (a heap copy when they would fill less than
   // 8/9 of it), smaller ones in a heap buffer. The read path of the mount keeps these in memory.
   // Private memory either way: verified once, they cannot change.
-  Expected<ChunkBytes> Shared(const Manifest& manifest, const ManifestFile& file, size_t index);
+  // `cache_result` false: a chunk built is not put into the disk cache (its caller keeps it).
+  Expected<ChunkBytes> Shared(const Manifest& manifest, const ManifestFile& file, size_t index,
+                              bool cache_result = true);
 
   // Prepares `builds` concurrent chunk builds of up to `chunk_bytes`: codecs that have decoded a
   // FULL keyframe and a SPARSE delta of that size, and faulted-in scratch buffers, all returned

@@ -13,8 +13,9 @@
 namespace weightfs {
 namespace {
 
-// The largest read through the aligned buffer at once: an encoder's chunk in one or a few.
-constexpr size_t kBounceBytes = 4 << 20;
+// The largest read through the aligned buffer at once: a default chunk (4 MiB) at any offset in
+// one read (its blocks, with the two it starts and ends in), a larger one in a few.
+constexpr size_t kBounceBytes = (4 << 20) + 2 * kDirectAlign;
 
 struct FreeAligned {
   void operator()(uint8_t* p) const { std::free(p); }

@@ -71,6 +71,11 @@ class ChunkCacheReferencesTest : public ::testing::Test {
     return rows;
   }
 
+  // A whole file's index file: named after the whole file's name (relocatable with the cache).
+  fs::path WholeIndexFileOf(const std::string& path) const {
+    const std::string name = "weightfs whole file " + fs::path(path).filename().string();
+    return root_ / "cache" / "refs" / HashChunk({reinterpret_cast<const uint8_t*>(name.data()), name.size()}).ToHex();
+  }
   fs::path IndexFileOf(const std::string& path) const {
     return root_ / "cache" / "refs" / HashChunk({reinterpret_cast<const uint8_t*>(path.data()), path.size()}).ToHex();
   }
@@ -590,6 +595,195 @@ TEST_F(ChunkCacheReferencesTest, WriteBehindWritesEveryEntryAndLetsItsBufferGo) 
   ASSERT_TRUE(again);
   ASSERT_EQ(made.size(), kEntries);
   expect_all(*again);
+}
+
+// ---- whole files ---------------------------------------------------------------------------
+
+// A whole file (a published file's complete copy, ChunkCache's layout): its chunks are put as
+// chunk files first (a mount read them), then written whole in order; afterwards every chunk
+// is found in the whole file, the chunk files are gone, the size bound counts the whole file
+// and its index once, and OpenWholeFile hands out its bytes. Another instance (the next mount)
+// finds it too.
+TEST_F(ChunkCacheReferencesTest, AWholeFileReplacesItsChunkFilesAndServesThem) {
+  auto cache = Open();
+  // Chunks of uneven sizes, so that they start anywhere in a block; bigger than the staging
+  // buffer, so that it is written in several parts.
+  std::mt19937_64 rng(7);
+  std::vector<uint8_t> bytes(WholeFileWriter::kStagingBytes * 2 + 123457);
+  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+  std::vector<ChunkRef> rows;
+  for (uint64_t off = 0; off < bytes.size();) {
+    const uint64_t len = std::min<uint64_t>(bytes.size() - off, 1000003 + (rows.size() % 3) * 77);
+    rows.push_back({HashChunk(std::span<const uint8_t>(bytes).subspan(off, len)), off, len});
+    ASSERT_TRUE(cache->Put(rows.back().hash, std::span<const uint8_t>(bytes).subspan(off, len)).ok());
+    off += len;
+  }
+  ASSERT_GE(WalkCache().chunks.size(), rows.size());
+  const std::string sha(64, 'a');
+  EXPECT_FALSE(cache->HasWholeFile(sha, bytes.size()));
+  EXPECT_EQ(cache->OpenWholeFile(sha, bytes.size()), -1);
+  {
+    auto w = cache->BeginWholeFile(sha, bytes.size());
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    // Out of order, and the wrong length, are refused.
+    EXPECT_FALSE((*w)->Append(rows[1], std::span<const uint8_t>(bytes).subspan(rows[1].offset, rows[1].length)).ok());
+    EXPECT_FALSE((*w)->Append(rows[0], std::span<const uint8_t>(bytes).subspan(0, rows[0].length - 1)).ok());
+    for (const ChunkRef& r : rows) {
+      ASSERT_TRUE((*w)->Append(r, std::span<const uint8_t>(bytes).subspan(r.offset, r.length)).ok());
+    }
+    Status done = (*w)->Finish();
+    ASSERT_TRUE(done.ok()) << done.ToString();
+  }
+  const std::string path = cache->WholeFilePath(sha, bytes.size());
+  EXPECT_EQ(Read(path), bytes);
+  EXPECT_EQ(fs::status(path).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  Walk walk = WalkCache();
+  size_t chunk_files = 0;
+  for (const fs::path& c : walk.chunks) chunk_files += c.string().find("/chunks/") != std::string::npos;
+  EXPECT_EQ(chunk_files, 0u) << "the whole file replaces the chunk files";
+  ASSERT_EQ(walk.refs.size(), 1u);
+  const uint64_t index_bytes = fs::file_size(walk.refs[0]);
+  EXPECT_EQ(cache->size_bytes(), bytes.size() + index_bytes);
+  std::unique_ptr<ChunkCache> other = Open();  // (the next mount)
+  for (ChunkCache* c : {cache.get(), other.get()}) {
+    for (const ChunkRef& r : rows) {
+      ByteBuffer out;
+      ASSERT_TRUE(c->Get(r.hash, &out)) << r.offset;
+      EXPECT_TRUE(std::equal(out.begin(), out.end(), bytes.begin() + static_cast<ptrdiff_t>(r.offset)));
+    }
+    const int fd = c->OpenWholeFile(sha, bytes.size());
+    ASSERT_GE(fd, 0);
+    std::vector<uint8_t> got(bytes.size());
+    EXPECT_EQ(::pread(fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+    ::close(fd);
+    EXPECT_EQ(got, bytes);
+    EXPECT_EQ(c->size_bytes(), bytes.size() + index_bytes);
+  }
+  // Once there, it is not written again.
+  EXPECT_EQ(cache->BeginWholeFile(sha, bytes.size()).status().kind(), ErrorKind::kConflict);
+  EXPECT_TRUE(fs::exists(WholeIndexFileOf(path)));
+
+  // A cache directory moved elsewhere (or copied with cp -a) keeps its whole files.
+  cache.reset();
+  other.reset();
+  fs::rename(root_ / "cache", root_ / "moved");
+  auto moved = ChunkCache::Open((root_ / "moved").string(), 1ull << 30);
+  ASSERT_TRUE(moved.ok());
+  EXPECT_TRUE((*moved)->HasWholeFile(sha, bytes.size()));
+  for (const ChunkRef& r : rows) {
+    ByteBuffer out;
+    ASSERT_TRUE((*moved)->Get(r.hash, &out)) << r.offset;
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), bytes.begin() + static_cast<ptrdiff_t>(r.offset)));
+  }
+  EXPECT_EQ((*moved)->size_bytes(), bytes.size() + index_bytes);
+}
+
+// A whole file written but not finished leaves nothing; bad digests and files too large for
+// the bound are refused.
+TEST_F(ChunkCacheReferencesTest, AnUnfinishedWholeFileLeavesNothing) {
+  auto cache = Open({}, 64ull << 20);
+  const std::vector<uint8_t> bytes(1 << 20, 7);
+  const ChunkRef row{HashChunk(bytes), 0, bytes.size()};
+  const std::string sha(64, 'b');
+  {
+    auto w = cache->BeginWholeFile(sha, 2 * bytes.size());
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_TRUE((*w)->Append(row, bytes).ok());
+    EXPECT_FALSE((*w)->Finish().ok()) << "half of the file";
+  }
+  EXPECT_TRUE(fs::is_empty(root_ / "cache" / "files" / ".tmp"));
+  EXPECT_FALSE(fs::exists(cache->WholeFilePath(sha, 2 * bytes.size())));
+  EXPECT_EQ(cache->OpenWholeFile(sha, 2 * bytes.size()), -1);
+  EXPECT_EQ(cache->size_bytes(), 0u);
+  EXPECT_EQ(cache->BeginWholeFile("not a digest", 10).status().kind(), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(cache->BeginWholeFile(std::string(64, 'A'), 10).status().kind(), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(cache->BeginWholeFile(sha, 40ull << 20).status().kind(), ErrorKind::kResourceExhausted);
+}
+
+// A whole file changed after it was written (a flipped byte moves its mtime; a flip with the
+// mtime put back is only seen by the chunk's hash) is never handed out whole again: it and its
+// index go, and its chunks are misses (the mount builds them again), never other bytes.
+TEST_F(ChunkCacheReferencesTest, AWholeFileChangedInPlaceIsDroppedNeverServed) {
+  for (bool restore_mtime : {false, true}) {
+    SCOPED_TRACE(restore_mtime ? "mtime restored" : "mtime moved");
+    fs::remove_all(root_ / "cache");
+    auto cache = Open();
+    std::vector<uint8_t> bytes(3 << 20);
+    std::mt19937_64 rng(restore_mtime);
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    std::vector<ChunkRef> rows;
+    for (uint64_t off = 0; off < bytes.size(); off += 1 << 20) {
+      rows.push_back({HashChunk(std::span<const uint8_t>(bytes).subspan(off, 1 << 20)), off, 1 << 20});
+    }
+    const std::string sha(64, restore_mtime ? 'c' : 'd');
+    auto w = cache->BeginWholeFile(sha, bytes.size());
+    ASSERT_TRUE(w.ok());
+    for (const ChunkRef& r : rows) ASSERT_TRUE((*w)->Append(r, std::span<const uint8_t>(bytes).subspan(r.offset, r.length)).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+    const std::string path = cache->WholeFilePath(sha, bytes.size());
+    const int64_t mtime = MtimeNs(path);
+    {
+      const int fd = ::open(path.c_str(), O_RDWR);
+      ASSERT_GE(fd, 0);
+      uint8_t b = bytes[(1 << 20) + 5] ^ 0x40;
+      ASSERT_EQ(::pwrite(fd, &b, 1, (1 << 20) + 5), 1);
+      ::close(fd);
+    }
+    if (restore_mtime) {
+      SetMtimeNs(path, mtime);
+      // Handed out (only a read of every byte could tell), but its changed chunk is a miss.
+      ByteBuffer out;
+      EXPECT_TRUE(cache->Get(rows[0].hash, &out));
+      EXPECT_FALSE(cache->Get(rows[1].hash, &out));
+      EXPECT_FALSE(fs::exists(path)) << "the chunk's mismatch drops the whole file";
+    } else {
+      EXPECT_EQ(cache->OpenWholeFile(sha, bytes.size()), -1);
+      EXPECT_FALSE(fs::exists(path));
+      ByteBuffer out;
+      for (const ChunkRef& r : rows) EXPECT_FALSE(cache->Get(r.hash, &out));
+    }
+    EXPECT_EQ(cache->OpenWholeFile(sha, bytes.size()), -1);
+    EXPECT_TRUE(WalkCache().refs.empty());
+    EXPECT_EQ(cache->size_bytes(), 0u);
+  }
+}
+
+// A whole file and its index file are one entry of the bound: evicted together, in LRU order
+// (the index file's mtime, which OpenWholeFile refreshes), and counted again by the next
+// instance.
+TEST_F(ChunkCacheReferencesTest, WholeFilesAreEvictedWithTheirIndexFiles) {
+  auto cache = Open();
+  std::vector<std::string> shas;
+  const std::vector<uint8_t> bytes(2 << 20, 1);
+  for (int k = 0; k < 3; ++k) {
+    std::vector<uint8_t> b = bytes;
+    b[0] = static_cast<uint8_t>(k);
+    shas.push_back(std::string(64, static_cast<char>('0' + k)));
+    auto w = cache->BeginWholeFile(shas.back(), b.size());
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Append({HashChunk(b), 0, b.size()}, b).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  Walk walk = WalkCache();
+  ASSERT_EQ(walk.refs.size(), 3u);
+  const uint64_t each = bytes.size() + fs::file_size(walk.refs[0]);
+  EXPECT_EQ(cache->size_bytes(), 3 * each);
+  EXPECT_EQ(Open()->size_bytes(), 3 * each);
+  // Oldest first: file 1's index, then 0's, then 2's.
+  const int64_t now = MtimeNs(walk.refs[0].string());
+  for (int k : {0, 1, 2}) {
+    SetMtimeNs(WholeIndexFileOf(cache->WholeFilePath(shas[k], bytes.size())).string(), now - (k == 1 ? 3 : k == 0 ? 2 : 1) * 1000000000ll);
+  }
+  ASSERT_TRUE(cache->EvictTo(2 * each).ok());
+  EXPECT_FALSE(fs::exists(cache->WholeFilePath(shas[1], bytes.size())));
+  EXPECT_FALSE(fs::exists(WholeIndexFileOf(cache->WholeFilePath(shas[1], bytes.size()))));
+  EXPECT_TRUE(cache->HasWholeFile(shas[0], bytes.size()));
+  EXPECT_TRUE(cache->HasWholeFile(shas[2], bytes.size()));
+  EXPECT_EQ(cache->size_bytes(), 2 * each);
+  ASSERT_TRUE(cache->EvictTo(each).ok());
+  EXPECT_FALSE(fs::exists(cache->WholeFilePath(shas[0], bytes.size())));
+  EXPECT_TRUE(cache->HasWholeFile(shas[2], bytes.size()));
+  EXPECT_EQ(Open()->size_bytes(), each);
 }
 
 }  // namespace

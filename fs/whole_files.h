@@ -1,0 +1,193 @@
+// WholeFiles: the mount keeps a local copy of each published file it has read whole, so that
+// the kernel can serve the file from local disk from then on (fs/passthrough.h).
+//
+// Two ways to a copy:
+//   - As it is read (a stream): a reader that starts at the file's first byte and goes on in
+//     order (cat, cp, a loader reading every tensor) has its chunks appended to the whole file
+//     as its reads pass them (on a writer thread, behind the replies), and those chunks are
+//     built without a chunk file of their own (ChunkReader::set_skip_disk_cache): the node
+//     writes the file once, not as chunk files and then again whole. Reads a little out of
+//     order (the kernel's asynchronous readahead) are put back in order; a reader more than
+//     kStreamQueueBytes ahead of the writer waits for it (kStreamWait at most, as a build
+//     waits for the disk cache's write-behind); a reader that jumps further, stops for
+//     kStreamIdle, or outruns the writer for longer ends the stream, whose chunks then go into the disk cache as chunk files (WholeFileWriter::
+//     Spill): nothing read is lost.
+//   - After it was read: any other reader whose reads covered the file, from the chunks it was
+//     read from (below).
+//
+// Which files: those whose every byte a reader has had from the daemon (NoteRead records the
+// ranges each inode's reads covered; `cat`, `cp`, a loader reading or mapping every tensor all
+// get there), of at least `min_bytes`, with a SHA-256 in their manifest (not a derived
+// version's). Each is copied once, on one background thread of low priority, from the chunks
+// it was read from: the mount's memory cache where they still are, else the disk cache
+// (verified, as every chunk is), into the chunk cache's whole file (hub/engine/chunk_cache.h:
+// written O_DIRECT, synced, indexed), which then replaces those chunks' files in the disk
+// cache. A node following a run thus keeps each version once, as whole files, and the next
+// version is built from them as from chunk files.
+//
+// When: a copy waits until the daemon has served no read for kIdle (a reader of the next file,
+// or of the next version, goes first: both compete for the same disk and cores), at most
+// kMaxDefer; at unmount (Finish) at once.
+//
+// Bounds: a stream's pieces waiting for the writer hold at most kStreamQueueBytes of chunks, and
+// it holds at most kStreamAhead chunks out of order; the tracked ranges are at most kMaxRuns per inode (a reader that scatters more is
+// not followed) and kMaxInodes inodes at once; one copy runs at a time, its memory one staging
+// buffer (8 MiB) and one chunk; the queue holds at most kMaxQueued files (more are dropped: a
+// later whole read queues them again). A copy that fails (a full disk, a chunk the bucket cannot
+// give) is logged and counted; the file is still read through the daemon.
+//
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
+#include "hub/engine/chunk_cache.h"
+#include "hub/engine/materializer.h"
+#include "fs/chunk_reader.h"
+#include "fs/namespace.h"
+
+namespace weightfs {
+
+struct WholeFilesStats {
+  std::atomic<uint64_t> streamed{0};      // whole files written as they were read
+  std::atomic<uint64_t> stream_ends{0};   // streams given up (their chunks spilled to chunk files)
+  std::atomic<uint64_t> queued{0};        // files queued for a copy
+  std::atomic<uint64_t> copied{0};        // whole files written
+  std::atomic<uint64_t> copied_bytes{0};
+  std::atomic<uint64_t> failed{0};        // copies that failed (logged)
+  std::atomic<uint64_t> dropped{0};       // not queued: the queue was full
+  std::atomic<uint64_t> copy_ns{0};       // time spent copying
+};
+
+class WholeFiles {
+ public:
+  static constexpr uint64_t kDefaultMinBytes = 1 << 20;
+  static constexpr size_t kMaxRuns = 256;
+  static constexpr size_t kMaxInodes = 4096;
+  static constexpr size_t kMaxQueued = 4096;
+  static constexpr std::chrono::milliseconds kIdle{500};
+  static constexpr std::chrono::milliseconds kMaxDefer{10000};
+  static constexpr std::chrono::milliseconds kStreamIdle{3000};
+  static constexpr uint64_t kStreamQueueBytes = 32ull << 20;
+  static constexpr std::chrono::milliseconds kStreamWait{2000};  // a reader waits for the writer
+  static constexpr size_t kStreamAhead = 6;  // chunks held for a gap before them to fill
+
+  // All must outlive this object.
+  WholeFiles(Materializer* materializer, ChunkReader* reader, ChunkCache* cache,
+             uint64_t min_bytes = kDefaultMinBytes);
+  // Stop, and then nothing is left to do.
+  ~WholeFiles();
+  // Ends the streams (their chunks to the disk cache), drops the copies queued and waits for the
+  // one in progress (Finish first to copy them all). Idempotent; after it, NoteRead ignores
+  // reads and Streaming says no.
+  void Stop() WFS_EXCLUDES(mu_, stream_mu_);
+  WholeFiles(const WholeFiles&) = delete;
+  WholeFiles& operator=(const WholeFiles&) = delete;
+
+  // Whether `f` is a file this keeps whole copies of.
+  bool Wanted(const VersionFile& f) const;
+  // A read of [offset, offset + size) of inode `ino`, file `f`, was served by the daemon, with
+  // the chunks in `read` (may be null). It goes on a stream, or once the reads cover the file,
+  // its copy is queued.
+  void NoteRead(uint64_t ino, const VersionFile& f, uint64_t offset, uint64_t size, const ReadResult* read = nullptr)
+      WFS_EXCLUDES(mu_, stream_mu_);
+  // Whether builds of `file`'s chunks skip the disk cache (a stream writes them): what
+  // ChunkReader::set_skip_disk_cache is given.
+  bool Streaming(const ManifestFile& file) const WFS_EXCLUDES(stream_mu_);
+  // A read-only descriptor of the whole copy of `f` (ChunkCache::OpenWholeFile), or -1.
+  int Open(const VersionFile& f);
+  // Called on the copying thread after the copy of inode `ino` is in place (or found there).
+  void set_on_copied(std::function<void(uint64_t ino)> on_copied);
+  // Copies everything queued, then returns (unmount: a whole read just before it is kept);
+  // after `limit`, drops what is left (unmount must not outlast `weightfs unmount`'s wait).
+  void Finish(std::chrono::milliseconds limit) WFS_EXCLUDES(mu_, stream_mu_);
+
+  const WholeFilesStats& stats() const { return stats_; }
+  size_t queue_depth() const WFS_EXCLUDES(mu_);
+
+ private:
+  struct Coverage {
+    std::map<uint64_t, uint64_t> runs;  // start -> end of the byte ranges read, disjoint, apart
+    bool done = false;                  // queued (or given up on): not followed further
+  };
+  struct Job {
+    uint64_t ino = 0;
+    VersionFile file;
+  };
+  void Main() WFS_EXCLUDES(mu_);
+  Status Copy(const VersionFile& f);
+
+  // A file written as it is read. Its pieces (the chunks of each read) go through `pieces_`
+  // to the stream thread, which appends them in order.
+  struct Stream {
+    VersionFile file;
+    std::string key;  // sha256-size
+    std::unique_ptr<WholeFileWriter> writer;  // the stream thread's; made by its first piece
+    std::map<uint64_t, std::pair<ChunkRef, ChunkBytes>> ahead;  // by offset: waiting for a gap
+    // Of the readers' side (under stream_mu_): every row below queued_until is queued, and
+    // these beyond it.
+    uint64_t queued_until = 0;
+    std::map<uint64_t, uint64_t> queued_beyond;  // offset -> end
+    std::chrono::steady_clock::time_point last;  // the last piece queued
+    bool ended = false;    // given up or done: pieces are spilled or dropped
+    bool overrun = false;  // a piece was not queued (the queue was full): it cannot complete
+  };
+  struct Piece {
+    uint64_t ino = 0;
+    ChunkRef row;
+    ChunkBytes bytes;
+  };
+  void StreamMain() WFS_EXCLUDES(stream_mu_, mu_);
+  // On the stream thread: appends a piece; true once the stream is over (done or given up).
+  bool Append(uint64_t ino, Stream& s, Piece piece) WFS_EXCLUDES(stream_mu_, mu_);
+  // Ends a stream that will not complete: its chunks go to the disk cache.
+  void EndStream(uint64_t ino, Stream& s, const std::string& why) WFS_EXCLUDES(stream_mu_, mu_);
+  void DropStream(uint64_t ino) WFS_EXCLUDES(stream_mu_, mu_);
+  // Appends what is queued, then ends every stream left (Finish, the destructor).
+  void EndStreams(const std::string& why) WFS_EXCLUDES(stream_mu_, mu_);
+
+  Materializer* const materializer_;
+  ChunkReader* const reader_;
+  ChunkCache* const cache_;
+  const uint64_t min_bytes_;
+  std::function<void(uint64_t)> on_copied_;
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::unordered_map<uint64_t, Coverage> coverage_ WFS_GUARDED_BY(mu_);
+  std::deque<Job> queue_ WFS_GUARDED_BY(mu_);
+  std::unordered_set<std::string> pending_ WFS_GUARDED_BY(mu_);  // digests queued or being copied
+  bool copying_ WFS_GUARDED_BY(mu_) = false;
+  bool finishing_ WFS_GUARDED_BY(mu_) = false;  // Finish: copy what is queued, then stop
+  bool stop_ WFS_GUARDED_BY(mu_) = false;
+  std::atomic<bool> abort_{false};  // the destructor: the copy in progress stops early
+  std::atomic<int64_t> last_read_ns_{0};  // steady clock of the last NoteRead
+  // Lock order: stream_mu_ before mu_.
+  mutable Mutex stream_mu_ WFS_ACQUIRED_BEFORE(mu_);
+  CondVar stream_cv_;
+  std::unordered_map<uint64_t, std::shared_ptr<Stream>> streams_ WFS_GUARDED_BY(stream_mu_);
+  std::unordered_set<std::string> streaming_keys_ WFS_GUARDED_BY(stream_mu_);
+  std::deque<Piece> pieces_ WFS_GUARDED_BY(stream_mu_);
+  uint64_t pieces_bytes_ WFS_GUARDED_BY(stream_mu_) = 0;
+  bool appending_ WFS_GUARDED_BY(stream_mu_) = false;  // the stream thread holds a piece
+  bool stream_stop_ WFS_GUARDED_BY(stream_mu_) = false;
+
+  WholeFilesStats stats_;
+  std::thread thread_;  // started by the first copy queued
+  std::thread stream_thread_;  // started by the first stream
+};
+
+}  // namespace weightfs
