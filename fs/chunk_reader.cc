@@ -132,6 +132,7 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
     spdlog::debug("materializing {}", DescribeChunkOf(*manifest, file, index));
   }
   BytesResult result = Status::IOError("not materialized");
+  const bool skip = skip_disk_cache_ && skip_disk_cache_(file);
   {
     MutexLock lock(builds_mu_);
     build_done_.Wait(builds_mu_, [&]() WFS_REQUIRES(builds_mu_) { return builds_ < max_builds_; });
@@ -139,7 +140,7 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
     if (builds_ > stats_.builds_peak.load()) stats_.builds_peak = builds_;
   }
   try {
-    result = materializer_->Shared(*manifest, file, index, !(skip_disk_cache_ && skip_disk_cache_(file)));
+    result = materializer_->Shared(*manifest, file, index, !skip);
   } catch (const std::bad_alloc&) {
     result = Status::ResourceExhausted("out of memory materializing " +
                                        DescribeChunkOf(*manifest, file, index));
@@ -169,6 +170,10 @@ ChunkReader::BytesResult ChunkReader::Bytes(const std::shared_ptr<const Manifest
       stats_.failures++;
     }
   }
+  // Built for a stream that ended meanwhile: the disk cache gets it after all. (Asked after the
+  // insert above: a stream that ends after this answer finds the chunk in memory and puts it
+  // there itself, WholeFiles::EndStream.)
+  if (skip && result.ok() && !skip_disk_cache_(file)) materializer_->CacheResult(hash, result->span());
   promise.set_value(result);
   return result;
 }

@@ -141,8 +141,9 @@ class ChunkReader {
   std::optional<ChunkBytes> Cached(const Hash128& hash) const;
 
   // Chunks of the files this says yes to are built without a copy into the disk cache (their
-  // reader writes them elsewhere: fs/whole_files.h). Called for every build, from any thread.
-  // Set once, before the first read.
+  // reader writes them elsewhere: fs/whole_files.h). Called for every build, from any thread,
+  // before and after it: a chunk built while it said yes is put into the disk cache if it says
+  // no once the chunk is in memory. Set once, before the first read.
   void set_skip_disk_cache(std::function<bool(const ManifestFile&)> skip) { skip_disk_cache_ = std::move(skip); }
 
   // Queues the materialization of a chunk unless it is cached, in flight or queued already.

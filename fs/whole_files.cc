@@ -158,15 +158,22 @@ void WholeFiles::NoteRead(uint64_t ino, const VersionFile& f, uint64_t offset, u
     return;
   }
   if (!(c.runs.size() == 1 && c.runs.begin()->first == 0 && c.runs.begin()->second == file_size)) return;
-  c.done = true;
-  c.runs.clear();
+  c.file = f;  // covered: copied now, or when the stream that holds its name ends (DropStream)
+  QueueCopyLocked(ino, c);
+}
+
+void WholeFiles::QueueCopyLocked(uint64_t ino, Coverage& c) {
+  if (c.done || !c.file.file) return;
   if (queue_.size() >= kMaxQueued) {
     stats_.dropped++;
-    c.done = false;
     return;
   }
-  if (!pending_.insert(f.file->sha256 + "-" + std::to_string(file_size)).second) return;  // (the same bytes, another name)
-  queue_.push_back(Job{ino, f});
+  // Being copied or streamed already (the same bytes, maybe by another name): for a stream,
+  // DropStream comes back here if it ends without the file.
+  if (!pending_.insert(KeyOf(*c.file.file)).second) return;
+  c.done = true;
+  c.runs.clear();
+  queue_.push_back(Job{ino, c.file});
   stats_.queued++;
   if (!thread_.joinable()) thread_ = std::thread([this] { Main(); });
   cv_.NotifyAll();
@@ -419,12 +426,36 @@ void WholeFiles::EndStream(uint64_t ino, Stream& s, const std::string& why) {
   }
   s.ahead.clear();
   const uint64_t written = s.writer ? s.writer->written() : 0;
+  // Chunks built for it that it never saw (readahead past the reads, a read noted after it
+  // ended): from memory into the disk cache. The builds that finish from now on put theirs
+  // there themselves (ChunkReader::set_skip_disk_cache).
+  spilled += RescueBuilt(s.file, written, std::min<uint64_t>(s.file.file->size, written + kRescueBytes));
   s.writer.reset();
   stats_.stream_ends++;
   spdlog::debug("whole files: {}@{}/{} not written as it was read ({}; at byte {} of {}): {} chunks to the disk cache",
                 s.file.manifest->model, s.file.manifest->version, s.file.file->path, why, written, s.file.file->size,
                 spilled);
   DropStream(ino);
+}
+
+size_t WholeFiles::RescueBuilt(const VersionFile& f, uint64_t from, uint64_t to) {
+  std::shared_ptr<const ManifestFile> rows = f.rows ? f.rows : std::shared_ptr<const ManifestFile>(f.manifest, f.file);
+  size_t put = 0;
+  for (uint64_t pos = from; pos < to;) {
+    if (!rows->Holds(pos)) {
+      Expected<std::shared_ptr<const ManifestFile>> block = materializer_->bucket()->RowsAt(*f.manifest, *rows, pos);
+      if (!block.ok() || !(*block)->Holds(pos)) return put;
+      rows = std::move(block).value();
+    }
+    for (size_t i = rows->ChunkAt(pos); i < rows->chunks.size() && pos < to; ++i) {
+      const ManifestChunk& c = rows->chunks[i];
+      if (std::optional<ChunkBytes> held = reader_->Cached(c.hash); held && !cache_->Contains(c.hash)) {
+        if (cache_->Put(c.hash, held->span()).ok()) ++put;
+      }
+      pos = c.offset + c.length;
+    }
+  }
+  return put;
 }
 
 void WholeFiles::DropStream(uint64_t ino) {
@@ -439,6 +470,9 @@ void WholeFiles::DropStream(uint64_t ino) {
   }
   MutexLock lock(mu_);
   pending_.erase(key);
+  // A reader that covered the file while the stream held its name gets the copy now (unless
+  // the stream wrote it: the copy then finds it there).
+  if (auto c = coverage_.find(ino); c != coverage_.end() && !stop_) QueueCopyLocked(ino, c->second);
 }
 
 void WholeFiles::EndStreams(const std::string& why) {

@@ -83,6 +83,9 @@ class WholeFiles {
   static constexpr std::chrono::milliseconds kStreamIdle{3000};
   static constexpr uint64_t kStreamQueueBytes = 32ull << 20;
   static constexpr std::chrono::milliseconds kStreamWait{2000};  // a reader waits for the writer
+  // How far past a stream's end EndStream looks for chunks built for it (readahead's window
+  // and the reads in flight are well within it).
+  static constexpr uint64_t kRescueBytes = 256ull << 20;
   static constexpr size_t kStreamAhead = 6;  // chunks held for a gap before them to fill
 
   // All must outlive this object.
@@ -122,7 +125,10 @@ class WholeFiles {
   struct Coverage {
     std::map<uint64_t, uint64_t> runs;  // start -> end of the byte ranges read, disjoint, apart
     bool done = false;                  // queued (or given up on): not followed further
+    VersionFile file;                   // once the runs cover it: what to copy
   };
+  // Queues the copy of a covered file unless it is queued, copied or streamed already.
+  void QueueCopyLocked(uint64_t ino, Coverage& c) WFS_REQUIRES(mu_);
   struct Job {
     uint64_t ino = 0;
     VersionFile file;
@@ -156,6 +162,9 @@ class WholeFiles {
   // Ends a stream that will not complete: its chunks go to the disk cache.
   void EndStream(uint64_t ino, Stream& s, const std::string& why) WFS_EXCLUDES(stream_mu_, mu_);
   void DropStream(uint64_t ino) WFS_EXCLUDES(stream_mu_, mu_);
+  // Puts the chunks of [from, to) of `f` that the reader holds in memory and the disk cache
+  // does not into the disk cache; returns how many.
+  size_t RescueBuilt(const VersionFile& f, uint64_t from, uint64_t to);
   // Appends what is queued, then ends every stream left (Finish, the destructor).
   void EndStreams(const std::string& why) WFS_EXCLUDES(stream_mu_, mu_);
 

@@ -80,6 +80,11 @@ class Materializer {
   Expected<ChunkBytes> Shared(const Manifest& manifest, const ManifestFile& file, size_t index,
                               bool cache_result = true);
 
+  // Puts a chunk built with cache_result false (verified) into the disk cache after all.
+  void CacheResult(const Hash128& hash, std::span<const uint8_t> bytes) {
+    if (cache_ && cache_results_) (void)cache_->Put(hash, bytes);
+  }
+
   // Prepares `builds` concurrent chunk builds of up to `chunk_bytes`: codecs that have decoded a
   // FULL keyframe and a SPARSE delta of that size, and faulted-in scratch buffers, all returned
   // to the pools. The mount runs it in the background as it starts: a first read then costs its
