@@ -349,6 +349,11 @@ class ChunkCache {
   bool behind_stop_ WFS_GUARDED_BY(behind_mu_) = false;
   std::thread writer_;  // started by the first set_write_behind with a bound
   std::atomic<bool> direct_ok_{true};  // false once the filesystem refused O_DIRECT
+  // Staging buffers of whole files (WholeFileWriter::kBuffers of them a region), kept for the next.
+  uint8_t* TakeStaging() WFS_EXCLUDES(staging_mu_);
+  void GiveStaging(uint8_t* region) WFS_EXCLUDES(staging_mu_);
+  Mutex staging_mu_;
+  std::vector<uint8_t*> staging_free_ WFS_GUARDED_BY(staging_mu_);
   ChunkCacheStats stats_;
   RateLimitedLog failed_inserts_{"failed chunk cache inserts"};
   RateLimitedLog failed_evictions_{"failed chunk cache evictions"};
