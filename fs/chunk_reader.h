@@ -158,8 +158,9 @@ class ChunkReader {
   const ChunkReaderStats& stats() const { return stats_; }
 
   // How memory_limit is spent. The process itself (code, libraries, manifests, FUSE request
-  // buffers, the disk cache's write-behind queue of at most 16 MiB, a whole file's copy: an
-  // 8 MiB staging buffer and one chunk, fs/whole_files.h) gets kBaseBytes; each chunk build in flight kBuildBytes (its output, payloads, a
+  // buffers, the disk cache's write-behind queue of at most 16 MiB, the whole files being
+  // written: two 8 MiB staging buffers each, at most two at once, fs/whole_files.h) gets
+  // kBaseBytes; each chunk build in flight kBuildBytes (its output, payloads, a
   // pooled codec with its planes and class buffers, scratch); the chunks kept in memory the
   // rest. MaxBuilds() builds run at once, readers beyond wait: without that bound, 16 FUSE
   // threads reading 16 chunks measured twice a 128 MiB limit. memory_limit >= kMinMemoryLimit.

@@ -78,7 +78,8 @@ void WholeFiles::NoteRead(uint64_t ino, const VersionFile& f, uint64_t offset, u
     std::shared_ptr<Stream> st;
     if (auto it = streams_.find(ino); it != streams_.end()) {
       st = it->second;
-    } else if (!stream_stop_ && read->rows.front().offset == 0 && !streaming_keys_.contains(key)) {
+    } else if (!stream_stop_ && read->rows.front().offset == 0 && !streaming_keys_.contains(key) &&
+               streams_.size() < kMaxStreams) {
       // A read of the first chunk starts a stream, unless the file is being copied already.
       bool free = false;
       {

@@ -29,8 +29,9 @@
 // or of the next version, goes first: both compete for the same disk and cores), at most
 // kMaxDefer; at unmount (Finish) at once.
 //
-// Bounds: a stream's pieces waiting for the writer hold at most kStreamQueueBytes of chunks, and
-// it holds at most kStreamAhead chunks out of order; the tracked ranges are at most kMaxRuns per inode (a reader that scatters more is
+// Bounds: at most kMaxStreams streams, each writing from two 8 MiB staging buffers; the pieces
+// waiting for the writers hold at most kStreamQueueBytes of chunks (buffers the memory cache
+// mostly holds anyway), and a stream at most kStreamAhead chunks out of order; the tracked ranges are at most kMaxRuns per inode (a reader that scatters more is
 // not followed) and kMaxInodes inodes at once; one copy runs at a time, its memory one staging
 // buffer (8 MiB) and one chunk; the queue holds at most kMaxQueued files (more are dropped: a
 // later whole read queues them again). A copy that fails (a full disk, a chunk the bucket cannot
@@ -86,6 +87,9 @@ class WholeFiles {
   // How far past a stream's end EndStream looks for chunks built for it (readahead's window
   // and the reads in flight are well within it).
   static constexpr uint64_t kRescueBytes = 256ull << 20;
+  // Streams at once: each holds two staging buffers (16 MiB) and its queue's share; more
+  // readers in order at once get the copy after their reads instead.
+  static constexpr size_t kMaxStreams = 2;
   static constexpr size_t kStreamAhead = 6;  // chunks held for a gap before them to fill
 
   // All must outlive this object.

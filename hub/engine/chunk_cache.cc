@@ -1084,7 +1084,7 @@ void ChunkCache::GiveStaging(uint8_t* region) {
   if (!region) return;
   {
     MutexLock lock(staging_mu_);
-    if (staging_free_.size() < 2) {
+    if (staging_free_.empty()) {  // (one kept: one stream at a time is the common case)
       staging_free_.push_back(region);
       return;
     }

@@ -148,13 +148,13 @@ class ChunkCache;
 // it wrote. The bytes go to the disk with O_DIRECT from aligned staging buffers (through the
 // page cache where the filesystem refuses it), so that the copy does not fill the page cache,
 // on a thread of its own: Append fills one buffer while the one before is written (a reader
-// whose chunks are appended as it reads waits for the disk only when it is two buffers ahead).
+// whose chunks are appended as it reads waits for the disk only when it is a buffer ahead).
 // The file is allocated at its full size first (fallocate: a full disk fails at the start, and
 // the file is not fragmented by the reads interleaved with its writes). Not thread-safe.
 class WholeFileWriter {
  public:
   static constexpr size_t kStagingBytes = 8 << 20;  // written in parts of this much
-  static constexpr size_t kBuffers = 3;             // one filled, two written or waiting
+  static constexpr size_t kBuffers = 2;             // one filled while the other is written
   ~WholeFileWriter();
   WholeFileWriter(const WholeFileWriter&) = delete;
   WholeFileWriter& operator=(const WholeFileWriter&) = delete;

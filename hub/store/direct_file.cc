@@ -1,7 +1,6 @@
 #include "hub/store/direct_file.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,28 +17,17 @@ namespace {
 // one read (its blocks, with the two it starts and ends in), a larger one in a few.
 constexpr size_t kBounceBytes = (4 << 20) + 2 * kDirectAlign;
 
-// 2 MiB-aligned, huge pages advised: each direct read pins the buffer's pages (one huge page is
-// one page to pin, not 512), and the copy out of it walks fewer TLB entries.
-constexpr size_t kHugePage = 2 << 20;
-constexpr size_t kBounceMapped = (kBounceBytes + kHugePage - 1) / kHugePage * kHugePage;
-
-struct Unmap {
-  void operator()(uint8_t* p) const { ::munmap(p, kBounceMapped); }
+struct FreeAligned {
+  void operator()(uint8_t* p) const { std::free(p); }
 };
 
 // This thread's aligned buffer for direct reads (allocated on first use, reused by every read:
 // memory that stays warm).
 uint8_t* Bounce() {
-  thread_local std::unique_ptr<uint8_t, Unmap> buffer;
+  thread_local std::unique_ptr<uint8_t, FreeAligned> buffer;
   if (!buffer) {
-    void* p = ::mmap(nullptr, kBounceMapped + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    uint8_t* raw = static_cast<uint8_t*>(p);
-    uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + kHugePage - 1) / kHugePage * kHugePage);
-    if (aligned > raw) ::munmap(raw, static_cast<size_t>(aligned - raw));
-    if (raw + kHugePage > aligned) ::munmap(aligned + kBounceMapped, static_cast<size_t>(raw + kHugePage - aligned));
-    (void)::madvise(aligned, kBounceMapped, MADV_HUGEPAGE);
-    buffer.reset(aligned);
+    buffer.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, kBounceBytes)));
+    if (!buffer) throw std::bad_alloc();
   }
   return buffer.get();
 }
