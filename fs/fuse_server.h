@@ -23,6 +23,9 @@
 // Kernel-side caching: files are opened with keep_cache (published files never change, so the
 // page cache survives close/open, and re-reads and mmap run at memory speed); entries and
 // attributes inside versions have long timeouts, directories above them the refresh interval.
+// A published file the mount holds whole on local disk (fs/whole_files.h) is opened in
+// passthrough mode instead (fs/passthrough.h): the kernel reads and maps the local copy itself,
+// and no read of it reaches the daemon.
 // Reads arrive in requests of up to 1 MiB (max_read), asynchronously (FUSE_CAP_ASYNC_READ).
 //
 // The root directory answers two extended attributes for tools: user.weightfs.pid (the daemon's
