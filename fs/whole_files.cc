@@ -32,13 +32,19 @@ void WholeFiles::Stop() {
   if (stream_thread_.joinable()) stream_thread_.join();
   EndStreams("the mount ends");
   abort_ = true;
+  std::deque<Job> left;
   {
     MutexLock lock(mu_);
     stop_ = true;
-    queue_.clear();
+    left.swap(queue_);
   }
   cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
+  // Files written whole as they were read, waiting for their sync: kept (a sync, not a copy).
+  for (Job& job : left) {
+    if (!job.writer) continue;
+    if (Status s = job.writer->Commit(); !s.ok()) spdlog::warn("whole files: {}", s.ToString());
+  }
 }
 
 void WholeFiles::set_on_copied(std::function<void(uint64_t)> on_copied) { on_copied_ = std::move(on_copied); }
@@ -50,6 +56,19 @@ bool WholeFiles::Wanted(const VersionFile& f) const {
 int WholeFiles::Open(const VersionFile& f) {
   if (!Wanted(f)) return -1;
   return cache_->OpenWholeFile(f.file->sha256, f.file->size);
+}
+
+void WholeFiles::HandOver(uint64_t ino, const VersionFile& f, std::unique_ptr<WholeFileWriter> writer) {
+  MutexLock lock(mu_);
+  if (stop_) {
+    lock.Unlock();
+    if (Status s = writer->Commit(); !s.ok()) spdlog::warn("whole files: {}", s.ToString());
+    return;
+  }
+  // (The file's key stays in pending_, from the stream's start, until the commit.)
+  queue_.push_back(Job{ino, f, std::move(writer)});
+  if (!thread_.joinable()) thread_ = std::thread([this] { Main(); });
+  cv_.NotifyAll();
 }
 
 size_t WholeFiles::queue_depth() const {
@@ -225,19 +244,25 @@ void WholeFiles::Main() {
     copying_ = true;
     lock.Unlock();
     const auto t0 = std::chrono::steady_clock::now();
-    Status s = Copy(job.file);
+    const bool streamed = job.writer != nullptr;
+    Status s = streamed ? job.writer->Commit() : Copy(job.file);
     stats_.copy_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     const std::string what = job.file.manifest->model + "@" + job.file.manifest->version + "/" + job.file.file->path;
     const bool there = s.ok() || s.kind() == ErrorKind::kConflict;  // (Conflict: it was there already)
     if (s.ok()) {
-      stats_.copied++;
+      (streamed ? stats_.streamed : stats_.copied)++;
       stats_.copied_bytes += job.file.file->size;
-      spdlog::debug("whole files: {} is on local disk ({} bytes)", what, job.file.file->size);
+      spdlog::debug("whole files: {} is on local disk ({} bytes{})", what, job.file.file->size,
+                    streamed ? ", written as it was read" : "");
     } else if (!there && !abort_.load()) {
       stats_.failed++;
-      spdlog::warn("whole files: no local copy of {}: {}", what, s.ToString());
+      // A stream's chunks were built for the file alone: into the disk cache, from what was written.
+      const size_t spilled = streamed ? job.writer->Spill() : 0;
+      spdlog::warn("whole files: no local copy of {}: {}{}", what, s.ToString(),
+                   streamed ? " (" + std::to_string(spilled) + " chunks to the disk cache)" : "");
     }
+    job.writer.reset();
     if (there && on_copied_) on_copied_(job.ino);
     lock.Lock();
     pending_.erase(job.file.file->sha256 + "-" + std::to_string(job.file.file->size));
@@ -353,7 +378,8 @@ bool WholeFiles::Append(uint64_t ino, Stream& s, Piece piece) {
   }
   const ManifestFile& head = *s.file.file;
   if (!s.writer) {
-    Expected<std::unique_ptr<WholeFileWriter>> w = cache_->BeginWholeFile(head.sha256, head.size);
+    Expected<std::unique_ptr<WholeFileWriter>> w =
+        cache_->BeginWholeFile(head.sha256, head.size, WholeFileWriter::Mode::kPageCache);
     if (!w.ok()) {
       if (w.status().kind() == ErrorKind::kConflict) {
         // Whole already (its chunks are found in it): nothing to write, nothing to spill.
@@ -392,24 +418,23 @@ bool WholeFiles::Append(uint64_t ino, Stream& s, Piece piece) {
     return true;
   }
   if (w.written() < w.size()) return false;
-  const auto t0 = std::chrono::steady_clock::now();
-  Status done = w.Finish();
-  stats_.copy_ns += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-  if (!done.ok()) {
+  if (Status done = w.Complete(); !done.ok()) {
     EndStream(ino, s, done.ToString());
     return true;
   }
-  stats_.streamed++;
-  stats_.copied_bytes += head.size;
-  spdlog::debug("whole files: {}@{}/{} is on local disk, written as it was read ({} bytes)", s.file.manifest->model,
+  // Written through the page cache; synced and put in place by the copying thread once the
+  // reads pause (Main): the writeback does not take the disk from the reads.
+  spdlog::debug("whole files: {}@{}/{} written as it was read ({} bytes), to be synced", s.file.manifest->model,
                 s.file.manifest->version, head.path, head.size);
+  const VersionFile file = s.file;
+  std::unique_ptr<WholeFileWriter> writer = std::move(s.writer);
   {
     MutexLock lock(stream_mu_);
     s.ended = true;
+    streaming_keys_.erase(s.key);
+    streams_.erase(ino);
   }
-  DropStream(ino);
-  if (on_copied_) on_copied_(ino);
+  HandOver(ino, file, std::move(writer));
   return true;
 }
 

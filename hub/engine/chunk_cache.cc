@@ -1013,7 +1013,8 @@ bool ChunkCache::ReadWholeRange(int fd, const std::string& path, uint8_t* out, u
   return got == length;
 }
 
-Expected<std::unique_ptr<WholeFileWriter>> ChunkCache::BeginWholeFile(const std::string& sha256, uint64_t size) {
+Expected<std::unique_ptr<WholeFileWriter>> ChunkCache::BeginWholeFile(const std::string& sha256, uint64_t size,
+                                                                      WholeFileWriter::Mode mode) {
   if (!IsSha256Hex(sha256)) return Status::InvalidArgument("a whole file needs its SHA-256 in lowercase hex, not '" + sha256 + "'");
   if (size > max_bytes_ / 2) {
     return Status::ResourceExhausted("a whole copy of " + std::to_string(size) + " bytes would take more than half of the " +
@@ -1028,7 +1029,7 @@ Expected<std::unique_ptr<WholeFileWriter>> ChunkCache::BeginWholeFile(const std:
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = files_dir_ + "/.tmp/" + sha256 + "." + std::to_string(::getpid()) + "." +
                           std::to_string(counter.fetch_add(1));
-  bool direct = direct_ok_.load(std::memory_order_relaxed);
+  bool direct = mode == WholeFileWriter::Mode::kDirect && direct_ok_.load(std::memory_order_relaxed);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | (direct ? O_DIRECT : 0), 0444);
   if (fd < 0 && direct && errno == EINVAL) {
     direct = false;
@@ -1042,13 +1043,17 @@ Expected<std::unique_ptr<WholeFileWriter>> ChunkCache::BeginWholeFile(const std:
     ::unlink(tmp.c_str());
     return StatusOfErrno(err, "whole file " + tmp + " (" + std::to_string(size) + " bytes)");
   }
-  std::unique_ptr<WholeFileWriter> w(new WholeFileWriter(this, tmp, dest, size, fd, direct));
-  if (!w->staging_) return Status::ResourceExhausted("no memory for a whole file's staging buffers");
+  std::unique_ptr<WholeFileWriter> w(new WholeFileWriter(this, tmp, dest, size, fd, direct, mode));
+  if (mode == WholeFileWriter::Mode::kDirect && !w->staging_) {
+    return Status::ResourceExhausted("no memory for a whole file's staging buffers");
+  }
   return w;
 }
 
-WholeFileWriter::WholeFileWriter(ChunkCache* cache, std::string tmp, std::string dest, uint64_t size, int fd, bool direct)
-    : cache_(cache), tmp_(std::move(tmp)), dest_(std::move(dest)), size_(size), fd_(fd), direct_(direct) {
+WholeFileWriter::WholeFileWriter(ChunkCache* cache, std::string tmp, std::string dest, uint64_t size, int fd, bool direct,
+                                 Mode mode)
+    : cache_(cache), tmp_(std::move(tmp)), dest_(std::move(dest)), size_(size), fd_(fd), mode_(mode), direct_(direct) {
+  if (mode_ == Mode::kPageCache) return;  // no staging buffers, no thread: Append writes
   region_ = cache_->TakeStaging();
   if (!region_) return;
   region_bytes_ = kBuffers * kStagingBytes;
@@ -1179,6 +1184,7 @@ Status WholeFileWriter::Append(const ChunkRef& row, std::span<const uint8_t> byt
                                    std::to_string(size_) + " bytes");
   }
   rows_.push_back(row);
+  if (mode_ == Mode::kPageCache) return WriteThrough(bytes);
   while (!bytes.empty()) {
     const size_t n = std::min(bytes.size(), kStagingBytes - used_);
     std::memcpy(staging_ + used_, bytes.data(), n);
@@ -1193,18 +1199,49 @@ Status WholeFileWriter::Append(const ChunkRef& row, std::span<const uint8_t> byt
   return Status::Ok();
 }
 
+Status WholeFileWriter::WriteThrough(std::span<const uint8_t> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(flushed_));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      // What was written stays readable for Spill; nothing more is appended.
+      Status st = StatusOfErrno(n < 0 ? errno : EIO, "whole file " + tmp_);
+      rows_.pop_back();
+      return st;
+    }
+    flushed_ += static_cast<uint64_t>(n);
+    bytes = bytes.subspan(static_cast<size_t>(n));
+  }
+  return Status::Ok();
+}
+
 Status WholeFileWriter::Finish() {
-  if (finished_ || fd_ < 0) return Status::InvalidArgument("whole file " + dest_ + " is finished");
+  WFS_TRY(Complete());
+  return Commit();
+}
+
+Status WholeFileWriter::Complete() {
+  if (complete_ || finished_ || fd_ < 0) return Status::InvalidArgument("whole file " + dest_ + " is complete");
   if (written() != size_) {
     return Status::InvalidArgument("whole file " + dest_ + ": " + std::to_string(written()) + " of its " +
                                    std::to_string(size_) + " bytes appended");
   }
-  // O_DIRECT writes whole blocks: the last one padded, then the file cut to its size.
-  const size_t tail = (used_ + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-  std::memset(staging_ + used_, 0, tail - used_);
-  WFS_TRY(Submit(tail));
-  WFS_TRY(Drain());
+  if (mode_ == Mode::kDirect) {
+    // O_DIRECT writes whole blocks: the last one padded, then the file cut to its size.
+    const size_t tail = (used_ + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    std::memset(staging_ + used_, 0, tail - used_);
+    WFS_TRY(Submit(tail));
+    WFS_TRY(Drain());
+    flushed_ += used_;
+    used_ = 0;
+  }
   if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) return StatusOfErrno(errno, "whole file " + tmp_);
+  complete_ = true;
+  return Status::Ok();
+}
+
+Status WholeFileWriter::Commit() {
+  if (!complete_ || finished_ || fd_ < 0) return Status::InvalidArgument("whole file " + dest_ + " is not complete");
   // Synced before it has its name: after a crash a whole file is all there or not there (the
   // kernel serves it without a check of its bytes).
   if (::fdatasync(fd_) != 0) return StatusOfErrno(errno, "whole file " + tmp_);

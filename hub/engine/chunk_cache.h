@@ -144,17 +144,25 @@ struct ChunkCacheOptions {
 class ChunkCache;
 
 // Writes one whole file (see ChunkCache's layout) front to back: ChunkCache::BeginWholeFile,
-// then Append of each of its chunks in order, then Finish. Destroyed unfinished, it removes what
-// it wrote. The bytes go to the disk with O_DIRECT from aligned staging buffers (through the
-// page cache where the filesystem refuses it), so that the copy does not fill the page cache,
-// on a thread of its own: Append fills one buffer while the one before is written (a reader
-// whose chunks are appended as it reads waits for the disk only when it is a buffer ahead).
+// then Append of each of its chunks in order, then Finish (or Complete, and Commit later).
+// Destroyed uncommitted, it removes what it wrote. Two ways to the disk:
+//   - kDirect: with O_DIRECT from aligned staging buffers (through the page cache where the
+//     filesystem refuses it), so that the copy does not fill the page cache, on a thread of its
+//     own: Append fills one buffer while the one before is written (a reader whose chunks are
+//     appended as it reads waits for the disk only when it is a buffer ahead).
+//   - kPageCache: each Append is a plain write of the caller's bytes (no staging buffer): the
+//     kernel writes the file back when it chooses, or at Commit's sync. For a file written as a
+//     reader reads it (fs/whole_files.h): its writes then do not take the disk from the reads
+//     (on the benchmark VM, reading N+1 while writing it O_DIRECT took 2x the time of the read
+//     alone), and its pages are the ones the kernel serves the next opens from. The dirty pages
+//     are bounded by the kernel's dirty limits (vm.dirty_*), whose writeback throttles Append.
 // The file is allocated at its full size first (fallocate: a full disk fails at the start, and
 // the file is not fragmented by the reads interleaved with its writes). Not thread-safe.
 class WholeFileWriter {
  public:
   static constexpr size_t kStagingBytes = 8 << 20;  // written in parts of this much
   static constexpr size_t kBuffers = 2;             // one filled while the other is written
+  enum class Mode { kDirect, kPageCache };
   ~WholeFileWriter();
   WholeFileWriter(const WholeFileWriter&) = delete;
   WholeFileWriter& operator=(const WholeFileWriter&) = delete;
@@ -162,12 +170,19 @@ class WholeFileWriter {
   // The file's next chunk: `row` says where it is and its hash, which the caller has verified
   // `bytes` against. Rows come in file order and tile the file.
   Status Append(const ChunkRef& row, std::span<const uint8_t> bytes);
-  // Writes the rest, syncs the file, moves it into place, indexes it and removes the chunk
-  // files it replaces. REQUIRES: the rows appended tile the whole file.
+  // Complete, then Commit.
   Status Finish();
-  // Gives up on the file: every chunk appended so far that the cache holds nowhere else is put
-  // into it as a chunk file (read back from what was written, verified), so that what a reader
-  // had stays cached; the partial file then goes with this object. Returns the chunks put.
+  // Writes the rest (the staging buffers, the last block's padding cut off). REQUIRES: the
+  // rows appended tile the whole file.
+  Status Complete();
+  // After Complete: syncs the file, moves it into place, indexes it and removes the chunk
+  // files it replaces. Nothing serves the file before (a crash before it leaves no file).
+  Status Commit();
+  bool complete() const { return complete_; }
+  // Gives up on the file (before Commit): every chunk appended so far that the cache holds
+  // nowhere else is put into it as a chunk file (read back from what was written, verified), so
+  // that what a reader had stays cached; the partial file then goes with this object. Returns
+  // the chunks put.
   size_t Spill();
   // Bytes appended so far.
   uint64_t written() const { return flushed_ + used_; }
@@ -175,7 +190,10 @@ class WholeFileWriter {
 
  private:
   friend class ChunkCache;
-  WholeFileWriter(ChunkCache* cache, std::string tmp, std::string dest, uint64_t size, int fd, bool direct);
+  WholeFileWriter(ChunkCache* cache, std::string tmp, std::string dest, uint64_t size, int fd, bool direct,
+                  Mode mode);
+  // kPageCache: writes `bytes` at flushed_.
+  Status WriteThrough(std::span<const uint8_t> bytes);
   // Hands the staging buffer's first `length` bytes (at file offset flushed_) to the writing
   // thread and moves on to a free buffer (waiting for one). The first error of any write.
   Status Submit(size_t length) WFS_EXCLUDES(mu_);
@@ -194,7 +212,9 @@ class WholeFileWriter {
   size_t used_ = 0;             // bytes in staging_
   uint64_t flushed_ = 0;        // file offset of staging_[0]: bytes handed over before it
   std::vector<ChunkRef> rows_;
-  bool finished_ = false;
+  const Mode mode_;
+  bool complete_ = false;
+  bool finished_ = false;  // committed
 
   struct Write {
     size_t buffer;
@@ -265,7 +285,8 @@ class ChunkCache {
   // making room for it in the bound first. InvalidArgument for a bad digest; Conflict
   // when the cache holds it already; ResourceExhausted when it is larger than half the bound
   // (its copy would evict what the cache holds for it).
-  Expected<std::unique_ptr<WholeFileWriter>> BeginWholeFile(const std::string& sha256, uint64_t size);
+  Expected<std::unique_ptr<WholeFileWriter>> BeginWholeFile(
+      const std::string& sha256, uint64_t size, WholeFileWriter::Mode mode = WholeFileWriter::Mode::kDirect);
   // A read-only descriptor (O_RDONLY | O_CLOEXEC; the caller closes it) of the whole file of this
   // content if the cache holds it as it was indexed (same size and mtime); -1 if not. Refreshes
   // its LRU time (at most once a minute). A whole file that changed since it was indexed, or

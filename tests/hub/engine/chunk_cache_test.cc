@@ -678,6 +678,66 @@ TEST_F(ChunkCacheReferencesTest, AWholeFileReplacesItsChunkFilesAndServesThem) {
   EXPECT_EQ((*moved)->size_bytes(), bytes.size() + index_bytes);
 }
 
+// A whole file written through the page cache (a stream's: Mode::kPageCache, no staging
+// buffers) is nothing until its Commit, which a mount runs once reads pause: Complete alone
+// serves nothing, and a completed file given up on still puts every chunk it holds into the
+// cache (Spill); committed, it is the same whole file as one written O_DIRECT.
+TEST_F(ChunkCacheReferencesTest, AWholeFileWrittenThroughThePageCacheIsServedOnceCommitted) {
+  auto cache = Open();
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> bytes(3 * 1000003 + 4097);
+  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+  std::vector<ChunkRef> rows;
+  for (uint64_t off = 0; off < bytes.size();) {
+    const uint64_t len = std::min<uint64_t>(bytes.size() - off, 1000003);
+    rows.push_back({HashChunk(std::span<const uint8_t>(bytes).subspan(off, len)), off, len});
+    off += len;
+  }
+  auto append_all = [&](WholeFileWriter& w) {
+    for (const ChunkRef& r : rows) {
+      ASSERT_TRUE(w.Append(r, std::span<const uint8_t>(bytes).subspan(r.offset, r.length)).ok());
+    }
+  };
+  const std::string sha(64, 'd');
+  {
+    // Given up on after Complete: its chunks go into the cache as chunk files.
+    auto w = cache->BeginWholeFile(sha, bytes.size(), WholeFileWriter::Mode::kPageCache);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    append_all(**w);
+    ASSERT_TRUE((*w)->Complete().ok());
+    EXPECT_FALSE((*w)->Complete().ok()) << "once";
+    EXPECT_EQ((*w)->Spill(), rows.size());
+  }
+  EXPECT_TRUE(fs::is_empty(root_ / "cache" / "files" / ".tmp"));
+  EXPECT_FALSE(cache->HasWholeFile(sha, bytes.size()));
+  for (const ChunkRef& r : rows) EXPECT_TRUE(cache->Contains(r.hash)) << r.offset;
+
+  auto w = cache->BeginWholeFile(sha, bytes.size(), WholeFileWriter::Mode::kPageCache);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_FALSE((*w)->Commit().ok()) << "not complete";
+  append_all(**w);
+  ASSERT_TRUE((*w)->Complete().ok());
+  EXPECT_FALSE(cache->HasWholeFile(sha, bytes.size()));
+  EXPECT_EQ(cache->OpenWholeFile(sha, bytes.size()), -1) << "served before its sync";
+  Status committed = (*w)->Commit();
+  ASSERT_TRUE(committed.ok()) << committed.ToString();
+  w->reset();
+  const std::string path = cache->WholeFilePath(sha, bytes.size());
+  EXPECT_EQ(Read(path), bytes);
+  EXPECT_TRUE(fs::is_empty(root_ / "cache" / "files" / ".tmp"));
+  const int fd = cache->OpenWholeFile(sha, bytes.size());
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  for (const ChunkRef& r : rows) {
+    ByteBuffer out;
+    ASSERT_TRUE(cache->Get(r.hash, &out)) << r.offset;
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), bytes.begin() + static_cast<ptrdiff_t>(r.offset)));
+  }
+  size_t chunk_files = 0;
+  for (const fs::path& c : WalkCache().chunks) chunk_files += c.string().find("/chunks/") != std::string::npos;
+  EXPECT_EQ(chunk_files, 0u) << "the whole file replaces the chunk files";
+}
+
 // A whole file written but not finished leaves nothing; bad digests and files too large for
 // the bound are refused.
 TEST_F(ChunkCacheReferencesTest, AnUnfinishedWholeFileLeavesNothing) {
