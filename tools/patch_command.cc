@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/thread_pool.h"
+#include "core/chunk_plan.h"
 #include "hub/engine/chunk_cache.h"
 #include "hub/engine/materializer.h"
 #include "hub/engine/weight_patcher.h"
@@ -162,6 +163,9 @@ int PatchMain(int argc, char** argv) {
     Expected<std::unique_ptr<ChunkCache>> c = ChunkCache::Open(args.GetOr("--cache-dir", DefaultCacheDir()), size);
     if (!c.ok()) return Fail(c.status());
     cache = std::move(c).value();
+    // NEW's chunks reach the cache on a thread of its own (ChunkCache::PutCopyBehind): the
+    // builds go on while the last ones are written. Eight chunks at most wait (32 MiB).
+    cache->set_write_behind(8 * kDefaultChunkBytes);
   }
   ThreadPool pool(threads);
   Materializer materializer(opened->bucket.get(), cache.get());

@@ -267,6 +267,12 @@ class ChunkCache {
   // Written at once by the caller, as PutAligned, when write-behind is off or the queue holds
   // its bound already (back-pressure: an entry is never dropped for want of room).
   void PutBehind(const Hash128& hash, ChunkBytes bytes, size_t capacity) WFS_EXCLUDES(behind_mu_);
+  // Put on the write-behind thread when write-behind is on: `bytes` is copied into an aligned
+  // buffer of a small pool (reused, so no fresh pages per chunk) and queued as PutBehind (the
+  // caller's buffer is free at once); Put when it is off. For `weightfs patch`, which caches
+  // each chunk of NEW it builds: its builds no longer wait for an O_DIRECT write each (the
+  // patch waited on the disk for a third of its time).
+  void PutCopyBehind(const Hash128& hash, std::span<const uint8_t> bytes) WFS_EXCLUDES(behind_mu_, copies_mu_);
   // Lets PutBehind queue up to `bytes` of entries (0, the default: no queue). The queue is
   // written out before the cache is destroyed, and by Flush().
   void set_write_behind(uint64_t bytes) WFS_EXCLUDES(behind_mu_);
@@ -314,9 +320,9 @@ class ChunkCache {
   bool IsWholeFile(const std::string& path) const { return path.starts_with(files_dir_ + "/"); }
   // The name of `path`'s index file under refs/: the hash of its path, or of a whole file's name.
   std::string IndexNameOf(const std::string& path) const;
-  // The bytes [offset, +length) of a whole file into `out`: from the page cache where they are
-  // there (a reader through the kernel may have them), else read around it (O_DIRECT).
-  static bool ReadWholeRange(int fd, const std::string& path, uint8_t* out, uint64_t length, uint64_t offset);
+  // The bytes [offset, +length) of a whole file into `out`, through the page cache, with
+  // readahead of the next 2 * length.
+  static bool ReadWholeRange(int fd, uint8_t* out, uint64_t length, uint64_t offset);
 
   ChunkCache(std::string dir, uint64_t max_bytes, const ChunkCacheOptions& options);
   std::string PathOf(const Hash128& hash) const;
@@ -361,6 +367,10 @@ class ChunkCache {
     size_t capacity = 0;
   };
   void WriterMain() WFS_EXCLUDES(behind_mu_);
+  // PutCopyBehind's aligned buffers, free for the next (at most kMaxFreeCopies kept).
+  static constexpr size_t kMaxFreeCopies = 8;
+  Mutex copies_mu_;
+  std::vector<std::pair<uint8_t*, size_t>> copies_free_ WFS_GUARDED_BY(copies_mu_);  // buffer, capacity
   Mutex behind_mu_;
   CondVar behind_cv_;
   std::deque<Behind> behind_ WFS_GUARDED_BY(behind_mu_);

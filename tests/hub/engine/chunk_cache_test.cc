@@ -597,6 +597,44 @@ TEST_F(ChunkCacheReferencesTest, WriteBehindWritesEveryEntryAndLetsItsBufferGo) 
   expect_all(*again);
 }
 
+// PutCopyBehind (what `weightfs patch` caches NEW's chunks with) copies the caller's bytes:
+// the buffer is the caller's again at once (here overwritten before the write can have
+// happened), and every entry is written as it was given, with write-behind off (a Put) and
+// on (queued; written by Flush, and by the destructor).
+TEST_F(ChunkCacheReferencesTest, PutCopyBehindWritesACopyOfTheCallersBytes) {
+  constexpr size_t kEntry = (1 << 20) + 12345;  // not a multiple of the block size
+  std::vector<std::pair<Hash128, std::vector<uint8_t>>> made;
+  std::vector<uint8_t> buffer(kEntry);  // the caller's, reused for each entry
+  auto put = [&](ChunkCache& cache, size_t i) {
+    std::mt19937_64 rng(100 + i);
+    for (auto& b : buffer) b = static_cast<uint8_t>(rng());
+    made.emplace_back(HashChunk(buffer), buffer);
+    cache.PutCopyBehind(made.back().first, buffer);
+    std::fill(buffer.begin(), buffer.end(), uint8_t{0xee});
+  };
+  auto expect_all = [&](ChunkCache& cache) {
+    for (size_t i = 0; i < made.size(); ++i) {
+      ByteBuffer out;
+      ASSERT_TRUE(cache.Get(made[i].first, &out)) << i;
+      EXPECT_TRUE(std::equal(out.begin(), out.end(), made[i].second.begin(), made[i].second.end())) << i;
+    }
+  };
+  {
+    std::unique_ptr<ChunkCache> cache = Open();
+    ASSERT_TRUE(cache);
+    put(*cache, 0);
+    EXPECT_TRUE(cache->Contains(made[0].first)) << "write-behind off: written at once";
+    cache->set_write_behind(2 * kEntry);
+    for (size_t i = 1; i < 12; ++i) put(*cache, i);
+    cache->Flush();
+    expect_all(*cache);
+    for (size_t i = 12; i < 20; ++i) put(*cache, i);
+  }  // destroyed with entries queued
+  std::unique_ptr<ChunkCache> again = Open();
+  ASSERT_TRUE(again);
+  expect_all(*again);
+}
+
 // ---- whole files ---------------------------------------------------------------------------
 
 // A whole file (a published file's complete copy, ChunkCache's layout): its chunks are put as
