@@ -50,6 +50,9 @@ constexpr const char* kXattrStats = "user.weightfs.stats";
 constexpr const char* kXattrStatus = "user.weightfs.status";
 constexpr const char* kXattrCommit = "user.weightfs.commit";
 constexpr const char* kXattrCommitAll = "user.weightfs.commit_all";
+// Set by `weightfs unmount` before it unmounts: the local copies of files read whole are made now,
+// while the kernel still holds their pages (WholeFiles::Hurry).
+constexpr const char* kXattrFinishWholeFiles = "user.weightfs.finish_whole_files";
 constexpr const char* kXattrKeepDrafts = "user.weightfs.keep_drafts";
 constexpr const char* kXattrDiscard = "user.weightfs.discard";
 // On a draft: commit it as one part of a version written by several nodes (docs/parts.md); the
@@ -132,6 +135,22 @@ struct FuseServer::Impl {
   // the last such open is released.
   Mutex forget_pages_mu;
   std::unordered_set<uint64_t> forget_pages WFS_GUARDED_BY(forget_pages_mu);
+  // FUSE_NOTIFY_RETRIEVE (WholeFiles::set_kernel_pages): the kernel answers each notification
+  // with the pages it holds, in a request that OpRetrieveReply hands to the waiting caller by
+  // its id (the cookie). A caller that gave up is no longer in the map: a late answer is dropped.
+  struct Retrieval {
+    uint8_t* out = nullptr;
+    size_t size = 0;
+    size_t got = 0;
+    bool done = false;
+  };
+  Mutex retrieve_mu;
+  CondVar retrieve_cv;
+  std::unordered_map<uint64_t, Retrieval*> retrievals WFS_GUARDED_BY(retrieve_mu);
+  uint64_t next_retrieval WFS_GUARDED_BY(retrieve_mu) = 1;
+  // What the kernel's page cache holds of [offset, +size) of inode `ino` (a prefix), in requests
+  // of at most kMaxRead (the kernel answers at most max_write, and max_pages pages).
+  size_t KernelPages(uint64_t ino, uint64_t offset, uint8_t* out, size_t size) WFS_EXCLUDES(retrieve_mu);
   // Which of names, drafts and patches answers for a name or a node (set by the constructor).
   MountTree tree{&names, nullptr, nullptr, false};
   std::atomic<bool> publish_at_exit{true};
@@ -229,6 +248,9 @@ struct FuseServer::Impl {
       reader.set_skip_disk_cache([w = whole.get()](const ManifestFile& f) { return w->Streaming(f); });
       // The kernel's copy of the file's pages is of no use once it reads the local copy: freed,
       // unless a file open through the daemon still uses it.
+      whole->set_kernel_pages([this](uint64_t ino, uint64_t offset, uint8_t* out, size_t size) {
+        return KernelPages(ino, offset, out, size);
+      });
       whole->set_on_copied([this](uint64_t ino) {
         if (!serving.load() || !passthrough.enabled()) return;
         if (passthrough.HasDaemonOpens(ino)) {
@@ -260,6 +282,57 @@ namespace {
 using Impl = FuseServer::Impl;
 
 Impl& Server(fuse_req_t req) { return *static_cast<Impl*>(fuse_req_userdata(req)); }
+
+}  // namespace
+
+size_t FuseServer::Impl::KernelPages(uint64_t ino, uint64_t offset, uint8_t* out, size_t size) {
+  size_t got = 0;
+  while (got < size && serving.load()) {
+    Retrieval r;
+    r.out = out + got;
+    r.size = std::min<size_t>(size - got, kMaxRead);
+    uint64_t id = 0;
+    {
+      MutexLock lock(retrieve_mu);
+      id = next_retrieval++;
+      retrievals.emplace(id, &r);
+    }
+    const int rc = fuse_lowlevel_notify_retrieve(session, ino, r.size, static_cast<off_t>(offset + got),
+                                                 reinterpret_cast<void*>(static_cast<uintptr_t>(id)));
+    bool done = false;
+    size_t n = 0;
+    {
+      MutexLock lock(retrieve_mu);
+      // (Answered by a session thread at once; the bound is for a kernel that never answers.)
+      if (rc == 0) retrieve_cv.WaitFor(retrieve_mu, std::chrono::seconds(2), [&]() WFS_REQUIRES(retrieve_mu) { return r.done; });
+      done = r.done;
+      n = r.got;
+      retrievals.erase(id);
+    }
+    if (!done || n == 0) break;  // (a page the kernel does not hold: the next asks start there)
+    got += n;  // (the kernel answers up to its max_pages, which may be less than asked)
+  }
+  return got;
+}
+
+namespace {
+
+void OpRetrieveReply(fuse_req_t req, void* cookie, fuse_ino_t, off_t, fuse_bufvec* bufv) {
+  Impl& s = Server(req);
+  {
+    MutexLock lock(s.retrieve_mu);
+    if (auto it = s.retrievals.find(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(cookie))); it != s.retrievals.end()) {
+      Impl::Retrieval& r = *it->second;
+      fuse_bufvec dst = FUSE_BUFVEC_INIT(std::min(fuse_buf_size(bufv), r.size));
+      dst.buf[0].mem = r.out;
+      const ssize_t n = fuse_buf_copy(&dst, bufv, static_cast<fuse_buf_copy_flags>(0));
+      r.got = n > 0 ? static_cast<size_t>(n) : 0;
+      r.done = true;
+      s.retrieve_cv.NotifyAll();
+    }
+  }
+  fuse_reply_none(req);
+}
 
 // Runs a request body that returns OK once it has replied, or the Status to reply with: its
 // errno is StatusToErrno's, in `context` (what the request is about; fs/status_errno.h). The
@@ -689,6 +762,8 @@ std::string StatsJsonOf(const Impl& s) {
                         {"failed", w.failed.load()},
                         {"dropped", w.dropped.load()},
                         {"copy_seconds", static_cast<double>(w.copy_ns.load()) / 1e9},
+                        {"kernel_bytes", w.kernel_bytes.load()},
+                        {"rebuilt", w.rebuilt.load()},
                         {"queue_depth", s.whole->queue_depth()}};
     j["passthrough"] = {{"enabled", s.passthrough.enabled()},
                         {"opens", p.opens.load()},
@@ -920,6 +995,13 @@ void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* va
       fuse_reply_err(req, 0);
       return Status::Ok();
     }
+    if (ino == Namespace::kRootIno && n == kXattrFinishWholeFiles) {
+      if (s.whole && !s.whole->Hurry(std::chrono::seconds(60))) {
+        spdlog::warn("whole files: the local copies were not all made within 60 s of the unmount's request");
+      }
+      fuse_reply_err(req, 0);
+      return Status::Ok();
+    }
     if (ino == Namespace::kRootIno && n == kXattrKeepDrafts) {
       s.publish_at_exit = false;
       spdlog::info("the drafts stay staged at unmount (weightfs unmount --keep-drafts)");
@@ -1022,6 +1104,7 @@ fuse_lowlevel_ops MakeOps() {
   ops.open = OpOpen;
   ops.read = OpRead;
   ops.release = OpRelease;
+  ops.retrieve_reply = OpRetrieveReply;
   ops.flush = OpFlush;
   ops.fsync = OpFsync;
   ops.getxattr = OpGetxattr;

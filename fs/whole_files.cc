@@ -16,6 +16,19 @@ namespace {
 // cores, a reader of the next file must not wait for the copy of the last one.
 constexpr int kCopyNice = 10;
 
+// MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read.
+uint64_t AvailableMemory() {
+  FILE* f = std::fopen("/proc/meminfo", "re");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return static_cast<uint64_t>(kb) << 10;
+}
+
 }  // namespace
 
 WholeFiles::WholeFiles(Materializer* materializer, ChunkReader* reader, ChunkCache* cache, uint64_t min_bytes)
@@ -48,6 +61,7 @@ void WholeFiles::Stop() {
 }
 
 void WholeFiles::set_on_copied(std::function<void(uint64_t)> on_copied) { on_copied_ = std::move(on_copied); }
+void WholeFiles::set_kernel_pages(KernelPages pages) { kernel_pages_ = std::move(pages); }
 
 bool WholeFiles::Wanted(const VersionFile& f) const {
   return f.manifest && f.file && !f.manifest->derived && f.file->size >= min_bytes_ && f.file->sha256.size() == 64;
@@ -109,6 +123,7 @@ void WholeFiles::NoteRead(uint64_t ino, const VersionFile& f, uint64_t offset, u
         st = std::make_shared<Stream>();
         st->file = f;
         st->key = key;
+        st->kernel = kernel_pages_ && file_size <= AvailableMemory() / kKernelFraction;
         streams_.emplace(ino, st);
         streaming_keys_.insert(key);
         if (!stream_thread_.joinable()) stream_thread_ = std::thread([this] { StreamMain(); });
@@ -118,7 +133,11 @@ void WholeFiles::NoteRead(uint64_t ino, const VersionFile& f, uint64_t offset, u
       for (size_t i = 0; i < read->rows.size(); ++i) {
         const ChunkRef& row = read->rows[i];
         if (row.offset < st->queued_until || st->queued_beyond.contains(row.offset)) continue;  // (queued by an earlier read)
-        if (pieces_bytes_ + row.length > kStreamQueueBytes) {
+        if (st->kernel && row.offset > st->queued_until && st->queued_beyond.size() >= kStreamAhead) {
+          st->overrun = true;  // a reader that jumped away: ended by the stream thread
+          break;
+        }
+        if (!st->kernel && pieces_bytes_ + row.length > kStreamQueueBytes) {
           // The writer is behind: the reader waits for it (as a build waits for the disk cache's
           // write-behind), for a while; then the stream is given up.
           stream_cv_.WaitFor(stream_mu_, kStreamWait, [&]() WFS_REQUIRES(stream_mu_) {
@@ -130,8 +149,10 @@ void WholeFiles::NoteRead(uint64_t ino, const VersionFile& f, uint64_t offset, u
             break;
           }
         }
-        pieces_.push_back(Piece{ino, row, read->chunks[i]});
-        pieces_bytes_ += row.length;
+        if (!st->kernel) {
+          pieces_.push_back(Piece{ino, row, read->chunks[i]});
+          pieces_bytes_ += row.length;
+        }
         if (row.offset == st->queued_until) {
           st->queued_until = row.offset + row.length;
           for (auto b = st->queued_beyond.begin(); b != st->queued_beyond.end() && b->first == st->queued_until;
@@ -143,6 +164,20 @@ void WholeFiles::NoteRead(uint64_t ino, const VersionFile& f, uint64_t offset, u
         }
       }
       st->last = std::chrono::steady_clock::now();
+      if (st->kernel && !st->ended && st->queued_until >= file_size) {
+        // Read whole, in order: copied from the kernel's pages once the reads pause (Main).
+        st->ended = true;
+        streaming_keys_.erase(key);
+        streams_.erase(ino);
+        MutexLock lock(mu_);  // (stream_mu_ before mu_)
+        if (stop_) {
+          pending_.erase(key);
+        } else {
+          queue_.push_back(Job{ino, f, nullptr, true, 0});  // (its key stays in pending_)
+          if (!thread_.joinable()) thread_ = std::thread([this] { Main(); });
+          cv_.NotifyAll();
+        }
+      }
       stream_cv_.NotifyAll();
     }
   }
@@ -199,6 +234,15 @@ void WholeFiles::QueueCopyLocked(uint64_t ino, Coverage& c) {
   cv_.NotifyAll();
 }
 
+bool WholeFiles::Hurry(std::chrono::milliseconds limit) {
+  MutexLock lock(mu_);
+  ++hurry_;
+  cv_.NotifyAll();
+  const bool done = cv_.WaitFor(mu_, limit, [&]() WFS_REQUIRES(mu_) { return queue_.empty() && !copying_; });
+  --hurry_;
+  return done;
+}
+
 void WholeFiles::Finish(std::chrono::milliseconds limit) {
   // Streams first: what is queued is appended (the stream thread drains its queue before it
   // stops); those not complete go to the disk cache.
@@ -231,11 +275,11 @@ void WholeFiles::Main() {
     if (stop_) return;
     // Readers first: wait for a pause in the daemon's reads (bounded), unless unmounting.
     const auto deferred = std::chrono::steady_clock::now() + kMaxDefer;
-    while (!stop_ && !finishing_ && std::chrono::steady_clock::now() < deferred) {
+    while (!stop_ && !finishing_ && hurry_ == 0 && std::chrono::steady_clock::now() < deferred) {
       const auto last = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(last_read_ns_.load()));
       const auto quiet_at = last + kIdle;
       if (std::chrono::steady_clock::now() >= quiet_at) break;
-      cv_.WaitUntil(mu_, std::min(quiet_at, deferred), [&]() WFS_REQUIRES(mu_) { return stop_ || finishing_; });
+      cv_.WaitUntil(mu_, std::min(quiet_at, deferred), [&]() WFS_REQUIRES(mu_) { return stop_ || finishing_ || hurry_ > 0; });
     }
     if (stop_) return;
     if (queue_.empty()) continue;
@@ -244,8 +288,17 @@ void WholeFiles::Main() {
     copying_ = true;
     lock.Unlock();
     const auto t0 = std::chrono::steady_clock::now();
-    const bool streamed = job.writer != nullptr;
-    Status s = streamed ? job.writer->Commit() : Copy(job.file);
+    if (job.spill_until > 0) {
+      const size_t put = SpillFromKernel(job);
+      spdlog::debug("whole files: {}@{}/{}: {} chunks read before its stream ended to the disk cache",
+                    job.file.manifest->model, job.file.manifest->version, job.file.file->path, put);
+      lock.Lock();
+      copying_ = false;
+      cv_.NotifyAll();
+      continue;
+    }
+    const bool streamed = job.writer != nullptr || job.from_kernel;
+    Status s = job.writer ? job.writer->Commit() : Copy(job);
     stats_.copy_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     const std::string what = job.file.manifest->model + "@" + job.file.manifest->version + "/" + job.file.file->path;
@@ -273,11 +326,41 @@ void WholeFiles::Main() {
   }
 }
 
-Status WholeFiles::Copy(const VersionFile& f) {
+Status WholeFiles::ChunkOf(uint64_t ino, const VersionFile& f, const ManifestFile& rows, size_t i, ByteBuffer* scratch,
+                           ChunkBytes* held, std::span<const uint8_t>* out, bool build) {
+  const ManifestChunk& c = rows.chunks[i];
+  // From the kernel's copy of the file's pages (a file read through the daemon is in FUSE's
+  // page cache until memory is short; first, so that this path is the one every copy takes,
+  // not only those whose chunks left the reader's memory); else from memory if the reader
+  // still holds it; else the materializer's read of the disk cache (verified) or a build, not
+  // through the reader, whose memory it would fill.
+  if (kernel_pages_ && ino != 0) {
+    scratch->resize(c.length);
+    if (kernel_pages_(ino, c.offset, scratch->data(), c.length) == c.length && HashChunk(*scratch) == c.hash) {
+      stats_.kernel_bytes += c.length;
+      *out = *scratch;
+      return Status::Ok();
+    }
+  }
+  if (std::optional<ChunkBytes> m = reader_->Cached(c.hash)) {
+    *held = std::move(*m);
+    *out = held->span();
+    return Status::Ok();
+  }
+  if (!build) return Status::NotFound("not held");
+  if (kernel_pages_) stats_.rebuilt++;
+  WFS_ASSIGN_OR_RETURN(*held, materializer_->Shared(*f.manifest, rows, i, /*cache_result=*/false));
+  *out = held->span();
+  return Status::Ok();
+}
+
+Status WholeFiles::Copy(const Job& job) {
+  const VersionFile& f = job.file;
   const ManifestFile& head = *f.file;
   WFS_ASSIGN_OR_RETURN(std::unique_ptr<WholeFileWriter> writer, cache_->BeginWholeFile(head.sha256, head.size));
   // The rows, block by block for a section in blocks (as ChunkReader::Read walks them).
   std::shared_ptr<const ManifestFile> rows = f.rows ? f.rows : std::shared_ptr<const ManifestFile>(f.manifest, f.file);
+  ByteBuffer scratch;
   uint64_t pos = 0;
   while (pos < head.size) {
     if (abort_.load()) return Status::IOError("stopped");
@@ -289,19 +372,37 @@ Status WholeFiles::Copy(const VersionFile& f) {
     for (size_t i = file.ChunkAt(pos); i < file.chunks.size(); ++i) {
       if (abort_.load()) return Status::IOError("stopped");
       const ManifestChunk& c = file.chunks[i];
-      // From memory if the reader still holds it; else the materializer's read of the disk
-      // cache (verified), not through the reader, whose memory it would fill.
-      ChunkBytes bytes;
-      if (std::optional<ChunkBytes> held = reader_->Cached(c.hash)) {
-        bytes = std::move(*held);
-      } else {
-        WFS_ASSIGN_OR_RETURN(bytes, materializer_->Shared(*f.manifest, file, i));
-      }
-      WFS_TRY(writer->Append(ChunkRef{c.hash, c.offset, c.length}, bytes.span()));
+      ChunkBytes held;
+      std::span<const uint8_t> bytes;
+      WFS_TRY(ChunkOf(job.ino, f, file, i, &scratch, &held, &bytes, true));
+      WFS_TRY(writer->Append(ChunkRef{c.hash, c.offset, c.length}, bytes));
       pos = c.offset + c.length;
     }
   }
   return writer->Finish();
+}
+
+size_t WholeFiles::SpillFromKernel(const Job& job) {
+  const VersionFile& f = job.file;
+  std::shared_ptr<const ManifestFile> rows = f.rows ? f.rows : std::shared_ptr<const ManifestFile>(f.manifest, f.file);
+  ByteBuffer scratch;
+  size_t put = 0;
+  for (uint64_t pos = 0; pos < job.spill_until && !abort_.load();) {
+    if (!rows->Holds(pos)) {
+      Expected<std::shared_ptr<const ManifestFile>> block = materializer_->bucket()->RowsAt(*f.manifest, *rows, pos);
+      if (!block.ok() || !(*block)->Holds(pos)) return put;
+      rows = std::move(block).value();
+    }
+    for (size_t i = rows->ChunkAt(pos); i < rows->chunks.size() && pos < job.spill_until; ++i) {
+      const ManifestChunk& c = rows->chunks[i];
+      pos = c.offset + c.length;
+      if (cache_->Contains(c.hash)) continue;
+      ChunkBytes held;
+      std::span<const uint8_t> bytes;
+      if (ChunkOf(job.ino, f, *rows, i, &scratch, &held, &bytes, false).ok() && cache_->Put(c.hash, bytes).ok()) ++put;
+    }
+  }
+  return put;
 }
 
 }  // namespace weightfs
@@ -451,7 +552,22 @@ void WholeFiles::EndStream(uint64_t ino, Stream& s, const std::string& why) {
     ++spilled;
   }
   s.ahead.clear();
-  const uint64_t written = s.writer ? s.writer->written() : 0;
+  uint64_t written = s.writer ? s.writer->written() : 0;
+  if (s.kernel) {
+    // What it read skipped the disk cache and is in the kernel's pages: into the disk cache
+    // from them, by the copying thread once reads pause.
+    {
+      MutexLock lock(stream_mu_);
+      written = s.queued_until;
+      if (!s.queued_beyond.empty()) written = std::max(written, std::prev(s.queued_beyond.end())->second);
+    }
+    MutexLock lock(mu_);
+    if (written > 0 && !stop_) {
+      queue_.push_back(Job{ino, s.file, nullptr, true, written});
+      if (!thread_.joinable()) thread_ = std::thread([this] { Main(); });
+      cv_.NotifyAll();
+    }
+  }
   // Chunks built for it that it never saw (readahead past the reads, a read noted after it
   // ended): from memory into the disk cache. The builds that finish from now on put theirs
   // there themselves (ChunkReader::set_skip_disk_cache).

@@ -75,6 +75,8 @@ struct WholeFilesStats {
   std::atomic<uint64_t> failed{0};        // copies that failed (logged)
   std::atomic<uint64_t> dropped{0};       // not queued: the queue was full
   std::atomic<uint64_t> copy_ns{0};       // time spent copying
+  std::atomic<uint64_t> kernel_bytes{0};  // bytes copied from the kernel's pages (kernel streams)
+  std::atomic<uint64_t> rebuilt{0};       // chunks of kernel streams the kernel no longer held
 };
 
 class WholeFiles {
@@ -123,6 +125,20 @@ class WholeFiles {
   int Open(const VersionFile& f);
   // Called on the copying thread after the copy of inode `ino` is in place (or found there).
   void set_on_copied(std::function<void(uint64_t ino)> on_copied);
+  // What the kernel's page cache holds of inode `ino` (FUSE_NOTIFY_RETRIEVE): copies up to
+  // `size` bytes from `offset` into `out`, returns how many (a prefix: up to the first page it
+  // does not hold). With it, a stream of a file that fits in memory (kKernelFraction of what is
+  // available) writes nothing while it is read: the copy is made from the kernel's pages once
+  // the reads pause (a "kernel stream"). Set before the first read; may be unset.
+  using KernelPages = std::function<size_t(uint64_t ino, uint64_t offset, uint8_t* out, size_t size)>;
+  void set_kernel_pages(KernelPages pages);
+  // A kernel stream is used for files of at most this fraction of the memory available.
+  static constexpr uint64_t kKernelFraction = 4;
+  // Runs what is queued now, without waiting for the reads to pause, and returns once the queue
+  // is empty (or after `limit`: false). While the session is up, kernel streams are copied from
+  // the kernel's pages: `weightfs unmount` asks for this before it unmounts (after, those pages
+  // are gone, and the chunks are built again).
+  bool Hurry(std::chrono::milliseconds limit) WFS_EXCLUDES(mu_);
   // Copies everything queued, then returns (unmount: a whole read just before it is kept);
   // after `limit`, drops what is left (unmount must not outlast `weightfs unmount`'s wait).
   void Finish(std::chrono::milliseconds limit) WFS_EXCLUDES(mu_, stream_mu_);
@@ -142,11 +158,23 @@ class WholeFiles {
     uint64_t ino = 0;
     VersionFile file;
     std::unique_ptr<WholeFileWriter> writer;  // a stream's complete file, to commit (not copy)
+    // A kernel stream's: its chunks are in the kernel's pages (else rebuilt), none in the disk
+    // cache. `spill_until` > 0: the stream ended at that byte; its chunks before it go into
+    // the disk cache (chunk files), and no whole file is made.
+    bool from_kernel = false;
+    uint64_t spill_until = 0;
   };
   // A stream's file is complete: its commit is queued (Main).
   void HandOver(uint64_t ino, const VersionFile& f, std::unique_ptr<WholeFileWriter> writer) WFS_EXCLUDES(mu_);
   void Main() WFS_EXCLUDES(mu_);
-  Status Copy(const VersionFile& f);
+  Status Copy(const Job& job);
+  // The bytes of chunk i of `rows` (of inode ino's file `f`) in *out: from memory (held keeps
+  // them), else the kernel's pages (into scratch; verified), else, if `build`, the disk cache
+  // or a build (not put into the disk cache; NotFound when not `build`).
+  Status ChunkOf(uint64_t ino, const VersionFile& f, const ManifestFile& rows, size_t i, ByteBuffer* scratch,
+                 ChunkBytes* held, std::span<const uint8_t>* out, bool build);
+  // A kernel stream that ended short: its chunks before job.spill_until into the disk cache.
+  size_t SpillFromKernel(const Job& job);
 
   // A file written as it is read. Its pieces (the chunks of each read) go through `pieces_`
   // to the stream thread, which appends them in order.
@@ -162,6 +190,7 @@ class WholeFiles {
     std::chrono::steady_clock::time_point last;  // the last piece queued
     bool ended = false;    // given up or done: pieces are spilled or dropped
     bool overrun = false;  // a piece was not queued (the queue was full): it cannot complete
+    bool kernel = false;   // a kernel stream: no pieces; the reads' order is followed only
   };
   struct Piece {
     uint64_t ino = 0;
@@ -185,6 +214,7 @@ class WholeFiles {
   ChunkCache* const cache_;
   const uint64_t min_bytes_;
   std::function<void(uint64_t)> on_copied_;
+  KernelPages kernel_pages_;
 
   mutable Mutex mu_;
   CondVar cv_;
@@ -193,6 +223,7 @@ class WholeFiles {
   std::unordered_set<std::string> pending_ WFS_GUARDED_BY(mu_);  // digests queued or being copied
   bool copying_ WFS_GUARDED_BY(mu_) = false;
   bool finishing_ WFS_GUARDED_BY(mu_) = false;  // Finish: copy what is queued, then stop
+  int hurry_ WFS_GUARDED_BY(mu_) = 0;           // Hurry calls waiting: no wait for a pause
   bool stop_ WFS_GUARDED_BY(mu_) = false;
   std::atomic<bool> abort_{false};  // the destructor: the copy in progress stops early
   std::atomic<int64_t> last_read_ns_{0};  // steady clock of the last NoteRead

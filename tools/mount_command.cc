@@ -693,6 +693,11 @@ int UnmountMain(int argc, char** argv, bool quiet) {
                   "to leave them staged for the next mount");
     }
   }
+  if (!lazy && pid > 0) {
+    // The local copies of the files just read whole are made from the kernel's pages while it
+    // still has them (best effort: a daemon before this answers ENOTSUP, and unmount goes on).
+    (void)::setxattr(mountpoint.c_str(), "user.weightfs.finish_whole_files", "", 0, 0);
+  }
   Status s = Unmount(mountpoint, lazy);
   if (!s.ok()) return Fail(s.message());
   if (lazy) {

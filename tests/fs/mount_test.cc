@@ -1109,6 +1109,9 @@ TEST_F(MountTest, AFileReadInOrderIsWrittenWholeAsItIsReadAndAStopShortLosesNoth
     ASSERT_TRUE(WaitFor([&] { return WholeStats(m)["whole"].value("streamed", 0u) == 1u; }, std::chrono::seconds(30)))
         << WholeStats(m).dump();
     EXPECT_EQ(WholeStats(m)["whole"].value("copied", 99u), 0u) << "no copy after the read";
+    // Made from the kernel's pages (FUSE_NOTIFY_RETRIEVE), nothing built again.
+    EXPECT_EQ(WholeStats(m)["whole"].value("kernel_bytes", 0u), SourceBytes(2, shard).size()) << WholeStats(m).dump();
+    EXPECT_EQ(WholeStats(m)["whole"].value("rebuilt", 99u), 0u);
     // Its chunks past the first few were never chunk files.
     const Manifest m2 = ManifestOf(bucket, 2);
     size_t chunk_files = 0;
