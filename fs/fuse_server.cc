@@ -323,8 +323,12 @@ void OpRetrieveReply(fuse_req_t req, void* cookie, fuse_ino_t, off_t, fuse_bufve
     MutexLock lock(s.retrieve_mu);
     if (auto it = s.retrievals.find(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(cookie))); it != s.retrievals.end()) {
       Impl::Retrieval& r = *it->second;
-      fuse_bufvec dst = FUSE_BUFVEC_INIT(std::min(fuse_buf_size(bufv), r.size));
+      fuse_bufvec dst{};  // (FUSE_BUFVEC_INIT is a C compound literal)
+      dst.count = 1;
+      dst.buf[0].size = std::min(fuse_buf_size(bufv), r.size);
+      dst.buf[0].flags = static_cast<fuse_buf_flags>(0);
       dst.buf[0].mem = r.out;
+      dst.buf[0].fd = -1;
       const ssize_t n = fuse_buf_copy(&dst, bufv, static_cast<fuse_buf_copy_flags>(0));
       r.got = n > 0 ? static_cast<size_t>(n) : 0;
       r.done = true;

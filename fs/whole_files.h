@@ -1,21 +1,32 @@
 // WholeFiles: the mount keeps a local copy of each published file it has read whole, so that
 // the kernel can serve the file from local disk from then on (fs/passthrough.h).
 //
-// Two ways to a copy:
-//   - As it is read (a stream): a reader that starts at the file's first byte and goes on in
-//     order (cat, cp, a loader reading every tensor) has its chunks appended to the whole file
-//     as its reads pass them (on a writer thread, behind the replies), and those chunks are
-//     built without a chunk file of their own (ChunkReader::set_skip_disk_cache): the node
-//     writes the file once, not as chunk files and then again whole. A stream writes through
-//     the page cache (WholeFileWriter::Mode::kPageCache): the kernel's writeback, and the sync
-//     before the file gets its name, which the copying thread does once reads pause (below),
-//     do not take the disk from the reads (reading N+1 while writing it O_DIRECT took 2.3 s on
-//     the benchmark VM, 1.7 s so, against 1.15 s with no copy at all). Reads a little out of
-//     order (the kernel's asynchronous readahead) are put back in order; a reader more than
-//     kStreamQueueBytes ahead of the writer waits for it (kStreamWait at most, as a build
-//     waits for the disk cache's write-behind); a reader that jumps further, stops for
-//     kStreamIdle, or outruns the writer for longer ends the stream, whose chunks then go into the disk cache as chunk files (WholeFileWriter::
-//     Spill): nothing read is lost.
+// Three ways to a copy:
+//   - From the kernel's pages (a kernel stream; set_kernel_pages): a reader that starts at the
+//     file's first byte and goes on in order (cat, cp, a loader reading every tensor) of a file
+//     of at most 1/kKernelFraction of the memory available has its chunks built without a chunk
+//     file of their own (ChunkReader::set_skip_disk_cache), and nothing is written while it
+//     reads: the reads put the file's bytes into FUSE's page cache anyway, and once the reads
+//     pause, the copy is made from there (FUSE_NOTIFY_RETRIEVE: the kernel answers with the
+//     pages it holds; each chunk verified against its hash), O_DIRECT. A page the kernel has
+//     dropped since (memory pressure) is taken from the reader's memory, else the chunk is built
+//     again (counted: `rebuilt`). Why: on the benchmark VM, a node holding N read N+1 in 1.15 s
+//     when nothing was written, 2.1-2.4 s writing the copy O_DIRECT as it read (the writes took
+//     the disk from the reads), and 1.6-4.3 s writing it through the page cache (the kernel's
+//     copy into fresh page-cache pages: 1-5 CPU-s for 2 GB, by what the machine freed before);
+//     from the kernel's pages after the read, 1.5-2.1 s and a third of the CPU. A reader that
+//     jumps away (kStreamAhead chunks out of order) or stops (kStreamIdle) ends the stream: what
+//     it read goes into the disk cache as chunk files, the same way (SpillFromKernel).
+//   - As it is read (a stream with pieces): the same readers of a larger file, or without the
+//     kernel's pages, have each chunk appended to the whole file as their reads pass it (on the
+//     stream thread, behind the replies), through the page cache (WholeFileWriter::Mode::
+//     kPageCache): the kernel's writeback, and the sync before the file gets its name, which
+//     the copying thread does once reads pause, do not take the disk from the reads. Reads a
+//     little out of order (the kernel's asynchronous readahead) are put back in order; a reader
+//     more than kStreamQueueBytes ahead of the writer waits for it (kStreamWait at most, as a
+//     build waits for the disk cache's write-behind); a reader that jumps further, stops for
+//     kStreamIdle, or outruns the writer for longer ends the stream, whose chunks then go into
+//     the disk cache as chunk files (WholeFileWriter::Spill): nothing read is lost.
 //   - After it was read: any other reader whose reads covered the file, from the chunks it was
 //     read from (below).
 //
@@ -23,7 +34,7 @@
 // ranges each inode's reads covered; `cat`, `cp`, a loader reading or mapping every tensor all
 // get there), of at least `min_bytes`, with a SHA-256 in their manifest (not a derived
 // version's). Each is copied once, on one background thread of low priority, from the chunks
-// it was read from: the mount's memory cache where they still are, else the disk cache
+// it was read from: the kernel's pages, else the mount's memory cache, else the disk cache
 // (verified, as every chunk is), into the chunk cache's whole file (hub/engine/chunk_cache.h:
 // written O_DIRECT, synced, indexed), which then replaces those chunks' files in the disk
 // cache. A node following a run thus keeps each version once, as whole files, and the next
@@ -31,7 +42,8 @@
 //
 // When: a copy (and a stream's sync) waits until the daemon has served no read for kIdle (a reader of the next file,
 // or of the next version, goes first: both compete for the same disk and cores), at most
-// kMaxDefer; at unmount (Finish) at once.
+// kMaxDefer; when `weightfs unmount` asks (Hurry: while the kernel still holds the pages); at
+// unmount (Finish) at once.
 //
 // Bounds: at most kMaxStreams streams, each writing from two 8 MiB staging buffers; the pieces
 // waiting for the writers hold at most kStreamQueueBytes of chunks (buffers the memory cache
