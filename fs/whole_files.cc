@@ -253,13 +253,26 @@ void WholeFiles::Finish(std::chrono::milliseconds limit) {
   stream_cv_.NotifyAll();
   if (stream_thread_.joinable()) stream_thread_.join();
   EndStreams("the mount ends");
+  // What the mount kept, for the operator (and the test of `weightfs unmount`'s request).
+  auto summary = [&] {
+    const uint64_t kept = stats_.streamed.load() + stats_.copied.load();
+    if (kept == 0 && stats_.failed.load() == 0) return;
+    spdlog::info("whole files: {} kept whole by this mount ({} bytes from the kernel's pages, {} chunks built again), {} failed",
+                 kept, stats_.kernel_bytes.load(), stats_.rebuilt.load(), stats_.failed.load());
+  };
   MutexLock lock(mu_);
   finishing_ = true;
-  if (queue_.empty() && !copying_) return;
+  if (queue_.empty() && !copying_) {
+    summary();
+    return;
+  }
   spdlog::info("whole files: finishing the local copies of {} file(s) read whole", queue_.size() + (copying_ ? 1 : 0));
   cv_.NotifyAll();
   auto idle = [&]() WFS_REQUIRES(mu_) { return queue_.empty() && !copying_; };
-  if (cv_.WaitFor(mu_, limit, idle)) return;
+  if (cv_.WaitFor(mu_, limit, idle)) {
+    summary();
+    return;
+  }
   spdlog::warn("whole files: {} file(s) left without a local copy (the unmount waited {} s); they are read through "
                "the daemon", queue_.size() + (copying_ ? 1 : 0), limit.count() / 1000);
   queue_.clear();

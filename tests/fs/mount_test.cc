@@ -1148,6 +1148,37 @@ TEST_F(MountTest, AFileReadInOrderIsWrittenWholeAsItIsReadAndAStopShortLosesNoth
   fs::remove_all(cache);
 }
 
+// `weightfs unmount` right after a file was read whole: the unmount first asks the daemon for
+// the local copies (user.weightfs.finish_whole_files), which are then made from the kernel's
+// pages while it still has them, not built again after the unmount; the next mount reads the
+// file from the copy with the bucket's packs gone.
+TEST_F(MountTest, AnUnmountRightAfterAWholeReadHasTheCopyMadeFromTheKernelsPages) {
+  const fs::path bucket = CopyBucket("hurry");
+  const fs::path cache = fs::temp_directory_path() / ("wfs-hurry-cache-" + std::to_string(::getpid()));
+  fs::remove_all(cache);
+  const char* shard = kShards[1];
+  const std::vector<uint8_t>& want = SourceBytes(2, shard);
+  {
+    TinyMount m(bucket, "hurry", "", cache);
+    ASSERT_TRUE(m.ok()) << m.Describe();
+    EXPECT_EQ(Slurp(m.Version(2) / shard), want);
+    ASSERT_EQ(m.Unmount().exit_code, 0);
+    const std::vector<uint8_t> log = Slurp(m.dir() / "log.txt");
+    const std::string text(log.begin(), log.end());
+    EXPECT_NE(text.find("whole files: 1 kept whole by this mount (" + std::to_string(want.size()) +
+                        " bytes from the kernel's pages, 0 chunks built again), 0 failed"),
+              std::string::npos)
+        << text;
+  }
+  fs::rename(bucket / "packs", bucket / "packs.away");
+  TinyMount again(bucket, "hurry-again", "", cache);
+  ASSERT_TRUE(again.ok()) << again.Describe();
+  EXPECT_EQ(Slurp(again.Version(2) / shard), want);
+  EXPECT_EQ(again.Stats()["materializer"].value("payload_bytes", 1u), 0u) << again.Stats().dump();
+  again.Teardown();
+  fs::remove_all(cache);
+}
+
 // The kernel wants every open file of an inode in one mode. A file held open through the daemon
 // while its copy is made keeps its later opens there too (none fails), and one held open on
 // the copy keeps them on it; each set of opens reads the right bytes, and once all are closed
