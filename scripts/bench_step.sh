@@ -38,7 +38,8 @@
 # bytes the mount received from the bucket (median over runs).
 #
 # Environment: PARAMS (1B: ~2 GB of bf16), LR (1e-6: ~1.2% of elements change per step), RUNS
-# (3), SAVE_FILES (all, or weights: row 1), WORK (/tmp/wfs-bench-step), KEEP=1 keeps WORK (the
+# (3), WARM_RUNS (rows 7, 8: 3 x RUNS), COLD_SETTLE (rows 3-5: 5 s, see drop_caches),
+# SAVE_FILES (all, or weights: row 1), WORK (/tmp/wfs-bench-step), KEEP=1 keeps WORK (the
 # generated data, the buckets and caches are then reused by the next run with the same PARAMS,
 # LR and binary), WEIGHTFS=path uses a prebuilt binary. Needs root (FUSE, and echo 3 > /proc/sys/vm/drop_caches for the cold rows),
 # zstd and python3-numpy (scripts/setup.sh installs both). Unmounting: `weightfs unmount`
@@ -49,6 +50,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 params=${PARAMS:-1B}
 lr=${LR:-1e-6}
 runs=${RUNS:-3}
+warm_runs=${WARM_RUNS:-$((3 * runs))}
 work=${WORK:-/tmp/wfs-bench-step}
 save_files=${SAVE_FILES:-all}
 py=/usr/bin/python3
@@ -57,6 +59,8 @@ script_t0=$(date +%s.%N)
 die() { echo "bench_step: $*" >&2; exit 1; }
 trap 'echo "bench_step: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || die "RUNS must be a positive integer (got '$runs')"
+[[ "$warm_runs" =~ ^[1-9][0-9]*$ ]] || die "WARM_RUNS must be a positive integer (got '$warm_runs')"
+[[ "${COLD_SETTLE:-5}" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "COLD_SETTLE must be a number of seconds (got '${COLD_SETTLE}')"
 [[ "$save_files" == weights || "$save_files" == all ]] || die "SAVE_FILES must be weights or all (got '$save_files')"
 [[ -w /proc/sys/vm/drop_caches ]] || die "needs root: rows 3-5 drop the page cache (echo 3 > /proc/sys/vm/drop_caches)"
 
@@ -79,7 +83,15 @@ busy_cpu() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / { printf "%.2f", ($2 + $3 +
 proc_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat"; }
 daemon_pid() { $py -c "import os,sys; print(os.getxattr(sys.argv[1], 'user.weightfs.pid').decode())" "$1"; }
 say() { echo "== $*" >&2; }
-drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+# The cold rows drop the page cache and then wait COLD_SETTLE seconds, both sides alike: on a VM
+# whose host takes the guest's free memory back (virtio-balloon free page reporting, as on the
+# benchmark VM: reported ~2 s after it is freed), memory the kernel has just freed is cheap to
+# fill again and memory it freed earlier costs a host page fault per page (touching 2 GB of it:
+# ~2 s more). Timed at once after the drop, a read got some of each, by the luck of its timing
+# (cold cat of N+1: 0.9 to 2.8 s); after the wait, every new page is of the second kind, as on a
+# node whose free memory has been free a while. The line "fresh memory" says what it costs here.
+cold_settle=${COLD_SETTLE:-5}
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; sleep "$cold_settle"; }
 received() { $py -c "import json,os,sys; print(json.loads(os.getxattr(sys.argv[1], 'user.weightfs.stats'))['bucket']['bytes_received'])" "$1"; }
 stat_of() { $py -c "import json,os,sys; j=json.loads(os.getxattr(sys.argv[1],'user.weightfs.stats')); print(eval('j' + sys.argv[2]))" "$1" "$2"; }
 # Waits (at most 120 s) until the mount's local copies of the files read whole are written
@@ -275,6 +287,10 @@ done
 
 # --- Rows 3 and 4: the inference node holds N; reads N+1 (3), then from its disk cache (4).
 cold_cat() { drop_caches; local t0; t0=$(now); cat "$src"/* >/dev/null; since "$t0"; }
+# The disk alone: N+1's files read around the page cache (O_DIRECT, one 4 MiB buffer reused).
+direct_read() { drop_caches; local t0 f; t0=$(now); for f in "$src"/*; do dd if="$f" of=/dev/null bs=4M iflag=direct status=none; done; since "$t0"; }
+# Seconds to touch 1 GiB of new anonymous memory, after the same wait.
+fresh_gib() { drop_caches; $py -c "import time, numpy as np; t = time.perf_counter(); a = np.ones(1 << 30, np.uint8); print(f'{time.perf_counter() - t:.3f}')"; }
 say "rows 3, 4: holding N, read N+1; N+1 in the disk cache (| cold cat)"
 for ((r = 1; r <= runs; r++)); do
   cleanup_run
@@ -298,6 +314,8 @@ for ((r = 1; r <= runs; r++)); do
   add X 4recv "$(received "$mnt")"
   unmount_mnt
   add B 4 "$(cold_cat)"
+  add X direct "$(direct_read)"
+  add X fresh "$(fresh_gib)"
 done
 
 # --- Row 5: cold read, empty cache.
@@ -343,6 +361,10 @@ X[6patch]=$(du -sb "$run/patches" | cut -f1)
 X[6np]=$(du -sb "$run/np" | cut -f1)
 
 # --- Rows 7 and 8: warm re-read and mmap of every tensor, through the mount | local files.
+# WARM_RUNS (3 x RUNS) passes, each the mount then the local files: a pass takes ~0.2 s, and
+# one pass in a few is 2x slower on either side (the other core busy, a host's hiccup); with 3
+# passes, the medians of row 8 for b7e80da were 0.41 / 0.19 s in one run, 0.19 / 0.18 s in the
+# next on a new machine.
 say "rows 7, 8: warm re-read, mmap + copy of every tensor (| the same on local files)"
 cleanup_run
 cp -al "$tpl/cache-N" "$run/cache"
@@ -350,7 +372,7 @@ mount_at "$tpl/bucket-N1" "$run/cache"
 for _ in 1 2; do cat "$mnt/bench/model@v4"/* "$src"/* >/dev/null; settle "$mnt" >/dev/null; done
 $py "$work/mmap_load.py" "$mnt/bench/model@v4" >/dev/null
 $py "$work/mmap_load.py" "$src" >/dev/null
-for ((r = 1; r <= runs; r++)); do
+for ((r = 1; r <= warm_runs; r++)); do
   t0=$(now); cat "$mnt/bench/model@v4"/* >/dev/null; add W 7 "$(since "$t0")"
   t0=$(now); cat "$src"/* >/dev/null; add B 7 "$(since "$t0")"
   out=$($py "$work/mmap_load.py" "$mnt/bench/model@v4"); read -r t copied <<<"$out"; add W 8 "$t"
@@ -380,7 +402,7 @@ names=(
 )
 targets=([1]="<= 1.5" [2]="<= 0.6" [3]="<= 1.5" [4]="<= 1.0" [5]="<= 2" [6]="<= 0.5" [7]="<= 1.1" [8]="<= 1.3")
 echo
-echo "RL step, PARAMS=$params LR=$lr RUNS=$runs: N+1 = $(mb "$size") in $nfiles files, stored as $(mb "$stored_n1") of deltas (chain: FULL + 4 deltas, materializer depth $depth)"
+echo "RL step, PARAMS=$params LR=$lr RUNS=$runs WARM_RUNS=$warm_runs: N+1 = $(mb "$size") in $nfiles files, stored as $(mb "$stored_n1") of deltas (chain: FULL + 4 deltas, materializer depth $depth)"
 echo "binary $wfs (sha256 ${stamp:0:12}), checkout $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores, $(uname -r)"
 echo
 echo "| row: weightfs vs baseline | weightfs s min / med / max | baseline s min / med / max | ratio (median) | target |"
@@ -394,5 +416,10 @@ cpu_s() { awk "BEGIN { printf \"%.2f\", $(median "$1") }"; }
 echo "row 1, CPU seconds (median; $(nproc) cores): the machine busy $(cpu_s "${X[1busy]}") during the save into the draft (the daemon's own $(cpu_s "${X[1daemon]}")), $(cpu_s "${X[1busy_local]}") during cp + sync to local disk"
 echo "rows 3-5, bucket bytes received (median): 3: $(mb "$(median "${X[3recv]}")"), 4: $(mb "$(median "${X[4recv]}")"), 5: $(mb "$(median "${X[5recv]}")") (N+1's deltas: $(mb "$stored_n1"), the base: $(mb "$stored_v0"))"
 echo "rows 3, 5: the local copies of the files read whole (fs/whole_files.h) were written $(summary "${X[3settle]}") s, $(summary "${X[5settle]}") s after the read (waited for before the baseline)"
+reporting=no
+for d in /sys/bus/virtio/drivers/virtio_balloon/virtio*; do  # feature bit 5: VIRTIO_BALLOON_F_REPORTING
+  [[ -r "$d/features" && "$(cut -c6 "$d/features")" == 1 ]] && reporting=yes
+done
+echo "rows 3-5: cold means the page cache dropped, then ${cold_settle} s (COLD_SETTLE) for both sides; free page reporting to the host: $reporting; fresh memory: 1 GiB of new anonymous memory touched in $(summary "${X[fresh]}") s; the disk alone (dd iflag=direct bs=4M of N+1): $(summary "${X[direct]}") s"
 echo "row 6: patch files $(mb "${X[6patch]}"), numpy idx/val files $(mb "${X[6np]}")"
 echo "total $(awk "BEGIN { printf \"%.0f\", $(now) - $script_t0 }") s"

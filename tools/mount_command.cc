@@ -237,7 +237,9 @@ Expected<Opened> OpenAll(const MountConfig& c) {
   WFS_ASSIGN_OR_RETURN(OpenedBucket ob, OpenBucketUrl(c.url, c.store, /*any_layout=*/true));
   o.store = std::move(ob.store);
   o.bucket = std::move(ob.bucket);
-  WFS_ASSIGN_OR_RETURN(o.cache, ChunkCache::Open(c.cache_dir, c.cache_size));
+  ChunkCacheOptions cache_options;
+  cache_options.whole_reads_around_page_cache = true;  // the reader's pages are the kernel's (chunk_cache.h)
+  WFS_ASSIGN_OR_RETURN(o.cache, ChunkCache::Open(c.cache_dir, c.cache_size, cache_options));
   return o;
 }
 

@@ -139,6 +139,13 @@ struct ChunkCacheOptions {
   // A lookup that misses rescans refs/ for other processes' index files at most this often
   // (and only when the directory's mtime changed).
   std::chrono::steady_clock::duration rescan_interval = std::chrono::seconds(1);
+  // How the bytes of a whole file (an older version a delta applies to) are read when they are
+  // not in the page cache: false, through it (with readahead: `weightfs patch`, which reads the
+  // same OLD at every step); true, around it (O_DIRECT: the mount, whose reader is the kernel's
+  // page cache of the new version; reading the base through the page cache too took twice the
+  // fresh memory and, on the benchmark VM, 1.5x the time of row 3 of scripts/bench_step.sh).
+  // Either way a range whose pages are all cached is read from the cache.
+  bool whole_reads_around_page_cache = false;
 };
 
 class ChunkCache;
@@ -320,9 +327,10 @@ class ChunkCache {
   bool IsWholeFile(const std::string& path) const { return path.starts_with(files_dir_ + "/"); }
   // The name of `path`'s index file under refs/: the hash of its path, or of a whole file's name.
   std::string IndexNameOf(const std::string& path) const;
-  // The bytes [offset, +length) of a whole file into `out`, through the page cache, with
-  // readahead of the next 2 * length.
-  static bool ReadWholeRange(int fd, uint8_t* out, uint64_t length, uint64_t offset);
+  // The bytes [offset, +length) of a whole file (`fd`, opened by the caller for this read) into
+  // `out`: from the page cache if it holds them all, else as options_.whole_reads_around_page_cache
+  // says (through the cache with readahead of the next 2 * length, or O_DIRECT).
+  bool ReadWholeRange(int fd, uint8_t* out, uint64_t length, uint64_t offset) const;
 
   ChunkCache(std::string dir, uint64_t max_bytes, const ChunkCacheOptions& options);
   std::string PathOf(const Hash128& hash) const;
