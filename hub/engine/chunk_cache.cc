@@ -1023,26 +1023,6 @@ std::string ChunkCache::WholeFilePath(const std::string& sha256, uint64_t size) 
   return files_dir_ + "/" + sha256 + "-" + std::to_string(size);
 }
 
-namespace {
-
-// Whether every page of `fd`'s bytes [offset, +length) is in the page cache (mincore of a map of
-// them: no I/O, unlike a preadv2 RWF_NOWAIT, which starts the kernel's readahead of what it
-// does not find). False when that cannot be told.
-bool InPageCache(int fd, uint64_t offset, uint64_t length) {
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t start = offset / page * page;
-  const size_t span = static_cast<size_t>(offset + length - start);
-  void* map = ::mmap(nullptr, span, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
-  if (map == MAP_FAILED) return false;
-  std::vector<unsigned char> resident((span + page - 1) / page);
-  const bool all = ::mincore(map, span, resident.data()) == 0 &&
-                   std::all_of(resident.begin(), resident.end(), [](unsigned char c) { return (c & 1) != 0; });
-  ::munmap(map, span);
-  return all;
-}
-
-}  // namespace
-
 bool ChunkCache::ReadWholeRange(int fd, uint8_t* out, uint64_t length, uint64_t offset) const {
   // Cached pages from the cache: the whole file is the one the kernel serves the next opens
   // from (passthrough), so a node that has just read N has N's pages there. Else from the disk:
@@ -1053,15 +1033,9 @@ bool ChunkCache::ReadWholeRange(int fd, uint8_t* out, uint64_t length, uint64_t 
   //  - around it (O_DIRECT, set on this read's own descriptor): the mount, whose readahead pool
   //    keeps several chunks in flight; through the cache, the base was a second copy of the
   //    model in memory beside the new version's pages (see the option).
-  if (options_.whole_reads_around_page_cache && length > 0 && !InPageCache(fd, offset, length)) {
-    const int flags = ::fcntl(fd, F_GETFL);
-    if (flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0) return PreadDirect(fd, out, length, offset) == length;
-    // a filesystem without O_DIRECT (tmpfs): through the page cache
-  }
+  if (options_.whole_reads_around_page_cache) return PreadAroundCache(fd, out, length, offset) == length;
   if (PreadUpTo(fd, out, length, offset) != length) return false;
-  if (!options_.whole_reads_around_page_cache) {
-    (void)::posix_fadvise(fd, static_cast<off_t>(offset + length), static_cast<off_t>(2 * length), POSIX_FADV_WILLNEED);
-  }
+  (void)::posix_fadvise(fd, static_cast<off_t>(offset + length), static_cast<off_t>(2 * length), POSIX_FADV_WILLNEED);
   return true;
 }
 

@@ -1,6 +1,7 @@
 #include "hub/store/direct_file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,9 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <vector>
+
+#include "hub/store/local_file.h"
 
 namespace weightfs {
 namespace {
@@ -56,6 +60,30 @@ uint64_t PreadDirect(int direct_fd, uint8_t* out, uint64_t size, uint64_t offset
   }
   if (error != nullptr) *error = err;
   return done;
+}
+
+bool AllInPageCache(int fd, uint64_t offset, uint64_t length) {
+  if (length == 0) return true;
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;
+  const size_t span = static_cast<size_t>(offset + length - start);
+  void* map = ::mmap(nullptr, span, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
+  if (map == MAP_FAILED) return false;
+  std::vector<unsigned char> resident((span + page - 1) / page);
+  const bool all = ::mincore(map, span, resident.data()) == 0 &&
+                   std::all_of(resident.begin(), resident.end(), [](unsigned char c) { return (c & 1) != 0; });
+  ::munmap(map, span);
+  return all;
+}
+
+uint64_t PreadAroundCache(int fd, uint8_t* out, uint64_t size, uint64_t offset, int* error) {
+  if (!AllInPageCache(fd, offset, size)) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0 && ((flags & O_DIRECT) != 0 || ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0)) {
+      return PreadDirect(fd, out, size, offset, error);
+    }
+  }
+  return PreadUpTo(fd, out, size, offset, error);
 }
 
 void StreamedWrites::Wrote(int fd, uint64_t offset, uint64_t end) {

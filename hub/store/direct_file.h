@@ -48,6 +48,17 @@ int OpenDirect(const std::string& path, int flags);
 // errno in *error, else 0).
 uint64_t PreadDirect(int direct_fd, uint8_t* out, uint64_t size, uint64_t offset, int* error = nullptr);
 
+// Whether every page of `fd`'s bytes [offset, +length) is in the page cache (mincore of a map of
+// them: no I/O, unlike a preadv2 RWF_NOWAIT, which starts the kernel's readahead of what it
+// does not find). False when that cannot be told. A reader that reads a range O_DIRECT unless
+// this says it is cached gets the cached bytes from memory and leaves the cache as it was.
+bool AllInPageCache(int fd, uint64_t offset, uint64_t length);
+
+// Reads [offset, +size) of `fd` (opened for this read: its flags change) into `out`: from the
+// page cache when AllInPageCache, else O_DIRECT (through the cache where the file system does
+// not do direct I/O). Returns how many bytes it read, as PreadUpTo.
+uint64_t PreadAroundCache(int fd, uint8_t* out, uint64_t size, uint64_t offset, int* error = nullptr);
+
 // A file written front to back keeps at most two windows of it in the page cache: each time
 // the writes pass a window's end, that window's writeback starts, and the window before it is
 // waited for and dropped from the cache. Writes elsewhere (back, or far ahead) change nothing

@@ -19,6 +19,7 @@
 #include "core/hash.h"
 #include "hub/engine/chunk_cache.h"
 #include "hub/engine/reference_index.h"
+#include "hub/store/direct_file.h"
 #include "tests/testing/log_capture.h"
 
 namespace weightfs {
@@ -714,6 +715,53 @@ TEST_F(ChunkCacheReferencesTest, AWholeFileReplacesItsChunkFilesAndServesThem) {
     EXPECT_TRUE(std::equal(out.begin(), out.end(), bytes.begin() + static_cast<ptrdiff_t>(r.offset)));
   }
   EXPECT_EQ((*moved)->size_bytes(), bytes.size() + index_bytes);
+}
+
+// A mount's cache (whole_reads_around_page_cache) serves a whole file's chunks with the same
+// bytes, and those it read from the disk stay out of the page cache (where the file system does
+// direct I/O): the reader of the new version has its own pages.
+TEST_F(ChunkCacheReferencesTest, AMountReadsAWholeFileAroundThePageCache) {
+  std::mt19937_64 rng(17);
+  std::vector<uint8_t> bytes(3 * 1000003 + 4321);
+  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+  std::vector<ChunkRef> rows;
+  const std::string sha(64, 'b');
+  {
+    auto cache = Open();
+    auto w = cache->BeginWholeFile(sha, bytes.size());
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (uint64_t off = 0; off < bytes.size();) {
+      const uint64_t len = std::min<uint64_t>(bytes.size() - off, 1000003);
+      rows.push_back({HashChunk(std::span<const uint8_t>(bytes).subspan(off, len)), off, len});
+      ASSERT_TRUE((*w)->Append(rows.back(), std::span<const uint8_t>(bytes).subspan(off, len)).ok());
+      off += len;
+    }
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  const std::string path = (root_ / "cache").string() + "/files/" + sha + "-" + std::to_string(bytes.size());
+  ASSERT_TRUE(fs::exists(path));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  const bool dropped = !AllInPageCache(fd, 0, bytes.size());  // (tmpfs keeps its pages)
+  ChunkCacheOptions around;
+  around.whole_reads_around_page_cache = true;
+  auto cache = Open(around);
+  for (const ChunkRef& r : rows) {
+    ByteBuffer out;
+    ASSERT_TRUE(cache->Get(r.hash, &out)) << r.offset;
+    ASSERT_EQ(out.size(), r.length);
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), bytes.begin() + static_cast<ptrdiff_t>(r.offset))) << r.offset;
+  }
+  const int direct = OpenDirect(path, O_RDONLY);
+  if (dropped && direct >= 0) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    for (uint64_t off = 0; off + page <= bytes.size(); off += page) {
+      ASSERT_FALSE(AllInPageCache(fd, off, page)) << "the read filled the page cache at " << off;
+    }
+  }
+  if (direct >= 0) ::close(direct);
+  ::close(fd);
 }
 
 // A whole file written through the page cache (a stream's: Mode::kPageCache, no staging

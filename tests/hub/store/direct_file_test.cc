@@ -104,6 +104,56 @@ TEST_F(DirectFileTest, ReadsTheDirtyPagesOfABufferedWrite) {
   ::close(fd);
 }
 
+// PreadAroundCache: the same bytes whether they are cached or not; bytes not cached stay out of
+// the cache (where the file system does direct I/O), cached ones are read from it.
+TEST_F(DirectFileTest, AReadAroundTheCacheLeavesTheCacheAsItWas) {
+  const std::vector<uint8_t> bytes = test::RandomBytes((6 << 20) + 777, 13);
+  const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(PwriteAll(fd, bytes.data(), bytes.size(), 0, "f").ok());
+  ASSERT_EQ(::fdatasync(fd), 0);
+  EXPECT_TRUE(AllInPageCache(fd, 0, bytes.size()));  // just written
+  EXPECT_TRUE(AllInPageCache(fd, 123, 0));
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  struct statfs sfs {};
+  ASSERT_EQ(::fstatfs(fd, &sfs), 0);
+  const bool tmpfs = sfs.f_type == kTmpfsMagic;  // (its pages are the file: never dropped)
+  if (!tmpfs) {
+    EXPECT_FALSE(AllInPageCache(fd, 5000, 1 << 20));
+  }
+  const int direct = OpenDirect(path_, O_RDONLY);
+  const bool direct_io = direct >= 0;
+  if (direct_io) ::close(direct);
+  struct Case {
+    uint64_t offset, size;
+  };
+  for (const Case c : {Case{0, 1}, Case{4095, 2}, Case{100, (4 << 20) + 9}, Case{0, bytes.size()},
+                       Case{bytes.size() - 10, 100}}) {
+    const int rfd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);  // one descriptor per read, as its callers
+    ASSERT_GE(rfd, 0);
+    std::vector<uint8_t> out(c.size, 0xEE);
+    int error = -1;
+    const uint64_t want = std::min<uint64_t>(c.size, bytes.size() - c.offset);
+    ASSERT_EQ(PreadAroundCache(rfd, out.data(), c.size, c.offset, &error), want) << c.offset;
+    EXPECT_EQ(error, 0);
+    EXPECT_TRUE(std::equal(out.begin(), out.begin() + static_cast<ptrdiff_t>(want), bytes.begin() + static_cast<ptrdiff_t>(c.offset)))
+        << "at " << c.offset << " for " << c.size;
+    ::close(rfd);
+  }
+  if (direct_io && !tmpfs) {
+    EXPECT_EQ(ResidentPages(bytes.size()), 0u) << "a read around the cache filled it";
+  }
+  // Cached: read from the cache (and the same bytes).
+  std::vector<uint8_t> all(bytes.size());
+  ASSERT_TRUE(PreadAll(fd, all.data(), all.size(), 0, "f").ok());
+  EXPECT_TRUE(AllInPageCache(fd, 0, bytes.size()));
+  std::vector<uint8_t> out(3 << 20);
+  ASSERT_EQ(PreadAroundCache(fd, out.data(), out.size(), 99), out.size());
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), bytes.begin() + 99));
+  EXPECT_EQ(::fcntl(fd, F_GETFL) & O_DIRECT, 0) << "a cached range is read through the cache";
+  ::close(fd);
+}
+
 TEST_F(DirectFileTest, AStreamedWriteKeepsTwoWindowsCachedAndItsBytesWhole) {
   const uint64_t w = StreamedWrites::kWindowBytes;
   const uint64_t size = 8 * w + 12345;
