@@ -767,6 +767,7 @@ std::string StatsJsonOf(const Impl& s) {
                         {"dropped", w.dropped.load()},
                         {"copy_seconds", static_cast<double>(w.copy_ns.load()) / 1e9},
                         {"kernel_bytes", w.kernel_bytes.load()},
+                        {"memory_bytes", w.memory_bytes.load()},
                         {"rebuilt", w.rebuilt.load()},
                         {"queue_depth", s.whole->queue_depth()}};
     j["passthrough"] = {{"enabled", s.passthrough.enabled()},

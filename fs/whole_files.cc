@@ -257,8 +257,9 @@ void WholeFiles::Finish(std::chrono::milliseconds limit) {
   auto summary = [&] {
     const uint64_t kept = stats_.streamed.load() + stats_.copied.load();
     if (kept == 0 && stats_.failed.load() == 0) return;
-    spdlog::info("whole files: {} kept whole by this mount ({} bytes from the kernel's pages, {} chunks built again), {} failed",
-                 kept, stats_.kernel_bytes.load(), stats_.rebuilt.load(), stats_.failed.load());
+    spdlog::info("whole files: {} kept whole by this mount ({} bytes from the kernel's pages, {} from its memory, {} chunks built "
+                 "again), {} failed",
+                 kept, stats_.kernel_bytes.load(), stats_.memory_bytes.load(), stats_.rebuilt.load(), stats_.failed.load());
   };
   MutexLock lock(mu_);
   finishing_ = true;
@@ -349,13 +350,17 @@ Status WholeFiles::ChunkOf(uint64_t ino, const VersionFile& f, const ManifestFil
   // through the reader, whose memory it would fill.
   if (kernel_pages_ && ino != 0) {
     scratch->resize(c.length);
-    if (kernel_pages_(ino, c.offset, scratch->data(), c.length) == c.length && HashChunk(*scratch) == c.hash) {
+    const size_t got = kernel_pages_(ino, c.offset, scratch->data(), c.length);
+    if (got == c.length && HashChunk(*scratch) == c.hash) {
       stats_.kernel_bytes += c.length;
       *out = *scratch;
       return Status::Ok();
     }
+    spdlog::debug("whole files: the kernel held {} of the {} bytes at {} of inode {}{}", got, c.length, c.offset, ino,
+                  got == c.length ? " (not the chunk's bytes)" : "");
   }
   if (std::optional<ChunkBytes> m = reader_->Cached(c.hash)) {
+    if (kernel_pages_) stats_.memory_bytes += c.length;
     *held = std::move(*m);
     *out = held->span();
     return Status::Ok();

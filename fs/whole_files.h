@@ -88,7 +88,8 @@ struct WholeFilesStats {
   std::atomic<uint64_t> dropped{0};       // not queued: the queue was full
   std::atomic<uint64_t> copy_ns{0};       // time spent copying
   std::atomic<uint64_t> kernel_bytes{0};  // bytes copied from the kernel's pages (kernel streams)
-  std::atomic<uint64_t> rebuilt{0};       // chunks of kernel streams the kernel no longer held
+  std::atomic<uint64_t> memory_bytes{0};  // bytes of kernel streams the kernel no longer held, from the reader's memory
+  std::atomic<uint64_t> rebuilt{0};       // chunks of kernel streams the kernel no longer held, built again
 };
 
 class WholeFiles {

@@ -31,6 +31,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1109,9 +1110,14 @@ TEST_F(MountTest, AFileReadInOrderIsWrittenWholeAsItIsReadAndAStopShortLosesNoth
     ASSERT_TRUE(WaitFor([&] { return WholeStats(m)["whole"].value("streamed", 0u) == 1u; }, std::chrono::seconds(30)))
         << WholeStats(m).dump();
     EXPECT_EQ(WholeStats(m)["whole"].value("copied", 99u), 0u) << "no copy after the read";
-    // Made from the kernel's pages (FUSE_NOTIFY_RETRIEVE), nothing built again.
-    EXPECT_EQ(WholeStats(m)["whole"].value("kernel_bytes", 0u), SourceBytes(2, shard).size()) << WholeStats(m).dump();
-    EXPECT_EQ(WholeStats(m)["whole"].value("rebuilt", 99u), 0u);
+    // Made from the kernel's pages (FUSE_NOTIFY_RETRIEVE), nothing built again. The kernel does
+    // not promise to keep a page: in 1 run of 5-10 right after the full suite (none of 100
+    // later, nor with the page cache full), it answered short for some chunks, 1.8-4.3 of the
+    // 9.7 MB, which then came from the reader's memory. Every byte from one or the other.
+    const nlohmann::json w = WholeStats(m)["whole"];
+    EXPECT_GT(w.value("kernel_bytes", 0u), 0u) << WholeStats(m).dump();
+    EXPECT_EQ(w.value("kernel_bytes", 0u) + w.value("memory_bytes", 0u), SourceBytes(2, shard).size()) << WholeStats(m).dump();
+    EXPECT_EQ(w.value("rebuilt", 99u), 0u);
     // Its chunks past the first few were never chunk files.
     const Manifest m2 = ManifestOf(bucket, 2);
     size_t chunk_files = 0;
@@ -1165,10 +1171,14 @@ TEST_F(MountTest, AnUnmountRightAfterAWholeReadHasTheCopyMadeFromTheKernelsPages
     ASSERT_EQ(m.Unmount().exit_code, 0);
     const std::vector<uint8_t> log = Slurp(m.dir() / "log.txt");
     const std::string text(log.begin(), log.end());
-    EXPECT_NE(text.find("whole files: 1 kept whole by this mount (" + std::to_string(want.size()) +
-                        " bytes from the kernel's pages, 0 chunks built again), 0 failed"),
-              std::string::npos)
+    // (From the kernel's pages, and from the daemon's memory what the kernel did not keep: see
+    // AFileReadInOrderIsWrittenWholeAsItIsReadAndAStopShortLosesNothing.)
+    std::smatch kept;
+    ASSERT_TRUE(std::regex_search(text, kept, std::regex("whole files: 1 kept whole by this mount \\(([0-9]+) bytes from the "
+                                                         "kernel's pages, ([0-9]+) from its memory, 0 chunks built again\\), 0 failed")))
         << text;
+    EXPECT_GT(std::stoull(kept[1]), 0u) << text;
+    EXPECT_EQ(std::stoull(kept[1]) + std::stoull(kept[2]), want.size()) << text;
   }
   fs::rename(bucket / "packs", bucket / "packs.away");
   TinyMount again(bucket, "hurry-again", "", cache);
