@@ -50,8 +50,10 @@ uint64_t PreadDirect(int direct_fd, uint8_t* out, uint64_t size, uint64_t offset
 
 // Whether every page of `fd`'s bytes [offset, +length) is in the page cache (mincore of a map of
 // them: no I/O, unlike a preadv2 RWF_NOWAIT, which starts the kernel's readahead of what it
-// does not find). False when that cannot be told. A reader that reads a range O_DIRECT unless
-// this says it is cached gets the cached bytes from memory and leaves the cache as it was.
+// does not find). False when that cannot be told, and for a file the caller neither owns nor
+// may write (the kernel then answers only for pages mapped in the caller; mincore(2)): such a
+// reader reads around the cache. A reader that reads a range O_DIRECT unless this says it is
+// cached gets the cached bytes from memory and leaves the cache as it was.
 bool AllInPageCache(int fd, uint64_t offset, uint64_t length);
 
 // Reads [offset, +size) of `fd` (opened for this read: its flags change) into `out`: from the
