@@ -80,7 +80,16 @@ uint64_t PreadAroundCache(int fd, uint8_t* out, uint64_t size, uint64_t offset, 
   if (!AllInPageCache(fd, offset, size)) {
     const int flags = ::fcntl(fd, F_GETFL);
     if (flags >= 0 && ((flags & O_DIRECT) != 0 || ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0)) {
-      return PreadDirect(fd, out, size, offset, error);
+      int err = 0;
+      const uint64_t got = PreadDirect(fd, out, size, offset, &err);
+      if (got == size || err != EINVAL) {
+        if (error != nullptr) *error = err;
+        return got;
+      }
+      // A file system that takes the flag and then refuses the read (an alignment of its own):
+      // the rest through the page cache.
+      (void)::fcntl(fd, F_SETFL, flags & ~O_DIRECT);
+      return got + PreadUpTo(fd, out + got, size - got, offset + got, error);
     }
   }
   return PreadUpTo(fd, out, size, offset, error);
