@@ -51,6 +51,7 @@ params=${PARAMS:-1B}
 lr=${LR:-1e-6}
 runs=${RUNS:-3}
 warm_runs=${WARM_RUNS:-$((3 * runs))}
+cold_settle=${COLD_SETTLE:-5}  # (see drop_caches)
 work=${WORK:-/tmp/wfs-bench-step}
 save_files=${SAVE_FILES:-all}
 py=/usr/bin/python3
@@ -60,7 +61,7 @@ die() { echo "bench_step: $*" >&2; exit 1; }
 trap 'echo "bench_step: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || die "RUNS must be a positive integer (got '$runs')"
 [[ "$warm_runs" =~ ^[1-9][0-9]*$ ]] || die "WARM_RUNS must be a positive integer (got '$warm_runs')"
-[[ "${COLD_SETTLE:-5}" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "COLD_SETTLE must be a number of seconds (got '${COLD_SETTLE}')"
+[[ "$cold_settle" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "COLD_SETTLE must be a number of seconds (got '$cold_settle')"
 [[ "$save_files" == weights || "$save_files" == all ]] || die "SAVE_FILES must be weights or all (got '$save_files')"
 [[ -w /proc/sys/vm/drop_caches ]] || die "needs root: rows 3-5 drop the page cache (echo 3 > /proc/sys/vm/drop_caches)"
 
@@ -90,7 +91,6 @@ say() { echo "== $*" >&2; }
 # ~2 s more). Timed at once after the drop, a read got some of each, by the luck of its timing
 # (cold cat of N+1: 0.9 to 2.8 s); after the wait, every new page is of the second kind, as on a
 # node whose free memory has been free a while. The line "fresh memory" says what it costs here.
-cold_settle=${COLD_SETTLE:-5}
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; sleep "$cold_settle"; }
 received() { $py -c "import json,os,sys; print(json.loads(os.getxattr(sys.argv[1], 'user.weightfs.stats'))['bucket']['bytes_received'])" "$1"; }
 stat_of() { $py -c "import json,os,sys; j=json.loads(os.getxattr(sys.argv[1],'user.weightfs.stats')); print(eval('j' + sys.argv[2]))" "$1" "$2"; }

@@ -726,8 +726,10 @@ TEST_F(ChunkCacheReferencesTest, AMountReadsAWholeFileAroundThePageCache) {
   for (auto& b : bytes) b = static_cast<uint8_t>(rng());
   std::vector<ChunkRef> rows;
   const std::string sha(64, 'b');
+  std::string path;
   {
     auto cache = Open();
+    path = cache->WholeFilePath(sha, bytes.size());
     auto w = cache->BeginWholeFile(sha, bytes.size());
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     for (uint64_t off = 0; off < bytes.size();) {
@@ -738,7 +740,6 @@ TEST_F(ChunkCacheReferencesTest, AMountReadsAWholeFileAroundThePageCache) {
     }
     ASSERT_TRUE((*w)->Finish().ok());
   }
-  const std::string path = (root_ / "cache").string() + "/files/" + sha + "-" + std::to_string(bytes.size());
   ASSERT_TRUE(fs::exists(path));
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
